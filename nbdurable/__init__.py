@@ -1,0 +1,58 @@
+"""nbdurable: durable execution for Jupyter notebooks.
+
+``%load_ext nbdurable``, then ``%%step`` cells are recorded and replayed;
+``step()``, ``@recorded`` and ``idempotency_key()`` record single calls.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .config import configure
+from .errors import (
+    CorruptRecord,
+    DivergenceError,
+    FormatVersionError,
+    LeaseHeld,
+    NbdurableError,
+    StoreError,
+    UsageProblem,
+)
+from .substeps import idempotency_key, recorded, step
+
+__all__ = [
+    "CorruptRecord",
+    "DivergenceError",
+    "FormatVersionError",
+    "LeaseHeld",
+    "NbdurableError",
+    "StoreError",
+    "UsageProblem",
+    "configure",
+    "idempotency_key",
+    "panel",
+    "recorded",
+    "step",
+]
+__version__ = "0.1.0"
+
+
+def panel() -> Any:
+    """The step panel widget for the current run (see :mod:`nbdurable.panel`)."""
+    from .panel import panel as _panel
+
+    return _panel()
+
+
+def load_ipython_extension(ipython: Any) -> None:
+    """``%load_ext nbdurable``."""
+    from .magic import load
+
+    load(ipython)
+
+
+def unload_ipython_extension(ipython: Any) -> None:
+    """``%unload_ext nbdurable``: remove the hooks ``load`` added."""
+    from .magic import unload
+
+    unload(ipython)

@@ -1,0 +1,61 @@
+"""User settings, changed with :func:`nbdurable.configure`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+
+from .errors import UsageProblem
+
+_DIVERGENCE = ("warn", "error", "rerun", "replay")
+_DURABILITY = ("crash", "power")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What :func:`configure` can change.
+
+    - ``on_divergence``: when a sub-step id is called with arguments other
+      than its record's: ``"warn"`` (default: warn, naming the step, and call
+      again), ``"rerun"`` (call again silently), ``"replay"`` (return the
+      recorded value anyway), ``"error"`` (raise ``DivergenceError``).
+    - ``replay_note``: show the one-line "replayed" note under replayed steps.
+    - ``durability``: ``"crash"`` (default; a record survives a kernel crash)
+      or ``"power"`` (also survives power loss; slower writes). Takes effect
+      when the store is next opened.
+    """
+
+    on_divergence: str = "warn"
+    replay_note: bool = True
+    durability: str = "crash"
+
+
+_settings = Settings()
+
+
+def get() -> Settings:
+    """The current settings."""
+    return _settings
+
+
+def configure(**changes: object) -> Settings:
+    """Change settings, e.g. ``configure(on_divergence="error")``; returns the new settings."""
+    global _settings
+    known = {f.name for f in fields(Settings)}
+    for key, value in changes.items():
+        if key not in known:
+            raise UsageProblem(
+                f"unknown setting {key!r}; known settings: {', '.join(sorted(known))}"
+            )
+    if "on_divergence" in changes and changes["on_divergence"] not in _DIVERGENCE:
+        raise UsageProblem(
+            f"on_divergence must be one of {', '.join(_DIVERGENCE)} "
+            f"(got {changes['on_divergence']!r})"
+        )
+    if "durability" in changes and changes["durability"] not in _DURABILITY:
+        raise UsageProblem(
+            f"durability must be one of {', '.join(_DURABILITY)} (got {changes['durability']!r})"
+        )
+    if "replay_note" in changes and not isinstance(changes["replay_note"], bool):
+        raise UsageProblem(f"replay_note must be True or False (got {changes['replay_note']!r})")
+    _settings = replace(_settings, **changes)  # type: ignore[arg-type]
+    return _settings

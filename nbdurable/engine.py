@@ -1,0 +1,503 @@
+"""The run in this kernel: replay a ``%%step`` cell or execute and record it.
+
+One :class:`Session` per process holds the run context (store, run id,
+notebook), the step now executing (sub-steps scope to it), what happened to
+each step in this kernel, and the savings so far. It takes a shell-like
+object, so it can be driven without the magic layer.
+"""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import re
+import sys
+import threading
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from IPython.core.displayhook import DisplayHook
+
+from . import config, events, keys, locate, values
+from .capture import Capture, replay, show_last_expr
+from .errors import CorruptRecord, NbdurableError, StoreError, UsageProblem
+from .records import StepRecord, StepState, VarRecord
+from .store import RUN_SCOPE, RunKeys, Store
+
+_HIDDEN = re.compile(r"^(_+|_\d+|_i+|_i\d+|_ih|_oh|_dh|In|Out|get_ipython|exit|quit)$")
+
+
+class NbdurableWarning(UserWarning):
+    """Something was not recorded, or a record could not be used."""
+
+
+def warn(message: str) -> None:
+    """Warn loudly; every nbdurable warning goes through here."""
+    warnings.warn(message, NbdurableWarning, stacklevel=3)
+
+
+@dataclass
+class StepContext:
+    """The ``%%step`` executing now; sub-steps called during it scope to it."""
+
+    key: str
+    label: str
+    seen: set[str] = field(default_factory=set)
+    ordinals: dict[str, int] = field(default_factory=dict)
+    subs_recorded: int = 0
+    subs_replayed: int = 0
+    sub_seconds: float = 0.0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+@dataclass
+class Savings:
+    """What replay saved in this kernel."""
+
+    steps: int = 0
+    calls: int = 0
+    seconds: float = 0.0
+
+
+class Session:
+    """The durable run of this kernel (or script)."""
+
+    def __init__(self, shell: Any = None) -> None:
+        self.shell = shell
+        self._store: Store | None = None
+        self._run_name: str | None = None
+        self.notebook: Path | None = None
+        self.nbfile: locate.NotebookFile | None = None
+        self.current: StepContext | None = None
+        self.status: dict[str, tuple[str, str]] = {}  # step key -> (state, detail)
+        self.producers: dict[str, str] = {}  # variable name -> step key that produced it
+        self.saved = Savings()
+        self.cell_ordinals: dict[str, int] = {}  # @recorded outside steps; reset per cell
+        self._lock = threading.RLock()
+        self._warned_no_notebook = False
+        self._warned_unsaved: set[str] = set()
+
+    # -- run context ---------------------------------------------------------
+    @property
+    def user_ns(self) -> dict[str, Any]:
+        return self.shell.user_ns if self.shell is not None else {}
+
+    def _locate(self) -> None:
+        if self._store is not None:
+            return
+        self.notebook = locate.find_notebook(self.user_ns)
+        if self.notebook is None and not self._warned_no_notebook:
+            self._warned_no_notebook = True
+            warn(
+                "nbdurable could not tell which notebook this kernel runs (no "
+                "JPY_SESSION_NAME, __vsc_ipynb_file__ or NBDURABLE_NOTEBOOK); recording "
+                f"to run {locate.DEFAULT_RUN!r} in {locate.store_dir(None)}. "
+                "Use `%step run NAME` to name the run."
+            )
+        if self.notebook is not None:
+            self.nbfile = locate.NotebookFile(self.notebook)
+        self._store = Store(locate.store_dir(self.notebook), durability=config.get().durability)
+
+    @property
+    def store(self) -> Store:
+        self._locate()
+        assert self._store is not None
+        return self._store
+
+    @property
+    def run_id(self) -> str:
+        self._locate()
+        if self._run_name is not None:
+            return self._run_name
+        assert self._store is not None
+        return locate.run_id_for(self.notebook, self._store.path)
+
+    @property
+    def keys(self) -> RunKeys:
+        return RunKeys(self.run_id)
+
+    def set_run(self, name: str | None) -> str:
+        """Switch to a named run (None: back to the notebook's run)."""
+        self._run_name = name
+        self.status.clear()
+        self.producers.clear()
+        self._touch_run()
+        events.emit("run-changed", self.run_id)
+        return self.run_id
+
+    def set_store(self, store: Store, run_id: str | None = None) -> None:
+        """Use an already-open store (tests, the CLI)."""
+        self._store = store
+        self._run_name = run_id
+
+    def _touch_run(self) -> tuple[str, dict[str, Any], bytes]:
+        now = time.time()
+        meta = {"kind": "run", "run": self.run_id, "last": now}
+        meta["notebook"] = str(self.notebook) if self.notebook else None
+        return (self.keys.meta, meta, b"")
+
+    # -- identity --------------------------------------------------------------
+    def resolve_key(self, name: str | None, body: str) -> tuple[str, str, int | None]:
+        """``(key, label, position)`` of the cell being executed (see :mod:`nbdurable.keys`)."""
+        cell_id, position = self._frontend_cell()
+        self._locate()
+        if self.nbfile is not None and self.nbfile.refresh():
+            if cell_id is not None and not self.nbfile.ids_persist:
+                # nbformat 4.4 on disk: the frontend invents a new id on every load.
+                cell_id = None
+            if position is None:
+                position = self.nbfile.position_of(body)
+        if name is not None:
+            key, label = keys.step_key(name, None, None, body)
+        else:
+            key, label = keys.step_key(None, cell_id, position, body)
+        return key, label, position
+
+    def _frontend_cell(self) -> tuple[str | None, int | None]:
+        kernel = getattr(self.shell, "kernel", None)
+        if kernel is None:
+            return None, None
+        try:
+            md = kernel.get_parent("shell").get("metadata", {}) or {}
+        except Exception:  # not in an execute request (e.g. driven from a test)
+            return None, None
+        cid = md.get("cellId")
+        pos = (md.get("nbdurable") or {}).get("position")
+        return (cid if isinstance(cid, str) and cid else None), (
+            pos if isinstance(pos, int) else None
+        )
+
+    # -- records -----------------------------------------------------------------
+    def load_record(self, key: str, label: str) -> StepRecord | None:
+        try:
+            got = self.store.get(self.keys.step(key))
+            return None if got is None else StepRecord.from_header(got[0])
+        except (CorruptRecord, KeyError, TypeError) as exc:
+            warn(f"step {label!r}: its record cannot be used ({exc}); the step runs again.")
+            return None
+
+    def load_state(self, key: str) -> StepState:
+        try:
+            got = self.store.get(self.keys.state(key))
+        except CorruptRecord as exc:
+            warn(f"step state for {key!r} is unreadable ({exc}); treating it as unpinned.")
+            return StepState()
+        return StepState() if got is None else StepState.from_header(got[0])
+
+    # -- the %%step cell -------------------------------------------------------------
+    def run_step(self, body: str, *, name: str | None = None, force: bool = False) -> None:
+        """Replay the ``%%step`` cell ``body`` if its record is valid; else execute and record."""
+        __tracebackhide__ = True
+        if self.current is not None:
+            raise UsageProblem(
+                f"%%step cannot run inside step {self.current.label!r}; "
+                "use step() for calls inside a step"
+            )
+        py = self.shell.transform_cell(body)
+        key, label, position = self.resolve_key(name, body)
+        analysis = keys.analyse(py)
+        source_fp = keys.source_fingerprint(py)
+        ns = self.user_ns
+        inputs = {
+            n: keys.fingerprint(ns[n])
+            for n in sorted(analysis.reads)
+            if n in ns and not _HIDDEN.match(n)
+        }
+        rec = self.load_record(key, label)
+        state = self.load_state(key)
+        reason = None if rec is None else _invalid_reason(rec, source_fp, inputs, state)
+        if rec is not None and not force and (reason is None or state.pinned):
+            if rec.replayable and self._replay(rec, label, reason):
+                return
+        if rec is not None and reason is not None and not force:
+            self.status[key] = ("invalidated", reason)
+            events.emit("step-invalidated", self.run_id, key, reason=reason, label=label)
+        self._execute(py, key, label, position, source_fp, inputs, analysis, state)
+
+    def _replay(self, rec: StepRecord, label: str, stale: str | None) -> bool:
+        """Restore a record into the namespace and show its outputs; False if it cannot be."""
+        restored: dict[str, Any] = {}
+        try:
+            for var in rec.variables:
+                if var.kind == "module":
+                    restored[var.name] = values.import_module(var.ref)
+                    continue
+                data = self.store.get_blob(var.ref)
+                if data is None:
+                    raise CorruptRecord(f"the saved value of {var.name!r} is missing")
+                restored[var.name] = values.loads(data)
+        except (CorruptRecord, ImportError, Exception) as exc:
+            warn(f"step {label!r}: cannot restore its variables ({exc}); the step runs again.")
+            return False
+        ns = self.user_ns
+        for name in rec.deleted:
+            ns.pop(name, None)
+        ns.update(restored)
+        for name in restored:
+            self.producers[name] = rec.key
+        replay(self.shell, list(rec.outputs))
+        with self._lock:
+            self.saved.steps += 1
+            self.saved.calls += rec.substeps
+            self.saved.seconds += rec.duration
+        state = "replayed" if stale is None else "pinned-stale"
+        self.status[rec.key] = (state, stale or "")
+        events.emit("step-replayed", self.run_id, rec.key, label=label, record=rec, stale=stale)
+        if config.get().replay_note:
+            self._note(rec, label, stale)
+        return True
+
+    def _note(self, rec: StepRecord, label: str, stale: str | None) -> None:
+        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(rec.started + rec.duration))
+        calls = f", {rec.substeps} call{'s' if rec.substeps != 1 else ''}" if rec.substeps else ""
+        text = f"↻ nbdurable: replayed step {label!r} (recorded {when}; saved {rec.duration:.1f} s{calls})"
+        if stale:
+            text += f" — pinned, stale: {stale}"
+        html = f'<div style="font-size:smaller;opacity:0.6">{_escape(text)}</div>'
+        self.shell.display_pub.publish(
+            data={"text/plain": text, "text/html": html},
+            metadata={"nbdurable": {"note": "replayed", "step": rec.key}},
+        )
+
+    def _execute(
+        self,
+        py: str,
+        key: str,
+        label: str,
+        position: int | None,
+        source_fp: str,
+        inputs: dict[str, str],
+        analysis: keys.CellAnalysis,
+        state: StepState,
+    ) -> None:
+        __tracebackhide__ = True
+        ns = self.user_ns
+        before = dict(ns)
+        ctx = StepContext(key, label)
+        self.status[key] = ("running", "")
+        events.emit("step-start", self.run_id, key, label=label)
+        started = time.time()
+        t0 = time.perf_counter()
+        self.current = ctx
+        try:
+            with Capture(self.shell) as cap:
+                _run_body(self.shell, py, analysis.has_await)
+        except BaseException as exc:
+            self.current = None
+            self._record_failure(key, label, position, state, exc)
+            raise
+        self.current = None
+        duration = time.perf_counter() - t0
+        self._record(
+            key, label, position, py, source_fp, inputs, analysis, before, cap.outputs,
+            started, duration, ctx, state,
+        )
+
+    def _record_failure(
+        self, key: str, label: str, position: int | None, state: StepState, exc: BaseException
+    ) -> None:
+        what = f"{type(exc).__name__}: {exc}"[:500]
+        self.status[key] = ("failed", what)
+        failed = StepState(state.pinned, what, time.time(), state.stale, label, position)
+        try:
+            self.store.apply(puts=[(self.keys.state(key), failed.to_header(), b"")])
+        except NbdurableError as err:
+            warn(f"step {label!r} failed and its failure could not be noted: {err}")
+        events.emit("step-failed", self.run_id, key, label=label, error=what)
+
+    def _record(
+        self,
+        key: str,
+        label: str,
+        position: int | None,
+        py: str,
+        source_fp: str,
+        inputs: dict[str, str],
+        analysis: keys.CellAnalysis,
+        before: dict[str, Any],
+        outputs: list[dict[str, Any]],
+        started: float,
+        duration: float,
+        ctx: StepContext,
+        state: StepState,
+    ) -> None:
+        ns = self.user_ns
+        changed = _changed_names(before, ns, analysis)
+        deleted = tuple(sorted(n for n in before if n not in ns and not _HIDDEN.match(n)))
+        variables: list[VarRecord] = []
+        unsaved: list[str] = []
+        for name in changed:
+            value = ns[name]
+            if values.is_module(value):
+                variables.append(VarRecord(name, "module", value.__name__, keys.fingerprint(value)))
+                continue
+            try:
+                data = values.dumps(value)
+            except values.Unsaveable as exc:
+                unsaved.append(f"{name} ({values.type_name(value)}: {exc})")
+                variables.append(
+                    VarRecord(name, "unsaved", str(exc)[:200], keys.fingerprint(value), 0,
+                              values.type_name(value))
+                )
+                continue
+            sha, _written = self.store.put_blob(data)
+            variables.append(
+                VarRecord(name, "value", sha, keys.fingerprint(value), len(data),
+                          values.type_name(value))
+            )
+        input_from = {n: self.producers[n] for n in inputs if n in self.producers}
+        rec = StepRecord(
+            run=self.run_id, key=key, name=label, position=position, source=py,
+            source_fp=source_fp, inputs=inputs, input_from=input_from,
+            variables=tuple(variables), deleted=deleted, outputs=tuple(outputs),
+            started=started, duration=duration,
+            substeps=ctx.subs_recorded + ctx.subs_replayed, substep_seconds=ctx.sub_seconds,
+        )
+        kept = StepState(pinned=state.pinned, name=label, position=position)
+        puts = [(self.keys.step(key), rec.to_header(), b""), self._touch_run()]
+        deletes: list[str] = []
+        if kept.pinned:
+            puts.append((self.keys.state(key), kept.to_header(), b""))
+        else:
+            deletes.append(self.keys.state(key))
+        try:
+            self.store.apply(puts=puts, deletes=deletes)
+        except StoreError as exc:
+            raise StoreError(f"step {label!r} ran but was NOT recorded: {exc}") from exc
+        for name in changed:
+            self.producers[name] = key
+        self.status[key] = ("recorded", "")
+        events.emit("step-recorded", self.run_id, key, label=label, record=rec)
+        if unsaved and key not in self._warned_unsaved:
+            self._warned_unsaved.add(key)
+            warn(
+                f"step {label!r} was recorded, but these variables cannot be saved: "
+                f"{'; '.join(unsaved)}. On replay this step's body runs again (its "
+                "sub-steps still replay, so no recorded call repeats)."
+            )
+
+
+def _invalid_reason(
+    rec: StepRecord, source_fp: str, inputs: dict[str, str], state: StepState
+) -> str | None:
+    """Why a record cannot be replayed, or None if it can."""
+    if rec.source_fp != source_fp:
+        return "its code changed"
+    if state.stale:
+        return state.stale
+    changed = sorted(n for n in set(rec.inputs) | set(inputs) if rec.inputs.get(n) != inputs.get(n))
+    if changed:
+        listed = ", ".join(repr(n) for n in changed[:5])
+        return f"input{'s' if len(changed) > 1 else ''} {listed} changed"
+    return None
+
+
+def _changed_names(
+    before: dict[str, Any], after: dict[str, Any], analysis: keys.CellAnalysis
+) -> list[str]:
+    """Names the step bound, rebound or (by its syntax) may have mutated."""
+    out = set()
+    for name, value in after.items():
+        if _HIDDEN.match(name):
+            continue
+        if name not in before or before[name] is not value:
+            out.add(name)
+    for name in analysis.binds | analysis.mutates:
+        if name in after and not _HIDDEN.match(name):
+            out.add(name)
+    return sorted(out)
+
+
+def _run_body(shell: Any, py: str, has_await: bool) -> None:
+    """Execute the cell body in the user namespace; show a trailing expression."""
+    __tracebackhide__ = True
+    filename = shell.compile.cache(py, shell.execution_count)
+    flags = ast.PyCF_ALLOW_TOP_LEVEL_AWAIT if has_await else 0
+    tree = compile(py, filename, "exec", ast.PyCF_ONLY_AST | flags)
+    last = None
+    if tree.body and isinstance(tree.body[-1], ast.Expr):
+        last = ast.Expression(tree.body.pop().value)
+    glb, loc = shell.user_global_ns, shell.user_ns
+    code = compile(tree, filename, "exec", flags)
+    _exec(code, glb, loc, has_await)
+    if last is not None:
+        value = _exec(compile(last, filename, "eval", flags), glb, loc, has_await, evaluate=True)
+        # The displayhook's own ';' check reads the outer cell's history entry
+        # (the magic call), so the trailing-semicolon rule is applied here.
+        if not DisplayHook.semicolon_at_end_of_expression(py):
+            show_last_expr(shell, value)
+
+
+def _exec(code: Any, glb: dict, loc: dict, has_await: bool, evaluate: bool = False) -> Any:
+    __tracebackhide__ = True
+    result = eval(code, glb, loc)  # noqa: S307 - this is the user's own cell
+    if has_await and asyncio.iscoroutine(result):
+        result = _run_coroutine(result)
+    return result if evaluate else None
+
+
+def _run_coroutine(coro: Any) -> Any:
+    """Run a top-level-await body to completion.
+
+    The kernel's own event loop is busy running this very cell, so the body
+    runs on a fresh loop in a helper thread while this thread waits.
+    """
+    __tracebackhide__ = True
+    box: dict[str, Any] = {}
+
+    def runner() -> None:
+        try:
+            box["value"] = asyncio.run(coro)
+        except BaseException as exc:
+            box["error"] = exc
+
+    t = threading.Thread(target=runner, name="nbdurable-step", daemon=True)
+    t.start()
+    while t.is_alive():
+        t.join(0.1)
+    if "error" in box:
+        raise box["error"]
+    return box.get("value")
+
+
+def _escape(text: str) -> str:
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+_session: Session | None = None
+_session_lock = threading.Lock()
+
+
+def get_session(shell: Any = None) -> Session:
+    """The process-wide session, created on first use."""
+    global _session
+    with _session_lock:
+        if _session is None:
+            if shell is None:
+                try:
+                    from IPython import get_ipython
+
+                    shell = get_ipython()
+                except ImportError:  # pragma: no cover - IPython is a dependency
+                    shell = None
+            _session = Session(shell)
+        elif shell is not None and _session.shell is None:
+            _session.shell = shell
+        return _session
+
+
+def reset_session() -> None:
+    """Forget the process-wide session (tests; ``%reload_ext``)."""
+    global _session
+    with _session_lock:
+        if _session is not None and _session._store is not None:
+            _session._store.close()
+        _session = None
+
+
+def stderr(message: str) -> None:
+    """Print a one-line notice to the cell's stderr."""
+    print(message, file=sys.stderr)

@@ -1,0 +1,47 @@
+"""Every exception nbdurable raises.
+
+Each one subclasses a builtin, so a user's ``except ValueError`` or
+``except RuntimeError`` keeps working, and all of them share
+:class:`NbdurableError` for ``except NbdurableError``.
+"""
+
+from __future__ import annotations
+
+
+class NbdurableError(Exception):
+    """Base class of every nbdurable error."""
+
+
+class UsageProblem(NbdurableError, ValueError):
+    """Bad input from the user: an unknown step, a bad name, a bad option.
+
+    The magic layer turns it into an IPython ``UsageError`` (one line, no
+    traceback); the CLI prints it and exits with code 2.
+    """
+
+
+class StoreError(NbdurableError, OSError):
+    """The store cannot be opened, read or written; the message says what to do."""
+
+
+class FormatVersionError(StoreError):
+    """The store was written by a newer (or unknown) on-disk format."""
+
+
+class CorruptRecord(NbdurableError, ValueError):
+    """A record failed its signature check or could not be decoded.
+
+    nbdurable treats such a record as *not recorded* (the step runs again)
+    and warns, naming the step; it never loads an unverified pickle.
+    """
+
+
+class DivergenceError(NbdurableError, RuntimeError):
+    """A sub-step id was called with arguments that differ from its record.
+
+    Raised only with ``nbdurable.configure(on_divergence="error")``.
+    """
+
+
+class LeaseHeld(NbdurableError, RuntimeError):
+    """Another live process holds the lease on this run."""

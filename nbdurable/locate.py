@@ -1,0 +1,170 @@
+"""Where am I? The notebook this kernel runs, its run id, its store, its cells.
+
+The notebook path comes from what the frontend gives, first match wins:
+
+1. ``NBDURABLE_NOTEBOOK`` in the environment (set by ``nbdurable run`` and other runners);
+2. ``JPY_SESSION_NAME`` (JupyterLab, Notebook 7, anything jupyter_server starts);
+3. ``__vsc_ipynb_file__`` in the user namespace (VS Code);
+4. ``__session__`` in the user namespace (jupyter_server, older kernels).
+
+The store is ``NBDURABLE_DIR`` if set, else ``.nbdurable/`` beside the
+notebook, else ``.nbdurable/`` in the working directory. The run id is the
+notebook's path relative to the directory holding the store (so moving a
+project folder keeps its history), or its absolute path when the store lives
+elsewhere; with no notebook known it is ``default``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .keys import source_fingerprint
+
+DEFAULT_RUN = "default"
+_STEP_LINE = re.compile(r"^\s*%%step\b(.*)$")
+
+
+def find_notebook(user_ns: dict[str, Any] | None = None) -> Path | None:
+    """The path of the notebook this kernel runs, if the frontend told us."""
+    ns = user_ns or {}
+    for raw in (
+        os.environ.get("NBDURABLE_NOTEBOOK"),
+        os.environ.get("JPY_SESSION_NAME"),
+        ns.get("__vsc_ipynb_file__"),
+        ns.get("__session__"),
+    ):
+        if isinstance(raw, str) and raw.strip():
+            return _resolve(raw.strip())
+    return None
+
+
+def _resolve(raw: str) -> Path:
+    path = Path(raw).expanduser()
+    if path.is_absolute():
+        return path
+    # jupyter_server gives a path relative to its root when it knows no file
+    # name; the kernel's working directory is the notebook's own directory.
+    if path.exists():
+        return path.absolute()
+    if Path(path.name).exists():
+        return Path(path.name).absolute()
+    return path.absolute()
+
+
+def store_dir(notebook: Path | None) -> Path:
+    """The store directory for ``notebook``."""
+    env = os.environ.get("NBDURABLE_DIR")
+    if env:
+        return Path(env).expanduser().absolute()
+    base = notebook.parent if notebook is not None else Path.cwd()
+    return (base / ".nbdurable").absolute()
+
+
+def run_id_for(notebook: Path | None, store: Path) -> str:
+    """The run id of ``notebook`` in the store at ``store``."""
+    if notebook is None:
+        return DEFAULT_RUN
+    nb = notebook.absolute()
+    try:
+        return nb.relative_to(store.parent).as_posix()
+    except ValueError:
+        return nb.as_posix()
+
+
+def parse_step_line(line: str) -> tuple[str | None, bool]:
+    """``(name, force)`` from the text after ``%%step`` (no validation here)."""
+    parts = line.split()
+    force = "--force" in parts or "-f" in parts
+    names = [p for p in parts if not p.startswith("-")]
+    return (names[0] if names else None), force
+
+
+@dataclass(frozen=True)
+class StepCell:
+    """A ``%%step`` cell as saved in the notebook file."""
+
+    index: int
+    cell_id: str | None
+    name: str | None
+    body: str
+
+    @property
+    def key(self) -> str:
+        """The key a kernel running this saved cell computes (see :mod:`nbdurable.keys`)."""
+        from .keys import step_key
+
+        cid = None if self.name else self.cell_id
+        return step_key(self.name, cid, self.index, self.body)[0]
+
+    @property
+    def label(self) -> str:
+        """Display label of the cell."""
+        from .keys import step_key
+
+        cid = None if self.name else self.cell_id
+        return step_key(self.name, cid, self.index, self.body)[1]
+
+
+class NotebookFile:
+    """The saved notebook, re-read only when its file changes."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._stamp: tuple[int, int] | None = None
+        self.ids_persist = False
+        self.cells: list[StepCell] = []
+        self._by_id: dict[str, StepCell] = {}
+
+    def refresh(self) -> bool:
+        """Re-read the file if it changed; False if it cannot be read."""
+        try:
+            st = self.path.stat()
+        except OSError:
+            return False
+        stamp = (st.st_mtime_ns, st.st_size)
+        if stamp == self._stamp:
+            return True
+        try:
+            data = json.loads(self.path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return False
+        self._stamp = stamp
+        major, minor = data.get("nbformat", 4), data.get("nbformat_minor", 0)
+        self.ids_persist = (major, minor) >= (4, 5)
+        self.cells = step_cells(data.get("cells", []), self.ids_persist)
+        self._by_id = {c.cell_id: c for c in self.cells if c.cell_id}
+        return True
+
+    def position_of(self, body: str) -> int | None:
+        """Index of the saved ``%%step`` cell whose body matches ``body``, if any."""
+        fp = source_fingerprint(body)
+        for c in self.cells:
+            if source_fingerprint(c.body) == fp:
+                return c.index
+        return None
+
+
+def step_cells(cells: list[dict[str, Any]], ids_persist: bool = True) -> list[StepCell]:
+    """The ``%%step`` cells among nbformat cell dicts, in order."""
+    out: list[StepCell] = []
+    for i, cell in enumerate(cells):
+        if cell.get("cell_type") != "code":
+            continue
+        src = cell.get("source", "")
+        if isinstance(src, list):
+            src = "".join(src)
+        first, _, body = src.partition("\n")
+        m = _STEP_LINE.match(first)
+        if not m:
+            continue
+        args = m.group(1).split()
+        if args and args[0] in {"list", "clear", "pin", "unpin", "run", "panel"}:
+            continue
+        name, _force = parse_step_line(m.group(1))
+        out.append(StepCell(i, cell.get("id") if ids_persist else None, name, body))
+    return out

@@ -1,0 +1,142 @@
+"""What nbdurable stores: frozen records, encoded as JSON headers.
+
+Every record is a small JSON header (plus, for a sub-step, the pickled value
+as the body). Headers never go through pickle, so listing, exporting and
+inspecting a store never unpickles anything. Only values (a sub-step's body,
+a step variable's blob) are pickles, and those are loaded only after their
+signature verified (see :mod:`nbdurable.store`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+#: On-disk format of the store. Increment on breaking change; a store whose
+#: format is newer than this is refused on open with a clear message.
+FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class VarRecord:
+    """One variable a step bound or mutated.
+
+    ``kind`` is ``"value"`` (pickled into the blob ``ref``), ``"module"``
+    (re-imported by the module name ``ref`` on replay), or ``"unsaved"``
+    (could not be pickled; ``ref`` holds the reason).
+    """
+
+    name: str
+    kind: str
+    ref: str
+    fp: str
+    size: int = 0
+    type: str = ""
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """A finished ``%%step`` cell: what it read, what it bound, what it printed."""
+
+    run: str
+    key: str
+    name: str
+    position: int | None
+    source: str
+    source_fp: str
+    inputs: dict[str, str]
+    input_from: dict[str, str]
+    variables: tuple[VarRecord, ...]
+    deleted: tuple[str, ...]
+    outputs: tuple[dict[str, Any], ...]
+    started: float
+    duration: float
+    substeps: int = 0
+    substep_seconds: float = 0.0
+    format: int = FORMAT_VERSION
+
+    @property
+    def replayable(self) -> bool:
+        """True when every variable can be restored without running the body."""
+        return all(v.kind != "unsaved" for v in self.variables)
+
+    def to_header(self) -> dict[str, Any]:
+        """Encode as a JSON-able dict."""
+        d = dataclasses.asdict(self)
+        d["kind"] = "step"
+        return d
+
+    @classmethod
+    def from_header(cls, d: dict[str, Any]) -> StepRecord:
+        """Decode from :meth:`to_header` output; raises ``KeyError``/``TypeError`` if malformed."""
+        d = dict(d)
+        d.pop("kind", None)
+        d["variables"] = tuple(VarRecord(**v) for v in d["variables"])
+        d["deleted"] = tuple(d["deleted"])
+        d["outputs"] = tuple(d["outputs"])
+        return cls(**d)
+
+
+@dataclass(frozen=True)
+class SubRecord:
+    """A finished sub-step: one ``step()`` call. Its value is the record's body."""
+
+    run: str
+    scope: str
+    id: str
+    fn: str
+    args_fp: str
+    started: float
+    duration: float
+    size: int
+    type: str
+    format: int = FORMAT_VERSION
+
+    def to_header(self) -> dict[str, Any]:
+        """Encode as a JSON-able dict."""
+        d = dataclasses.asdict(self)
+        d["kind"] = "sub"
+        return d
+
+    @classmethod
+    def from_header(cls, d: dict[str, Any]) -> SubRecord:
+        """Decode from :meth:`to_header` output."""
+        d = dict(d)
+        d.pop("kind", None)
+        return cls(**d)
+
+
+@dataclass(frozen=True)
+class StepState:
+    """User-set and failure state of a step, kept apart from its record.
+
+    A step can be pinned, can have failed on its last execution, and can be
+    marked stale because a step it depends on was cleared.
+    """
+
+    pinned: bool = False
+    failed: str | None = None
+    failed_at: float | None = None
+    stale: str | None = None
+    name: str = ""
+    position: int | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_header(self) -> dict[str, Any]:
+        """Encode as a JSON-able dict."""
+        d = dataclasses.asdict(self)
+        d["kind"] = "state"
+        return d
+
+    @classmethod
+    def from_header(cls, d: dict[str, Any]) -> StepState:
+        """Decode from :meth:`to_header` output."""
+        d = dict(d)
+        d.pop("kind", None)
+        return cls(**d)
+
+    @property
+    def empty(self) -> bool:
+        """True when the state says nothing worth keeping."""
+        return not (self.pinned or self.failed or self.stale)

@@ -1,0 +1,235 @@
+"""Sub-steps: ``step()``, ``@recorded`` and ``idempotency_key()``.
+
+A sub-step runs a function once per run and records its result the moment
+it returns, each in its own transaction; on a rerun it returns the recorded
+value instead. Results are recorded only on success.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import functools
+import hashlib
+import inspect
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from . import config, events, keys, values
+from .engine import Session, get_session, warn
+from .errors import CorruptRecord, DivergenceError, StoreError, UsageProblem
+from .records import SubRecord
+from .store import RUN_SCOPE
+
+T = TypeVar("T")
+_ENOVAL = object()  # "no record": a recorded value may well be None
+_current_sub: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "nbdurable_sub", default=None
+)
+
+
+def step(step_id: str, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+    """Run ``fn(*args, **kwargs)`` once per run; on a rerun return its recorded result.
+
+    Inside a ``%%step`` cell the id is scoped to that step; outside one, to
+    the run. For a coroutine function, ``await step(...)``. The arguments'
+    fingerprint is recorded; calling the same id with other arguments is a
+    divergence, handled as ``nbdurable.configure(on_divergence=...)`` says.
+    """
+    __tracebackhide__ = True
+    sub_id = keys.validate_sub_id(step_id)
+    if not callable(fn):
+        raise TypeError(
+            f"step({sub_id!r}, fn, ...): fn must be callable, got {type(fn).__name__}; "
+            "pass the function itself, not its result"
+        )
+    return _substep(get_session(), sub_id, fn, args, kwargs)
+
+
+def recorded(fn: Callable[..., T]) -> Callable[..., T]:
+    """Decorator: every call of ``fn`` becomes a sub-step.
+
+    Inside a ``%%step`` the id is ``module.qualname#N``, N counting this
+    function's calls within the step (so calls must happen in a stable
+    order: use explicit ``step()`` ids for calls made from threads).
+    Outside a step the id also carries the arguments' fingerprint, and N
+    counts identical calls within the cell.
+    """
+    qual = f"{fn.__module__}.{fn.__qualname__}"
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        __tracebackhide__ = True
+        session = get_session()
+        return _substep(session, _ordinal_id(session, qual, args, kwargs), fn, args, kwargs)
+
+    wrapper.__nbdurable_recorded__ = True  # type: ignore[attr-defined]
+    return wrapper
+
+
+def idempotency_key(name: str = "") -> str:
+    """A key derived from the run id and step ids, the same on every attempt.
+
+    Pass it to providers that deduplicate (email, payments, queues), so a
+    call repeated after a crash between the effect and its record is
+    dropped by the provider. ``name`` tells apart several effects in one step.
+    """
+    if not isinstance(name, str):
+        raise TypeError(f"idempotency_key(name): name must be str, got {type(name).__name__}")
+    session = get_session()
+    ctx = session.current
+    scope = ctx.key if ctx is not None else RUN_SCOPE
+    sub = _current_sub.get() or ""
+    raw = "\0".join((session.run_id, scope, sub, name)).encode("utf-8")
+    return "nbd-" + hashlib.sha256(raw).hexdigest()[:32]
+
+
+def _ordinal_id(session: Session, qual: str, args: tuple, kwargs: dict) -> str:
+    ctx = session.current
+    if ctx is not None:
+        with ctx.lock:
+            n = ctx.ordinals.get(qual, 0)
+            ctx.ordinals[qual] = n + 1
+        return f"{qual}#{n}"
+    base = f"{qual}#{keys.args_fingerprint(args, kwargs)[:12]}"
+    with session._lock:
+        n = session.cell_ordinals.get(base, 0)
+        session.cell_ordinals[base] = n + 1
+    return f"{base}#{n}"
+
+
+def _substep(session: Session, sub_id: str, fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+    __tracebackhide__ = True
+    ctx = session.current
+    scope = ctx.key if ctx is not None else RUN_SCOPE
+    where = f"sub-step {sub_id!r}" + (f" of step {ctx.label!r}" if ctx else "")
+    if ctx is not None:
+        with ctx.lock:
+            if sub_id in ctx.seen:
+                raise UsageProblem(
+                    f"{where} was already used in this step; give each call its own id, "
+                    f"e.g. step(f'search:{{i}}', ...)"
+                )
+            ctx.seen.add(sub_id)
+    store_key = session.keys.sub(scope, sub_id)
+    args_fp = keys.args_fingerprint(args, kwargs)
+    value = _lookup(session, store_key, where, args_fp)
+    is_async = inspect.iscoroutinefunction(fn)
+    if value is not _ENOVAL:
+        if ctx is not None:
+            with ctx.lock:
+                ctx.subs_replayed += 1
+        events.emit("sub-replayed", session.run_id, scope, id=sub_id)
+        return _ready(value) if is_async else value
+    if is_async:
+        return _call_async(session, store_key, scope, sub_id, where, fn, args, kwargs, args_fp)
+    token = _current_sub.set(sub_id)
+    started, t0 = time.time(), time.perf_counter()
+    try:
+        result = fn(*args, **kwargs)
+    finally:
+        _current_sub.reset(token)
+    if inspect.isawaitable(result):
+        return _finish_async(session, store_key, scope, sub_id, where, fn, result, args_fp, started, t0)
+    _save(session, store_key, scope, sub_id, where, fn, result, args_fp, started, t0)
+    return result
+
+
+def _lookup(session: Session, store_key: str, where: str, args_fp: str) -> Any:
+    try:
+        got = session.store.get(store_key)
+    except CorruptRecord as exc:
+        warn(f"{where}: its record cannot be used ({exc}); calling again.")
+        return _ENOVAL
+    if got is None:
+        return _ENOVAL
+    header, body = got
+    try:
+        rec = SubRecord.from_header(header)
+    except TypeError as exc:
+        warn(f"{where}: its record is malformed ({exc}); calling again.")
+        return _ENOVAL
+    if rec.args_fp != args_fp:
+        mode = config.get().on_divergence
+        msg = (
+            f"{where} was called with arguments other than those recorded "
+            f"(recorded {rec.args_fp[:12]}, now {args_fp[:12]}): the run has diverged"
+        )
+        if mode == "error":
+            raise DivergenceError(
+                msg + "; clear the step, or configure(on_divergence='rerun'|'replay')"
+            )
+        if mode == "warn":
+            warn(msg + "; calling again and recording the new result.")
+        if mode != "replay":
+            return _ENOVAL
+    try:
+        value = values.loads(body)
+    except Exception as exc:
+        warn(f"{where}: its recorded value cannot be loaded ({exc!r}); calling again.")
+        return _ENOVAL
+    with session._lock:
+        session.saved.calls += 1
+        session.saved.seconds += rec.duration
+    return value
+
+
+def _save(
+    session: Session, store_key: str, scope: str, sub_id: str, where: str,
+    fn: Callable[..., Any], result: Any, args_fp: str, started: float, t0: float,
+) -> None:
+    duration = time.perf_counter() - t0
+    try:
+        body = values.dumps(result)
+    except values.Unsaveable as exc:
+        warn(
+            f"{where} returned a {values.type_name(result)} that cannot be saved ({exc}); "
+            "it was NOT recorded and will be called again on the next run. Return plain "
+            "data (e.g. the text or a dict) from the function given to step()."
+        )
+        return
+    rec = SubRecord(
+        run=session.run_id, scope=scope, id=sub_id,
+        fn=f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}",
+        args_fp=args_fp, started=started, duration=duration, size=len(body),
+        type=values.type_name(result),
+    )
+    try:
+        session.store.put(store_key, rec.to_header(), body)
+    except StoreError as exc:
+        raise StoreError(
+            f"{where} returned but its result was NOT recorded: {exc}"
+        ) from exc
+    ctx = session.current
+    if ctx is not None:
+        with ctx.lock:
+            ctx.subs_recorded += 1
+            ctx.sub_seconds += duration
+    events.emit("sub-recorded", session.run_id, scope, id=sub_id, duration=duration)
+
+
+async def _ready(value: Any) -> Any:
+    return value
+
+
+async def _call_async(
+    session: Session, store_key: str, scope: str, sub_id: str, where: str,
+    fn: Callable[..., Any], args: tuple, kwargs: dict, args_fp: str,
+) -> Any:
+    token = _current_sub.set(sub_id)
+    started, t0 = time.time(), time.perf_counter()
+    try:
+        result = await fn(*args, **kwargs)
+    finally:
+        _current_sub.reset(token)
+    _save(session, store_key, scope, sub_id, where, fn, result, args_fp, started, t0)
+    return result
+
+
+async def _finish_async(
+    session: Session, store_key: str, scope: str, sub_id: str, where: str,
+    fn: Callable[..., Any], awaitable: Any, args_fp: str, started: float, t0: float,
+) -> Any:
+    result = await awaitable
+    _save(session, store_key, scope, sub_id, where, fn, result, args_fp, started, t0)
+    return result

@@ -1,0 +1,605 @@
+"""Tests for nbdurable.capture: unit tests on a plain shell, then real kernels."""
+
+from __future__ import annotations
+
+import json
+import sys
+import textwrap
+import threading
+
+import pytest
+from IPython.core.interactiveshell import InteractiveShell
+from IPython.display import HTML, clear_output, display
+from kernel_util import make_notebook, outputs_of, run_notebook, stream_text
+
+from nbdurable.capture import (
+    WIDGET_PLACEHOLDER,
+    WIDGET_VIEW_MIME,
+    Capture,
+    join_stream_text,
+    replay,
+    show_last_expr,
+    strip_widget_views,
+)
+
+# A 1x1 PNG.
+PNG_B64 = (
+    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJ"
+    "AAAADUlEQVR42mNkYPhfDwAChwGA60e6kgAAAABJRU5ErkJggg=="
+)
+
+
+@pytest.fixture
+def shell():
+    return InteractiveShell.instance()
+
+
+def patched_state(shell):
+    """Everything Capture patches, to check it is restored."""
+    return (
+        sys.stdout,
+        sys.stderr,
+        dict(vars(shell.display_pub)),
+        dict(vars(shell.displayhook)),
+    )
+
+
+def stream(name, text):
+    return {"output_type": "stream", "name": name, "text": text}
+
+
+# -- unit tests on a plain InteractiveShell ---------------------------------------
+
+
+def test_records_true_order_and_types(shell, capsys):
+    with Capture(shell) as cap:
+        print("one")
+        print("two", file=sys.stderr)
+        display(HTML("<b>three</b>"))
+        print("four")
+        show_last_expr(shell, 6 * 7)
+
+    assert cap.outputs == [
+        stream("stdout", "one\n"),
+        stream("stderr", "two\n"),
+        {
+            "output_type": "display_data",
+            "data": {
+                "text/plain": "<IPython.core.display.HTML object>",
+                "text/html": "<b>three</b>",
+            },
+            "metadata": {},
+        },
+        stream("stdout", "four\n"),
+        {
+            "output_type": "execute_result",
+            "data": {"text/plain": "42"},
+            "metadata": {},
+            "execution_count": shell.execution_count,
+        },
+    ]
+    # Everything still went through live.
+    out = capsys.readouterr()
+    assert "one\n" in out.out and "four\n" in out.out and "42" in out.out
+    assert out.err == "two\n"
+
+
+def test_plain_shell_prints_are_not_recorded_twice(shell, capsys):
+    # A plain DisplayPublisher prints text/plain and a plain DisplayHook prints
+    # "Out[n]: 42": both are the display itself, not stream output.
+    with Capture(shell) as cap:
+        display("shown")
+        show_last_expr(shell, 42)
+    assert [o["output_type"] for o in cap.outputs] == ["display_data", "execute_result"]
+    assert "Out[" in capsys.readouterr().out
+
+
+def test_show_last_expr_sets_underscore_and_skips_none(shell):
+    with Capture(shell) as cap:
+        show_last_expr(shell, None)
+        assert cap.outputs == []
+        show_last_expr(shell, "value")
+    assert shell.user_ns["_"] == "value"
+    assert cap.outputs[-1]["data"] == {"text/plain": "'value'"}
+    assert "quiet" not in vars(shell.displayhook)
+
+
+def test_merges_consecutive_chunks_of_one_stream(shell):
+    with Capture(shell) as cap:
+        sys.stdout.write("a")
+        sys.stdout.write("b\n")
+        print("c")
+        sys.stderr.write("e\n")
+        print("d")
+    assert cap.outputs == [
+        stream("stdout", "ab\nc\n"),
+        stream("stderr", "e\n"),
+        stream("stdout", "d\n"),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("chunks", "expected"),
+    [
+        (["\r10%", "\r50%", "\r100%", "\n"], "100%\n"),
+        (["abc\r", "d"], "dbc"),
+        (["abc\r", "\n", "x"], "abc\nx"),
+        (["line\n", "10%\r"], "line\n10%\r"),
+        (["a\rb\nc\rd\n"], "b\nd\n"),
+        (["no carriage returns\n", "here"], "no carriage returns\nhere"),
+    ],
+)
+def test_carriage_returns_overwrite_their_line(chunks, expected):
+    text = ""
+    for chunk in chunks:
+        text = join_stream_text(text, chunk)
+    assert text == expected
+
+
+def test_progress_bar_stays_one_line(shell):
+    with Capture(shell) as cap:
+        for i in range(1000):
+            sys.stderr.write(f"\r{i:4d}/1000")
+        sys.stderr.write("\n")
+    assert cap.outputs == [stream("stderr", " 999/1000\n")]
+
+
+def test_restores_everything_on_exit(shell):
+    before = patched_state(shell)
+    with Capture(shell):
+        assert sys.stdout is not before[0]
+        assert "publish" in vars(shell.display_pub)
+    assert patched_state(shell) == before
+
+
+@pytest.mark.parametrize("exc_type", [ValueError, KeyboardInterrupt])
+def test_restores_everything_on_exception(shell, exc_type):
+    before = patched_state(shell)
+    with pytest.raises(exc_type), Capture(shell) as cap:
+        print("before the error")
+        raise exc_type("boom")
+    assert patched_state(shell) == before
+    assert cap.outputs == [stream("stdout", "before the error\n")]
+
+
+def test_nested_captures(shell):
+    before = patched_state(shell)
+    with Capture(shell) as outer:
+        print("outer 1")
+        outer_stdout = sys.stdout
+        with Capture(shell) as inner:
+            print("inner")
+            display("shown inside")
+        assert sys.stdout is outer_stdout
+        print("outer 2")
+    assert patched_state(shell) == before
+    inner_display = {
+        "output_type": "display_data",
+        "data": {"text/plain": "'shown inside'"},
+        "metadata": {},
+    }
+    assert inner.outputs == [stream("stdout", "inner\n"), inner_display]
+    assert outer.outputs == [
+        stream("stdout", "outer 1\ninner\n"),
+        inner_display,
+        stream("stdout", "outer 2\n"),
+    ]
+
+
+def test_outputs_hidden_by_capture_output_are_not_recorded(shell, capsys):
+    from IPython.utils.capture import capture_output
+
+    with Capture(shell) as cap:
+        with capture_output() as hidden:
+            print("hidden")
+            display("hidden display")
+        print("shown")
+    assert cap.outputs == [stream("stdout", "shown\n")]
+    assert hidden.stdout == "hidden\n" and len(hidden.outputs) == 1
+    assert capsys.readouterr().out == "shown\n"
+
+
+def test_a_capture_is_used_once(shell):
+    cap = Capture(shell)
+    with cap:
+        pass
+    with pytest.raises(RuntimeError, match="new Capture"), cap:
+        pass
+
+
+def test_threads_may_print(shell):
+    def work(n):
+        for i in range(200):
+            sys.stdout.write(f"{n}-{i}\n")
+
+    with Capture(shell) as cap:
+        threads = [threading.Thread(target=work, args=(n,)) for n in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert len(cap.outputs) == 1
+    lines = cap.outputs[0]["text"].splitlines()
+    assert sorted(lines) == sorted(f"{n}-{i}" for n in range(4) for i in range(200))
+
+
+def test_clear_output_drops_what_it_clears(shell):
+    with Capture(shell) as cap:
+        print("gone")
+        display("gone too")
+        clear_output()
+        print("kept")
+    assert cap.outputs == [
+        {"output_type": "clear_output", "wait": False},
+        stream("stdout", "kept\n"),
+    ]
+
+
+def test_clear_output_wait_applies_at_next_output(shell):
+    with Capture(shell) as cap:
+        print("a")
+        clear_output(wait=True)
+        assert cap.outputs == [
+            stream("stdout", "a\n"),
+            {"output_type": "clear_output", "wait": True},
+        ]
+        for i in range(100):
+            clear_output(wait=True)
+            print(i)
+    assert cap.outputs == [{"output_type": "clear_output", "wait": True}, stream("stdout", "99\n")]
+
+
+def test_display_ids_and_updates(shell):
+    with Capture(shell) as cap:
+        handle = display("v1", display_id="d1")
+        handle.update("v2")
+    assert cap.outputs == [
+        {
+            "output_type": "display_data",
+            "data": {"text/plain": "'v1'"},
+            "metadata": {},
+            "transient": {"display_id": "d1"},
+        },
+        {
+            "output_type": "update_display_data",
+            "data": {"text/plain": "'v2'"},
+            "metadata": {},
+            "transient": {"display_id": "d1"},
+        },
+    ]
+
+
+def test_data_is_made_json_able(shell):
+    import base64
+
+    png = base64.b64decode(PNG_B64)
+    with Capture(shell) as cap:
+        shell.display_pub.publish(
+            data={"image/png": png, "application/json": {"t": (1, 2), "nan": float("nan")}},
+            metadata={"image/png": {"width": 1}},
+        )
+    (out,) = cap.outputs
+    assert out["data"] == {"image/png": PNG_B64, "application/json": {"t": [1, 2], "nan": "nan"}}
+    json.dumps(cap.outputs, allow_nan=False)
+
+
+def test_on_output_sees_each_output_as_it_comes(shell):
+    seen = []
+    with Capture(shell) as cap:
+        cap.on_output(seen.append)
+        print("a")
+        print("b")
+        display("d")
+    assert [o["output_type"] for o in seen] == ["stream"] * 4 + ["display_data"]
+    assert "".join(o["text"] for o in seen if o["output_type"] == "stream") == "a\nb\n"
+    assert len(cap.outputs) == 2
+
+
+def test_a_failing_callback_is_dropped_with_a_warning(shell):
+    calls = []
+
+    def broken(output):
+        calls.append(output)
+        raise RuntimeError("bug")
+
+    with Capture(shell) as cap:
+        cap.on_output(broken)
+        with pytest.warns(RuntimeWarning, match="disabled"):
+            print("x")
+        print("y")
+    assert len(calls) == 1
+    assert cap.outputs == [stream("stdout", "x\ny\n")]
+
+
+def test_strip_widget_views():
+    view = {"version_major": 2, "version_minor": 0, "model_id": "abc"}
+    assert strip_widget_views({"text/plain": "IntSlider(value=3)", WIDGET_VIEW_MIME: view}) == {
+        "text/plain": "IntSlider(value=3)"
+    }
+    assert strip_widget_views(
+        {"text/plain": "W()", "text/html": "<i>w</i>", WIDGET_VIEW_MIME: view}
+    ) == {"text/plain": "W()", "text/html": "<i>w</i>"}
+    assert strip_widget_views({WIDGET_VIEW_MIME: view}) == {"text/plain": WIDGET_PLACEHOLDER}
+    assert strip_widget_views({"text/plain": "x"}) == {"text/plain": "x"}
+
+
+def test_replay_round_trips_on_a_plain_shell(shell):
+    with Capture(shell) as first:
+        print("one")
+        print("two", file=sys.stderr)
+        handle = display(HTML("<b>x</b>"), display_id="h")
+        handle.update("updated")
+        clear_output(wait=True)
+        print("three")
+        show_last_expr(shell, [1, 2])
+    with Capture(shell) as second:
+        replay(shell, first.outputs)
+    assert second.outputs == first.outputs
+
+
+def test_replay_shows_widget_fallbacks(shell):
+    view = {"version_major": 2, "version_minor": 0, "model_id": "abc"}
+    recorded = [
+        {
+            "output_type": "display_data",
+            "data": {"text/plain": "IntSlider(value=3)", WIDGET_VIEW_MIME: view},
+            "metadata": {WIDGET_VIEW_MIME: {"x": 1}},
+        },
+        {
+            "output_type": "execute_result",
+            "data": {WIDGET_VIEW_MIME: view},
+            "metadata": {},
+            "execution_count": 1,
+        },
+    ]
+    with Capture(shell) as cap:
+        replay(shell, recorded)
+    assert cap.outputs == [
+        {
+            "output_type": "display_data",
+            "data": {"text/plain": "IntSlider(value=3)"},
+            "metadata": {},
+        },
+        {
+            "output_type": "execute_result",
+            "data": {"text/plain": WIDGET_PLACEHOLDER},
+            "metadata": {},
+            "execution_count": shell.execution_count,
+        },
+    ]
+
+
+def test_replay_refuses_unknown_outputs_before_emitting_anything(shell, capsys):
+    recorded = [stream("stdout", "not yet\n"), {"output_type": "error", "ename": "E"}]
+    with pytest.raises(ValueError, match="output 1: output_type 'error'"):
+        replay(shell, recorded)
+    assert capsys.readouterr().out == ""
+
+
+# -- real kernels ----------------------------------------------------------------
+
+SETUP = """\
+import ast, json, pathlib, sys
+from IPython.core.magic import register_cell_magic
+from nbdurable.capture import Capture, replay, show_last_expr
+
+saved = {}
+
+@register_cell_magic
+def cap(line, cell):
+    shell = get_ipython()
+    tree = ast.parse(cell)
+    last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
+    with Capture(shell) as capture:
+        exec(compile(tree, "<cap>", "exec"), shell.user_ns)
+        if last is not None:
+            code = compile(ast.Expression(last.value), "<cap>", "eval")
+            show_last_expr(shell, eval(code, shell.user_ns))
+    saved[line.strip()] = json.loads(json.dumps(capture.outputs))
+"""
+
+CELLS = {
+    "setup": SETUP,
+    "order": """\
+        %%cap order
+        from IPython.display import HTML, display
+        print("one")
+        print("two", file=sys.stderr)
+        display(HTML("<b>three</b>"))
+        print("four")
+        6 * 7
+        """,
+    "order_check": "print(json.dumps([_, max(Out), Out[max(Out)]]))",
+    "order_replay": "replay(get_ipython(), saved['order'])",
+    "interleave": """\
+        %%cap interleave
+        for i in range(3):
+            print("out", i)
+            print("err", i, file=sys.stderr)
+        """,
+    "interleave_replay": "replay(get_ipython(), saved['interleave'])",
+    "widget": """\
+        %%cap widget
+        import ipywidgets
+        w = ipywidgets.IntSlider(value=3, description="n")
+        display(w)
+        print("after")
+        w
+        """,
+    "widget_replay": "replay(get_ipython(), saved['widget'])",
+    "clear": """\
+        %%cap clear
+        from IPython.display import clear_output
+        print("gone")
+        clear_output()
+        print("kept")
+        handle = display("v1", display_id="d1")
+        handle.update("v2")
+        print("end")
+        """,
+    "clear_replay": "replay(get_ipython(), saved['clear'])",
+    "wait": """\
+        %%cap wait
+        print("a")
+        clear_output(wait=True)
+        print("b")
+        """,
+    "wait_replay": "replay(get_ipython(), saved['wait'])",
+    "image": f"""\
+        %%cap image
+        import base64
+        from IPython.display import Image
+        Image(data=base64.b64decode("{PNG_B64}"))
+        """,
+    "image_replay": "replay(get_ipython(), saved['image'])",
+    "dump": """\
+        import os
+        pathlib.Path("captured.json").write_text(json.dumps(saved))
+        print(os.environ.get("NBDURABLE_TEST_MARK"))
+        """,
+}
+INDEX = {name: i for i, name in enumerate(CELLS)}
+
+
+@pytest.fixture(scope="module")
+def executed(tmp_path_factory):
+    """Run the capture notebook once in a real kernel; return (nb, captured, cwd)."""
+    cwd = tmp_path_factory.mktemp("capture-kernel")
+    nb = make_notebook([textwrap.dedent(source) for source in CELLS.values()])
+    nb = run_notebook(nb, cwd=cwd, env={"NBDURABLE_TEST_MARK": "marked"}, timeout=60)
+    captured = json.loads((cwd / "captured.json").read_text())
+    return nb, captured
+
+
+def cell(nb, name, **kwargs):
+    return outputs_of(nb, INDEX[name], **kwargs)
+
+
+def count(nb, name):
+    return nb.cells[INDEX[name]].execution_count
+
+
+@pytest.mark.kernel
+def test_kernel_env_and_cwd_reach_the_kernel(executed):
+    nb, _ = executed
+    assert stream_text(cell(nb, "dump")) == "marked\n"
+
+
+@pytest.mark.kernel
+def test_kernel_live_outputs_in_true_order(executed):
+    nb, captured = executed
+    live = cell(nb, "order")
+    assert [(o["output_type"], o.get("name")) for o in live] == [
+        ("stream", "stdout"),
+        ("stream", "stderr"),
+        ("display_data", None),
+        ("stream", "stdout"),
+        ("execute_result", None),
+    ], live
+    assert live[0]["text"] == "one\n" and live[1]["text"] == "two\n"
+    assert live[2]["data"]["text/html"] == "<b>three</b>"
+    assert live[3]["text"] == "four\n"
+    assert live[4]["data"] == {"text/plain": "42"}
+    assert live[4]["execution_count"] == count(nb, "order")
+    # What was recorded is exactly what the frontend got.
+    assert captured["order"] == live
+
+
+@pytest.mark.kernel
+def test_kernel_show_last_expr_sets_underscore_and_out(executed):
+    nb, _ = executed
+    underscore, last_out, value = json.loads(stream_text(cell(nb, "order_check")))
+    assert (underscore, last_out, value) == (42, count(nb, "order"), 42)
+
+
+@pytest.mark.kernel
+def test_kernel_replay_is_identical_with_current_execution_count(executed):
+    nb, _ = executed
+    replayed = cell(nb, "order_replay")
+    assert cell(nb, "order_replay", execution_count=False) == cell(
+        nb, "order", execution_count=False
+    )
+    assert replayed[-1]["output_type"] == "execute_result"
+    assert replayed[-1]["execution_count"] == count(nb, "order_replay")
+    assert count(nb, "order_replay") != count(nb, "order")
+
+
+@pytest.mark.kernel
+def test_kernel_interleaved_streams_keep_their_order(executed):
+    nb, captured = executed
+    expected = []
+    for i in range(3):
+        expected += [stream("stdout", f"out {i}\n"), stream("stderr", f"err {i}\n")]
+    assert captured["interleave"] == expected
+    assert cell(nb, "interleave") == expected
+    assert cell(nb, "interleave_replay") == expected
+
+
+@pytest.mark.kernel
+def test_kernel_widgets_replay_as_static_fallback(executed):
+    nb, captured = executed
+    live = cell(nb, "widget")
+    assert WIDGET_VIEW_MIME in live[0]["data"] and WIDGET_VIEW_MIME in live[2]["data"]
+    assert [o["output_type"] for o in captured["widget"]] == [
+        "display_data",
+        "stream",
+        "execute_result",
+    ]
+    fallback = {"text/plain": "IntSlider(value=3, description='n')"}
+    replayed = cell(nb, "widget_replay")
+    assert replayed == [
+        {"output_type": "display_data", "data": fallback, "metadata": {}},
+        stream("stdout", "after\n"),
+        {
+            "output_type": "execute_result",
+            "data": fallback,
+            "metadata": {},
+            "execution_count": count(nb, "widget_replay"),
+        },
+    ]
+
+
+@pytest.mark.kernel
+def test_kernel_clear_output_and_display_updates_round_trip(executed):
+    nb, captured = executed
+    shown = [
+        stream("stdout", "kept\n"),
+        {"output_type": "display_data", "data": {"text/plain": "'v2'"}, "metadata": {}},
+        stream("stdout", "end\n"),
+    ]
+    assert cell(nb, "clear") == shown
+    assert cell(nb, "clear_replay") == shown
+    transient = {"display_id": "d1"}
+    assert captured["clear"] == [
+        {"output_type": "clear_output", "wait": False},
+        stream("stdout", "kept\n"),
+        {
+            "output_type": "display_data",
+            "data": {"text/plain": "'v1'"},
+            "metadata": {},
+            "transient": transient,
+        },
+        {
+            "output_type": "update_display_data",
+            "data": {"text/plain": "'v2'"},
+            "metadata": {},
+            "transient": transient,
+        },
+        stream("stdout", "end\n"),
+    ]
+    assert cell(nb, "wait") == [stream("stdout", "b\n")]
+    assert cell(nb, "wait_replay") == [stream("stdout", "b\n")]
+    assert captured["wait"] == [
+        {"output_type": "clear_output", "wait": True},
+        stream("stdout", "b\n"),
+    ]
+
+
+@pytest.mark.kernel
+def test_kernel_images_are_base64_and_round_trip(executed):
+    nb, captured = executed
+    (recorded,) = captured["image"]
+    assert recorded["data"]["image/png"] == PNG_B64
+    live = cell(nb, "image", execution_count=False)
+    assert live == [{k: v for k, v in recorded.items() if k != "execution_count"}]
+    assert cell(nb, "image_replay", execution_count=False) == live
