@@ -38,8 +38,8 @@ __version__ = "0.1.0"
 
 
 def panel() -> Any:
-    """The step panel widget for the current run (see :mod:`nbdurable.panel`)."""
-    from .panel import panel as _panel
+    """The step panel widget for the current run (see :mod:`nbdurable.steppanel`)."""
+    from .steppanel import panel as _panel
 
     return _panel()
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import contextlib
+import hashlib
 import re
 import sys
 import threading
@@ -25,7 +27,7 @@ from . import config, events, keys, locate, values
 from .capture import Capture, replay, show_last_expr
 from .errors import CorruptRecord, NbdurableError, StoreError, UsageProblem
 from .records import StepRecord, StepState, VarRecord
-from .store import RUN_SCOPE, RunKeys, Store
+from .store import RunKeys, Store
 
 _HIDDEN = re.compile(r"^(_+|_\d+|_i+|_i\d+|_ih|_oh|_dh|In|Out|get_ipython|exit|quit)$")
 
@@ -74,6 +76,8 @@ class Session:
         self.current: StepContext | None = None
         self.status: dict[str, tuple[str, str]] = {}  # step key -> (state, detail)
         self.producers: dict[str, str] = {}  # variable name -> step key that produced it
+        # variable name -> (the object a step recorded or restored, its blob sha); see _input_fp
+        self.origins: dict[str, tuple[Any, str]] = {}
         self.saved = Savings()
         self.cell_ordinals: dict[str, int] = {}  # @recorded outside steps; reset per cell
         self._lock = threading.RLock()
@@ -83,6 +87,7 @@ class Session:
     # -- run context ---------------------------------------------------------
     @property
     def user_ns(self) -> dict[str, Any]:
+        """The namespace steps run in (empty without a shell)."""
         return self.shell.user_ns if self.shell is not None else {}
 
     def _locate(self) -> None:
@@ -103,12 +108,14 @@ class Session:
 
     @property
     def store(self) -> Store:
+        """The store of this run, opened on first use."""
         self._locate()
         assert self._store is not None
         return self._store
 
     @property
     def run_id(self) -> str:
+        """The run's id: a name set by ``%step run``, else the notebook's (see :mod:`locate`)."""
         self._locate()
         if self._run_name is not None:
             return self._run_name
@@ -117,6 +124,7 @@ class Session:
 
     @property
     def keys(self) -> RunKeys:
+        """Store keys of this run."""
         return RunKeys(self.run_id)
 
     def set_run(self, name: str | None) -> str:
@@ -124,7 +132,7 @@ class Session:
         self._run_name = name
         self.status.clear()
         self.producers.clear()
-        self._touch_run()
+        self.origins.clear()
         events.emit("run-changed", self.run_id)
         return self.run_id
 
@@ -148,8 +156,12 @@ class Session:
             if cell_id is not None and not self.nbfile.ids_persist:
                 # nbformat 4.4 on disk: the frontend invents a new id on every load.
                 cell_id = None
-            if position is None:
-                position = self.nbfile.position_of(body)
+            saved = self.nbfile.find(body, position)
+            if saved is not None:
+                position = saved.index
+                # nbclient and nbconvert send no cell id; the saved one is the id
+                # JupyterLab would send, and the one `%step list` reads.
+                cell_id = cell_id or saved.cell_id
         if name is not None:
             key, label = keys.step_key(name, None, None, body)
         else:
@@ -172,6 +184,7 @@ class Session:
 
     # -- records -----------------------------------------------------------------
     def load_record(self, key: str, label: str) -> StepRecord | None:
+        """The step's record, None if absent or unusable (with a warning)."""
         try:
             got = self.store.get(self.keys.step(key))
             return None if got is None else StepRecord.from_header(got[0])
@@ -180,6 +193,7 @@ class Session:
             return None
 
     def load_state(self, key: str) -> StepState:
+        """The step's pin/failure/stale state (empty if none)."""
         try:
             got = self.store.get(self.keys.state(key))
         except CorruptRecord as exc:
@@ -201,12 +215,16 @@ class Session:
         analysis = keys.analyse(py)
         source_fp = keys.source_fingerprint(py)
         ns = self.user_ns
+        self.origins = {n: o for n, o in self.origins.items() if ns.get(n) is o[0]}
         inputs = {
-            n: keys.fingerprint(ns[n])
+            n: self._input_fp(n, ns[n])
             for n in sorted(analysis.reads)
             if n in ns and not _HIDDEN.match(n)
         }
         rec = self.load_record(key, label)
+        # Whatever nbdurable printed so far (warnings) reaches the frontend before
+        # the step's own outputs: ipykernel buffers stdout and stderr apart.
+        _flush_streams()
         state = self.load_state(key)
         reason = None if rec is None else _invalid_reason(rec, source_fp, inputs, state)
         if rec is not None and not force and (reason is None or state.pinned):
@@ -217,9 +235,25 @@ class Session:
             events.emit("step-invalidated", self.run_id, key, reason=reason, label=label)
         self._execute(py, key, label, position, source_fp, inputs, analysis, state)
 
+    def _input_fp(self, name: str, value: Any) -> str:
+        """Fingerprint of an input; for a value a step saved, also its saved bytes.
+
+        :func:`keys.fingerprint` sees some objects by type only (instances of
+        plain classes, e.g. a model's response object). When the value is the
+        very object a step recorded or restored, the sha of its pickle tells
+        one recording from another, so a dependant of a re-executed step does
+        not replay a result computed from the old value.
+        """
+        fp = keys.fingerprint(value)
+        origin = self.origins.get(name)
+        if origin is None or origin[0] is not value:
+            return fp
+        return hashlib.sha256(f"{fp}:{origin[1]}".encode()).hexdigest()[:32]
+
     def _replay(self, rec: StepRecord, label: str, stale: str | None) -> bool:
         """Restore a record into the namespace and show its outputs; False if it cannot be."""
         restored: dict[str, Any] = {}
+        ns = self.user_ns
         try:
             for var in rec.variables:
                 if var.kind == "module":
@@ -228,16 +262,17 @@ class Session:
                 data = self.store.get_blob(var.ref)
                 if data is None:
                     raise CorruptRecord(f"the saved value of {var.name!r} is missing")
-                restored[var.name] = values.loads(data)
-        except (CorruptRecord, ImportError, Exception) as exc:
+                restored[var.name] = values.adopt(values.loads(data), ns)
+        except Exception as exc:  # a damaged blob, a module gone, a failing __setstate__
             warn(f"step {label!r}: cannot restore its variables ({exc}); the step runs again.")
             return False
-        ns = self.user_ns
         for name in rec.deleted:
             ns.pop(name, None)
         ns.update(restored)
-        for name in restored:
-            self.producers[name] = rec.key
+        for var in rec.variables:
+            self.producers[var.name] = rec.key
+            if var.kind == "value":
+                self.origins[var.name] = (restored[var.name], var.ref)
         replay(self.shell, list(rec.outputs))
         with self._lock:
             self.saved.steps += 1
@@ -253,7 +288,8 @@ class Session:
     def _note(self, rec: StepRecord, label: str, stale: str | None) -> None:
         when = time.strftime("%Y-%m-%d %H:%M", time.localtime(rec.started + rec.duration))
         calls = f", {rec.substeps} call{'s' if rec.substeps != 1 else ''}" if rec.substeps else ""
-        text = f"↻ nbdurable: replayed step {label!r} (recorded {when}; saved {rec.duration:.1f} s{calls})"
+        saved = f"saved {rec.duration:.1f} s{calls}"
+        text = f"↻ nbdurable: replayed step {label!r} (recorded {when}; {saved})"
         if stale:
             text += f" — pinned, stale: {stale}"
         html = f'<div style="font-size:smaller;opacity:0.6">{_escape(text)}</div>'
@@ -292,14 +328,25 @@ class Session:
         self.current = None
         duration = time.perf_counter() - t0
         self._record(
-            key, label, position, py, source_fp, inputs, analysis, before, cap.outputs,
-            started, duration, ctx, state,
+            key,
+            label,
+            position,
+            py,
+            source_fp,
+            inputs,
+            analysis,
+            before,
+            cap.outputs,
+            started,
+            duration,
+            ctx,
+            state,
         )
 
     def _record_failure(
         self, key: str, label: str, position: int | None, state: StepState, exc: BaseException
     ) -> None:
-        what = f"{type(exc).__name__}: {exc}"[:500]
+        what = (f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)[:500]
         self.status[key] = ("failed", what)
         failed = StepState(state.pinned, what, time.time(), state.stale, label, position)
         try:
@@ -329,32 +376,52 @@ class Session:
         deleted = tuple(sorted(n for n in before if n not in ns and not _HIDDEN.match(n)))
         variables: list[VarRecord] = []
         unsaved: list[str] = []
+        origins: dict[str, tuple[Any, str]] = {}
         for name in changed:
             value = ns[name]
             if values.is_module(value):
-                variables.append(VarRecord(name, "module", value.__name__, keys.fingerprint(value)))
+                ref = values.module_ref(value, _dotted_imports(py))
+                variables.append(VarRecord(name, "module", ref, keys.fingerprint(value)))
                 continue
             try:
                 data = values.dumps(value)
             except values.Unsaveable as exc:
                 unsaved.append(f"{name} ({values.type_name(value)}: {exc})")
                 variables.append(
-                    VarRecord(name, "unsaved", str(exc)[:200], keys.fingerprint(value), 0,
-                              values.type_name(value))
+                    VarRecord(
+                        name,
+                        "unsaved",
+                        str(exc)[:200],
+                        keys.fingerprint(value),
+                        0,
+                        values.type_name(value),
+                    )
                 )
                 continue
             sha, _written = self.store.put_blob(data)
+            origins[name] = (value, sha)
             variables.append(
-                VarRecord(name, "value", sha, keys.fingerprint(value), len(data),
-                          values.type_name(value))
+                VarRecord(
+                    name, "value", sha, keys.fingerprint(value), len(data), values.type_name(value)
+                )
             )
         input_from = {n: self.producers[n] for n in inputs if n in self.producers}
         rec = StepRecord(
-            run=self.run_id, key=key, name=label, position=position, source=py,
-            source_fp=source_fp, inputs=inputs, input_from=input_from,
-            variables=tuple(variables), deleted=deleted, outputs=tuple(outputs),
-            started=started, duration=duration,
-            substeps=ctx.subs_recorded + ctx.subs_replayed, substep_seconds=ctx.sub_seconds,
+            run=self.run_id,
+            key=key,
+            name=label,
+            position=position,
+            source=py,
+            source_fp=source_fp,
+            inputs=inputs,
+            input_from=input_from,
+            variables=tuple(variables),
+            deleted=deleted,
+            outputs=tuple(outputs),
+            started=started,
+            duration=duration,
+            substeps=ctx.subs_recorded + ctx.subs_replayed,
+            substep_seconds=ctx.sub_seconds,
         )
         kept = StepState(pinned=state.pinned, name=label, position=position)
         puts = [(self.keys.step(key), rec.to_header(), b""), self._touch_run()]
@@ -369,6 +436,8 @@ class Session:
             raise StoreError(f"step {label!r} ran but was NOT recorded: {exc}") from exc
         for name in changed:
             self.producers[name] = key
+            self.origins.pop(name, None)
+        self.origins.update(origins)
         self.status[key] = ("recorded", "")
         events.emit("step-recorded", self.run_id, key, label=label, record=rec)
         if unsaved and key not in self._warned_unsaved:
@@ -411,6 +480,36 @@ def _changed_names(
     return sorted(out)
 
 
+_SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)
+
+
+def _dotted_imports(py: str) -> set[str]:
+    """``a.b.c`` for each ``import a.b.c`` (without ``as``) of the cell, outside functions."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            tree = compile(py, "<cell>", "exec", ast.PyCF_ONLY_AST | ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
+    except (SyntaxError, ValueError):
+        return set()
+    found: set[str] = set()
+    todo: list[ast.AST] = [tree]
+    while todo:
+        node = todo.pop()
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.asname is None and "." in a.name}
+        elif not isinstance(node, _SCOPES):
+            todo.extend(ast.iter_child_nodes(node))
+    return found
+
+
+def _flush_streams() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (AttributeError, OSError, ValueError):  # no stream, or a closed one
+            pass
+
+
 def _run_body(shell: Any, py: str, has_await: bool) -> None:
     """Execute the cell body in the user namespace; show a trailing expression."""
     __tracebackhide__ = True
@@ -443,21 +542,44 @@ def _run_coroutine(coro: Any) -> Any:
     """Run a top-level-await body to completion.
 
     The kernel's own event loop is busy running this very cell, so the body
-    runs on a fresh loop in a helper thread while this thread waits.
+    runs on a fresh loop in a helper thread while this thread waits. An
+    interrupt (KeyboardInterrupt) cancels the body and waits for it to stop,
+    so no sub-step keeps calling a model in the background after the cell
+    has failed; a second interrupt stops waiting.
     """
     __tracebackhide__ = True
     box: dict[str, Any] = {}
 
+    async def main() -> Any:
+        box["loop"], box["task"] = asyncio.get_running_loop(), asyncio.current_task()
+        if box.get("cancelled"):  # interrupted before the body started
+            coro.close()
+            raise asyncio.CancelledError
+        return await coro
+
     def runner() -> None:
         try:
-            box["value"] = asyncio.run(coro)
+            box["value"] = asyncio.run(main())
         except BaseException as exc:
             box["error"] = exc
 
     t = threading.Thread(target=runner, name="nbdurable-step", daemon=True)
     t.start()
-    while t.is_alive():
-        t.join(0.1)
+    try:
+        while t.is_alive():
+            t.join(0.1)
+    except KeyboardInterrupt:
+        box["cancelled"] = True
+        loop, task = box.get("loop"), box.get("task")
+        if loop is not None and task is not None:
+            try:
+                loop.call_soon_threadsafe(task.cancel)
+            except RuntimeError:  # the loop has just finished
+                pass
+        with contextlib.suppress(KeyboardInterrupt):  # a second interrupt stops waiting
+            while t.is_alive():
+                t.join(0.1)
+        raise
     if "error" in box:
         raise box["error"]
     return box.get("value")

@@ -17,17 +17,20 @@
 **Sub-step keys**: ``<step key>/<sub id>`` for ``step(id, ...)`` inside a
 ``%%step`` cell, ``~run/<sub id>`` outside any step; sub ids are checked by
 :func:`validate_sub_id` and kept exactly. ``@recorded`` functions use
-``<module.qualname>#<ordinal of the call within the enclosing step>`` as id.
+``<module.qualname>#<ordinal of the call within the enclosing step>`` as id
+(outside a step ``<module.qualname>#<first 12 hex of args_fingerprint>#<ordinal>``).
 
 **Source fingerprint** (:func:`source_fingerprint`): SHA-256 of
-:func:`normalize_source`, i.e. of the cell's AST, so comments, blank lines and
-formatting never invalidate a step, while any code edit does.
+:func:`normalize_source` of the cell's Python (after IPython's transforms),
+i.e. of its AST, so comments, blank lines and formatting never invalidate a
+step, while any code edit does.
 
-**Input fingerprints**: for each name of :attr:`CellAnalysis.reads` (read
-before bound in the cell, see :func:`analyse`) that exists in the namespace,
-:func:`fingerprint` of its value: data by content, functions by code and
-closure, classes and modules by name, other objects by type only. A step
-re-executes when its source fingerprint or any input fingerprint changed.
+**Input fingerprints**: for each name of :attr:`CellAnalysis.reads` (may be
+read before the cell binds it, see :func:`analyse`) that exists in the
+namespace, :func:`fingerprint` of its value: data by content, functions by
+code and closure, modules and library classes by name, notebook classes by
+their members too, other objects by type only. A step re-executes when its
+source fingerprint or any input fingerprint changed.
 
 **Idempotency keys**: ``"nbd-"`` + the first 32 hex digits of the SHA-256 of
 ``run id, step key, sub id, name`` (UTF-8, joined by NUL), stable across
@@ -597,16 +600,29 @@ _MISSING = _Missing()
 
 
 class _Sink:
+    """Bytes on their way into SHA-256; the hash object is made only when needed."""
+
     __slots__ = ("hash", "buf")
 
     def __init__(self) -> None:
-        self.hash = hashlib.sha256()
+        self.hash: Any = None
         self.buf = bytearray()
 
-    def digest(self) -> bytes:
+    def flush(self) -> None:
+        if self.hash is None:
+            self.hash = hashlib.sha256()
         self.hash.update(self.buf)
         self.buf.clear()
+
+    def digest(self) -> bytes:
+        self.flush()
         return self.hash.digest()
+
+    def summary(self) -> bytes:
+        """A set element: its encoding itself when short (cheaper), else its digest."""
+        if self.hash is None and len(self.buf) <= 64:
+            return b"=" + self.buf
+        return b"#" + self.digest()
 
 
 class _Hasher:
@@ -636,7 +652,7 @@ class _Hasher:
                 continue
             exact.get(type(item), _other)(self, item)
             if len(sinks[-1].buf) > _BIG:
-                sinks[-1].digest()  # flushes; the hash object lives on
+                sinks[-1].flush()
         return sinks[0].digest().hex()[:32]
 
     def put(self, tag: bytes, *parts: bytes | str) -> None:
@@ -656,7 +672,7 @@ class _Hasher:
         if view.nbytes < _BIG:
             sink.buf += view
         else:
-            sink.digest()
+            sink.flush()
             sink.hash.update(view)
 
     def push(self, *children: Any) -> None:
@@ -681,8 +697,11 @@ def _begin_element(h: _Hasher, _: None) -> None:
     h.sinks.append(_Sink())
 
 
+_BEGIN = _Op(_begin_element, None)
+
+
 def _end_element(h: _Hasher, digests: list[bytes]) -> None:
-    digests.append(h.sinks.pop().digest())
+    digests.append(h.sinks.pop().summary())
 
 
 def _end_set(h: _Hasher, digests: list[bytes]) -> None:
@@ -713,14 +732,23 @@ def _sequence(tag: bytes) -> Any:
     return handler
 
 
-def _unordered(tag: bytes) -> Any:
+def _unordered(h: _Hasher, groups: Any) -> None:
+    """Hash each group of values into its own sink; write the sorted summaries."""
+    digests: list[bytes] = []
+    end = _Op(_end_element, digests)
+    stack = h.stack
+    stack.append(_Op(_end_set, digests))
+    for group in groups:
+        stack.append(end)
+        stack.extend(reversed(group))
+        stack.append(_BEGIN)
+
+
+def _set(tag: bytes) -> Any:
     def handler(h: _Hasher, v: Any) -> None:
         if h.enter(v):
             h.put(tag, _int(len(v)))
-            digests: list[bytes] = []
-            h.stack.append(_Op(_end_set, digests))
-            for x in v:
-                h.stack += (_Op(_end_element, digests), x, _Op(_begin_element, None))
+            _unordered(h, ((x,) for x in v))
 
     return handler
 
@@ -735,11 +763,11 @@ def _wrapper(tag: bytes, *attrs: str) -> Any:
 
 
 def _dict(h: _Hasher, v: Any) -> None:
+    # In any order, as == compares dicts: a dict built by iterating over a set of
+    # strings has a different order in every process (PYTHONHASHSEED).
     if h.enter(v):
-        items = list(v.items())
-        h.put(b"dict", _int(len(items)))
-        for key, value in reversed(items):
-            h.stack += (value, key)
+        h.put(b"dict", _int(len(v)))
+        _unordered(h, v.items())
 
 
 def _defaultdict(h: _Hasher, v: Any) -> None:
@@ -902,8 +930,8 @@ _EXACT: dict[type, Any] = {
     types.SimpleNamespace: _wrapper(b"namespace", "__dict__"),
     dict: _dict,
     collections.defaultdict: _defaultdict,
-    set: _unordered(b"set"),
-    frozenset: _unordered(b"frozenset"),
+    set: _set(b"set"),
+    frozenset: _set(b"frozenset"),
     range: _atom(b"range", lambda v: [_int(v.start), _int(v.stop), _int(v.step)]),
     slice: _wrapper(b"slice", "start", "stop", "step"),
     # as_tuple, not str(): str() follows the context's `capitals` setting.
@@ -948,11 +976,11 @@ def fingerprint(value: object) -> str:
 
     * Data by content: None, bool, int, float (IEEE bytes: ``-0.0`` and NaN
       are stable), complex, str, bytes, bytearray, memoryview, tuple, list,
-      dict (in order), set and frozenset (in any order), range, slice,
-      Decimal, Fraction, datetime/date/time/timedelta, UUID, paths, Enum
-      members (class and name), dataclass instances and namedtuples (type and
-      fields), deque, SimpleNamespace, and subclasses of all these (their
-      type plus the content).
+      deque, dict, set and frozenset (these three in any order, as ``==``
+      compares them), range, slice, Decimal, Fraction, datetime, date, time,
+      timedelta, UUID, paths, SimpleNamespace, Enum members (class and name),
+      dataclass instances and namedtuples (type and fields), and subclasses
+      of all these (their type plus the content).
     * numpy arrays by dtype, shape and raw bytes (no copy when C-contiguous;
       object arrays element by element), numpy scalars by dtype and bytes,
       ufuncs by name; numpy is never imported. pandas objects by their

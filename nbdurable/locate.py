@@ -142,10 +142,18 @@ class NotebookFile:
 
     def position_of(self, body: str) -> int | None:
         """Index of the saved ``%%step`` cell whose body matches ``body``, if any."""
+        found = self.find(body)
+        return None if found is None else found.index
+
+    def find(self, body: str, position: int | None = None) -> StepCell | None:
+        """The saved ``%%step`` cell whose body matches ``body``, if any.
+
+        With ``position`` (a runner said where the cell is), only the cell there.
+        """
         fp = source_fingerprint(body)
         for c in self.cells:
-            if source_fingerprint(c.body) == fp:
-                return c.index
+            if (position is None or c.index == position) and source_fingerprint(c.body) == fp:
+                return c
         return None
 
 

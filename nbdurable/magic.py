@@ -9,7 +9,7 @@ from IPython.core.magic import Magics, line_cell_magic, magics_class
 
 from . import events, keys, ops
 from .engine import get_session
-from .errors import NbdurableError, UsageProblem
+from .errors import UsageProblem
 
 USAGE = """\
 %%step [NAME] [--force]     record this cell as a step (replayed on rerun)
@@ -49,14 +49,17 @@ class StepMagics(Magics):
         if len(rest) > 1:
             raise UsageProblem(f"%%step takes one NAME, got {len(rest)}: {' '.join(rest)}")
         if rest and rest[0] in _SUBCOMMANDS:
-            raise UsageProblem(f"%%step {rest[0]}: {rest[0]!r} is a %step command; use %step {rest[0]} on one line")
+            raise UsageProblem(
+                f"%%step {rest[0]}: {rest[0]!r} is a %step command; use %step {rest[0]} on one line"
+            )
         name = keys.validate_name(rest[0]) if rest else None
         get_session(self.shell).run_step(cell, name=name, force=force)
 
     def _line(self, line: str) -> None:
         args = _split(line)
         if not args:
-            raise UsageProblem("%step needs a command: " + ", ".join(_SUBCOMMANDS) + " (see %step?)")
+            commands = ", ".join(_SUBCOMMANDS)
+            raise UsageProblem(f"%step needs a command: {commands} (see %step?)")
         cmd, rest = args[0], args[1:]
         session = get_session(self.shell)
         if cmd == "list":
@@ -82,11 +85,12 @@ class StepMagics(Magics):
             _no_args(cmd, rest)
             from IPython.display import display
 
-            from .panel import panel
+            from .steppanel import panel
 
             display(panel())
         else:
-            raise UsageProblem(f"%step: unknown command {cmd!r}; commands: {', '.join(_SUBCOMMANDS)}")
+            commands = ", ".join(_SUBCOMMANDS)
+            raise UsageProblem(f"%step: unknown command {cmd!r}; commands: {commands}")
 
     def _clear(self, session, rest: list[str]) -> None:  # noqa: ANN001
         if rest == ["--all"]:
@@ -97,6 +101,7 @@ class StepMagics(Magics):
             return
         if not rest or any(a.startswith("-") for a in rest):
             raise UsageProblem("usage: %step clear NAME [NAME ...] or %step clear --all")
+        infos = {i.key: i.label for i in ops.step_infos(session.store, session.run_id)}
         found = ops.resolve(session.store, session.run_id, rest, session.notebook)
         stale = ops.clear(session.store, session.run_id, found)
         for key in found:
@@ -104,7 +109,7 @@ class StepMagics(Magics):
             events.emit("store-changed", session.run_id, key, action="clear")
         msg = f"cleared: {', '.join(rest)}"
         if stale:
-            msg += f"; invalidated dependants: {', '.join(stale)}"
+            msg += f"; invalidated dependants: {', '.join(infos.get(k, k) for k in stale)}"
         print(msg)
 
 

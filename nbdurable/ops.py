@@ -17,8 +17,17 @@ from .keys import source_fingerprint
 from .records import StepRecord, StepState
 from .store import RUN_SCOPE, RunKeys, Store
 
-STATES = ("recorded", "replayed", "running", "pending", "invalidated", "pinned",
-          "failed", "not replayable", "orphaned")
+STATES = (
+    "recorded",
+    "replayed",
+    "running",
+    "pending",
+    "invalidated",
+    "pinned",
+    "failed",
+    "not replayable",
+    "orphaned",
+)
 
 
 @dataclass(frozen=True)
@@ -100,29 +109,65 @@ def step_infos(
         if key in seen:
             continue
         seen.add(key)
-        rows.append(_info(store, rk, key, cell.label, cell.index, records.get(key),
-                          states.get(key), live.get(key), cell.body, True))
-    extra = sorted(
-        (set(records) | set(states)) - seen,
-        key=lambda k: ((records.get(k) and records[k].position) or 0, k),
-    )
+        rows.append(
+            _info(
+                store,
+                rk,
+                key,
+                cell.label,
+                cell.index,
+                records.get(key),
+                states.get(key),
+                live.get(key),
+                cell.body,
+                True,
+            )
+        )
+
+    def order(key: str) -> tuple[bool, int, float, str]:
+        # By position where known, else in the order the steps were recorded.
+        rec, st = records.get(key), states.get(key)
+        pos = rec.position if rec else (st.position if st else None)
+        return (pos is None, pos or 0, rec.started if rec else float("inf"), key)
+
+    extra = sorted((set(records) | set(states)) - seen, key=order)
     for key in extra:
         rec, st = records.get(key), states.get(key)
         label = (rec.name if rec else None) or (st.name if st else None) or key
         pos = rec.position if rec else (st.position if st else None)
-        rows.append(_info(store, rk, key, label, pos, rec, st, live.get(key), None,
-                          notebook is None or not cells))
+        rows.append(
+            _info(
+                store,
+                rk,
+                key,
+                label,
+                pos,
+                rec,
+                st,
+                live.get(key),
+                None,
+                notebook is None or not cells,
+            )
+        )
     n, size = store.stats(rk.subs_prefix(RUN_SCOPE))
     if n:
-        rows.append(StepInfo(RUN_SCOPE, "(outside steps)", "recorded", substeps=n, size=size,
-                             calls=n))
+        rows.append(
+            StepInfo(RUN_SCOPE, "(outside steps)", "recorded", substeps=n, size=size, calls=n)
+        )
     return rows
 
 
 def _info(
-    store: Store, rk: RunKeys, key: str, label: str, position: int | None,
-    rec: StepRecord | None, st: StepState | None, live: tuple[str, str] | None,
-    body: str | None, in_notebook: bool,
+    store: Store,
+    rk: RunKeys,
+    key: str,
+    label: str,
+    position: int | None,
+    rec: StepRecord | None,
+    st: StepState | None,
+    live: tuple[str, str] | None,
+    body: str | None,
+    in_notebook: bool,
 ) -> StepInfo:
     st = st or StepState()
     subs, sub_bytes = store.stats(rk.subs_prefix(key))
@@ -131,17 +176,28 @@ def _info(
         size += sum(v.size for v in rec.variables)
     state, detail = _state_of(rec, st, live, body, in_notebook)
     return StepInfo(
-        key=key, label=label, state=state, detail=detail, position=position,
+        key=key,
+        label=label,
+        state=state,
+        detail=detail,
+        position=position,
         recorded_at=(rec.started + rec.duration) if rec else None,
-        duration=rec.duration if rec else 0.0, substeps=subs, size=size, pinned=st.pinned,
-        stale=state == "pinned" and bool(detail), replayable=rec.replayable if rec else True,
+        duration=rec.duration if rec else 0.0,
+        substeps=subs,
+        size=size,
+        pinned=st.pinned,
+        stale=state == "pinned" and bool(detail),
+        replayable=rec.replayable if rec else True,
         calls=rec.substeps if rec else subs,
     )
 
 
 def _state_of(
-    rec: StepRecord | None, st: StepState, live: tuple[str, str] | None,
-    body: str | None, in_notebook: bool,
+    rec: StepRecord | None,
+    st: StepState,
+    live: tuple[str, str] | None,
+    body: str | None,
+    in_notebook: bool,
 ) -> tuple[str, str]:
     live_state, live_detail = live or ("", "")
     if live_state == "running":
@@ -153,7 +209,7 @@ def _state_of(
     stale = st.stale or ""
     if not stale and body is not None and _python_source_fp(body) != rec.source_fp:
         stale = "its code changed"
-    if not stale and live_state == "invalidated":
+    if not stale and live_state in ("invalidated", "pinned-stale"):
         stale = live_detail
     if st.pinned:
         return "pinned", stale
@@ -211,8 +267,15 @@ def clear(store: Store, run_id: str, step_keys: list[str]) -> list[str]:
     puts = []
     for key, why in stale.items():
         st = states.get(key, StepState())
-        puts.append((rk.state(key), StepState(st.pinned, st.failed, st.failed_at, why,
-                                              st.name, st.position).to_header(), b""))
+        puts.append(
+            (
+                rk.state(key),
+                StepState(
+                    st.pinned, st.failed, st.failed_at, why, st.name, st.position
+                ).to_header(),
+                b"",
+            )
+        )
     store.apply(puts=puts, deletes=deletes)
     return sorted(stale)
 
@@ -257,11 +320,15 @@ def format_table(infos: list[StepInfo]) -> str:
     head = ("#", "step", "state", "recorded", "sub-steps", "size", "detail")
     rows = [head]
     for i in infos:
-        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(i.recorded_at)) if i.recorded_at else "-"
+        when = "-"
+        if i.recorded_at:
+            when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(i.recorded_at))
         pos = "-" if i.position is None else str(i.position + 1)
         state = i.state + (" (stale)" if i.stale else "")
         rows.append((pos, i.label, state, when, str(i.substeps), human_size(i.size), i.detail))
     widths = [max(len(r[c]) for r in rows) for c in range(len(head) - 1)]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r[:-1], widths, strict=True)) + "  " + r[-1]
-             for r in rows]
+    lines = [
+        "  ".join(c.ljust(w) for c, w in zip(r[:-1], widths, strict=True)) + "  " + r[-1]
+        for r in rows
+    ]
     return "\n".join(line.rstrip() for line in lines)

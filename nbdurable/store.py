@@ -253,6 +253,10 @@ class Store:
                 "space or fix permissions, then run the cell again."
             ) from exc
 
+    def transaction(self) -> Any:
+        """A context manager: reads and writes inside it are one SQLite transaction."""
+        return self._cache.transact(retry=True)
+
     def delete(self, key: str) -> bool:
         """Delete one key; True if it existed."""
         return bool(self._cache.delete(key, retry=True))

@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib
 import pickle
 import types
+from collections.abc import Iterable
 from typing import Any
 
 import cloudpickle
@@ -43,9 +44,101 @@ def is_module(value: Any) -> bool:
     return isinstance(value, types.ModuleType)
 
 
-def import_module(name: str) -> types.ModuleType:
-    """Import a module by its dotted name."""
-    return importlib.import_module(name)
+def module_ref(module: types.ModuleType, imported: Iterable[str] = ()) -> str:
+    """How a module variable is recorded: its name, then the submodules imported through it.
+
+    ``import a.b.c`` binds ``a``, and ``a.b.c`` is reachable as an attribute only
+    because the submodule was imported; re-importing ``a`` alone after a restart
+    would lose it. ``imported`` holds the dotted names the step imported.
+    """
+    name = module.__name__
+    return " ".join([name, *sorted({n for n in imported if n.startswith(name + ".")})])
+
+
+def import_module(ref: str) -> types.ModuleType:
+    """Import a module recorded by :func:`module_ref` (and its recorded submodules)."""
+    name, *submodules = ref.split()
+    module = importlib.import_module(name)
+    for sub in submodules:
+        importlib.import_module(sub)
+    return module
+
+
+def adopt(value: Any, namespace: dict[str, Any]) -> Any:
+    """Give functions and classes defined in the notebook the notebook's globals again.
+
+    cloudpickle restores a notebook function (one whose globals were
+    ``__main__``) with a private copy of the globals it used when it was
+    saved: after a restart it would not see names defined by later cells
+    (NameError) nor their current values. Such a function is rebuilt on
+    ``namespace``, as are the ones in its closure (``@decorator`` wrappers) and
+    the methods of notebook classes (in place, so their instances follow).
+    Returns the value to bind (a new function object for a function).
+    """
+    memo: dict[int, Any] = {}
+    if isinstance(value, types.FunctionType):
+        return _adopt_function(value, namespace, memo)
+    cls = value if isinstance(value, type) else type(value)
+    _adopt_class(cls, namespace, memo)
+    return value
+
+
+def _adopt_function(fn: types.FunctionType, ns: dict[str, Any], memo: dict[int, Any]) -> Any:
+    if id(fn) in memo:
+        return memo[id(fn)]
+    memo[id(fn)] = fn
+    for cell in fn.__closure__ or ():
+        try:
+            inner = cell.cell_contents
+        except ValueError:  # a cell not filled yet
+            continue
+        if isinstance(inner, types.FunctionType):
+            new_inner = _adopt_function(inner, ns, memo)
+            if new_inner is not inner:
+                cell.cell_contents = new_inner
+        elif isinstance(inner, type):
+            _adopt_class(inner, ns, memo)
+    if fn.__globals__ is ns or fn.__globals__.get("__name__") != "__main__":
+        return fn
+    new = types.FunctionType(fn.__code__, ns, fn.__name__, fn.__defaults__, fn.__closure__)
+    new.__kwdefaults__ = fn.__kwdefaults__
+    new.__qualname__ = fn.__qualname__
+    new.__module__ = fn.__module__
+    new.__doc__ = fn.__doc__
+    new.__annotations__ = fn.__annotations__
+    new.__dict__.update(fn.__dict__)
+    memo[id(fn)] = new
+    return new
+
+
+def _adopt_class(cls: type, ns: dict[str, Any], memo: dict[int, Any]) -> None:
+    for klass in cls.__mro__:
+        if klass.__module__ != "__main__" or id(klass) in memo:
+            continue
+        memo[id(klass)] = klass
+        for name, member in list(vars(klass).items()):
+            new = _adopt_member(member, ns, memo)
+            if new is not member:
+                try:
+                    setattr(klass, name, new)
+                except (AttributeError, TypeError):  # a class that refuses: keep it
+                    pass
+
+
+def _adopt_member(member: Any, ns: dict[str, Any], memo: dict[int, Any]) -> Any:
+    if isinstance(member, types.FunctionType):
+        return _adopt_function(member, ns, memo)
+    if isinstance(member, (staticmethod, classmethod)):
+        fn = member.__func__
+        new = _adopt_member(fn, ns, memo)
+        return member if new is fn else type(member)(new)
+    if isinstance(member, property):
+        parts = [member.fget, member.fset, member.fdel]
+        new_parts = [None if p is None else _adopt_member(p, ns, memo) for p in parts]
+        if all(a is b for a, b in zip(parts, new_parts, strict=True)):
+            return member
+        return type(member)(*new_parts, member.__doc__)
+    return member
 
 
 def type_name(value: Any) -> str:

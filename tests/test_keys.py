@@ -450,12 +450,14 @@ def test_equal_content_gives_equal_fingerprints(make):
     assert fingerprint(make()) == fingerprint(make())
 
 
-def test_sets_ignore_order_and_dicts_do_not():
+def test_sets_and_dicts_ignore_order():
     words = [f"w{i}" for i in range(200)]
     assert fingerprint(set(words)) == fingerprint(set(reversed(words)))
     assert fingerprint(frozenset(words)) == fingerprint(frozenset(reversed(words)))
-    assert fingerprint({1: "a", 2: "b"}) != fingerprint({2: "b", 1: "a"})
+    assert fingerprint({1: "a", 2: "b"}) == fingerprint({2: "b", 1: "a"})
     assert fingerprint({1: "a"}) != fingerprint({"a": 1})
+    assert fingerprint({1: "a", 2: "b"}) != fingerprint({1: "b", 2: "a"})
+    assert fingerprint({"k": {1, 2}}) == fingerprint({"k": {2, 1}})
 
 
 def test_container_element_boundaries_are_unambiguous():
@@ -772,6 +774,7 @@ values = {
     "strings": {"alpha", "beta", "gamma", "delta", "epsilon"},
     "frozen": frozenset({("a", 1), ("b", 2), frozenset({"x", "y"})}),
     "dict": {"b": [1, 2.5, None], "a": {"k": b"v"}},
+    "set_ordered_dict": {w: len(w) for w in {"alpha", "beta", "gamma", "delta"}},
     "function": ns["f"],
     "closure": ns["make"](3),
     "class": ns["K"],

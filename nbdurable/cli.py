@@ -1,0 +1,462 @@
+"""The ``nbdurable`` command (also ``python -m nbdurable``).
+
+Options shared by several commands are defined once, as parent parsers.
+Heavy modules (nbclient, the store, IPython) are imported inside the
+command that needs them, so ``nbdurable --help`` and the inspection
+commands start fast. Exit codes: 0 success, 1 a notebook cell raised,
+2 bad usage (one line on stderr, never a traceback), 3 the kernel died more
+than ``--retries`` times, 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any, NoReturn
+
+EXIT_USAGE = 2
+
+
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are one line, naming the way to get help."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _parents() -> dict[str, argparse.ArgumentParser]:
+    """The options several commands share, each defined once."""
+
+    def parent() -> argparse.ArgumentParser:
+        return _Parser(add_help=False)
+
+    notebook = parent()
+    notebook.add_argument("notebook", metavar="NOTEBOOK.ipynb", type=Path,
+                          help="the notebook (its store is NBDURABLE_DIR or .nbdurable/ beside it)")
+    run = parent()
+    run.add_argument("--run", metavar="NAME", dest="run_name",
+                     help="a named run (as set by `%%step run NAME`) instead of the notebook's own")
+    store = parent()
+    store.add_argument("--store", metavar="DIR", type=Path,
+                       help="the store directory (default: NBDURABLE_DIR, else .nbdurable/ "
+                            "beside the notebook, else in the working directory)")
+    as_json = parent()
+    as_json.add_argument("--json", action="store_true", help="print JSON for scripts")
+    quiet = parent()
+    quiet.add_argument("-q", "--quiet", action="store_true",
+                       help="no progress and no summary; errors still go to stderr")
+    return {"notebook": notebook, "run": run, "store": store, "json": as_json, "quiet": quiet}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The full ``nbdurable`` argument parser."""
+    p = _parents()
+    parser = _Parser(
+        prog="nbdurable",
+        description="Durable execution for Jupyter notebooks: run, resume and inspect.",
+        epilog="Start with `nbdurable demo`. Exit codes: 0 ok, 1 a cell raised, 2 bad usage, "
+               "3 the kernel died more than --retries times.",
+    )
+    from . import __version__
+
+    parser.add_argument("--version", action="version", version=f"nbdurable {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub.required = True
+
+    run = sub.add_parser(
+        "run", parents=[p["notebook"], p["run"], p["store"], p["json"], p["quiet"]],
+        help="execute a notebook durably; restart a dead kernel and resume",
+        description="Execute NOTEBOOK in a real kernel. When the kernel dies, start a new one "
+                    "and run again from the top: recorded steps replay, only unfinished work runs.",
+    )
+    run.add_argument("-o", "--output", metavar="OUT.ipynb", type=Path,
+                     help="write the executed notebook here (default: in place)")
+    run.add_argument("--retries", metavar="N", type=_count, default=3,
+                     help="kernel deaths to survive (default: 3)")
+    run.add_argument("--timeout", metavar="S", type=_seconds,
+                     help="per-cell timeout in seconds (default: none)")
+    run.add_argument("--cwd", metavar="DIR", type=Path,
+                     help="the kernel's working directory (default: the notebook's directory)")
+    run.add_argument("--kernel", metavar="NAME",
+                     help="kernel spec to use (default: the notebook's)")
+    run.set_defaults(func=cmd_run)
+
+    status = sub.add_parser(
+        "status", parents=[p["notebook"], p["run"], p["store"], p["json"]],
+        help="every %%%%step cell and its state (starts no kernel)",
+        description="Every %%step cell of NOTEBOOK in notebook order with its state: "
+                    "recorded, pending, invalidated, pinned, failed. Reads the notebook file "
+                    "and the store; starts no kernel.",
+    )
+    status.set_defaults(func=cmd_status)
+
+    clear = sub.add_parser(
+        "clear", parents=[p["notebook"], p["run"], p["store"]],
+        help="forget steps (their sub-steps too), like %%step clear",
+        description="Forget steps: their records, states and sub-steps; steps that read "
+                    "their variables are marked stale. Same as `%step clear`.",
+    )
+    clear.add_argument("steps", metavar="STEP", nargs="*", help="step names (or labels, keys)")
+    clear.add_argument("--all", action="store_true", help="forget the whole run, pins included")
+    clear.set_defaults(func=cmd_clear)
+
+    for name, verb in (("pin", "replay a step even when invalidated"),
+                       ("unpin", "stop pinning a step")):
+        pin = sub.add_parser(name, parents=[p["notebook"], p["run"], p["store"]], help=verb,
+                             description=f"{verb[0].upper()}{verb[1:]}; same as `%step {name}`.")
+        pin.add_argument("steps", metavar="STEP", nargs="+", help="step names (or labels, keys)")
+        pin.set_defaults(func=cmd_pin, pinned=name == "pin")
+
+    export = sub.add_parser(
+        "export", parents=[p["notebook"], p["run"], p["store"]],
+        help="the run's log as JSON: steps, sub-steps, timings, fingerprints",
+        description="Print the run's log: steps in notebook order and their sub-steps in call "
+                    "order, with ids, timings, sizes and fingerprints.",
+    )
+    export.add_argument("--format", choices=("json", "jsonl"), default="json",
+                        help="one JSON document (default) or JSON lines")
+    export.add_argument("--values", action="store_true",
+                        help="include recorded values JSON can represent (others as type+repr)")
+    export.set_defaults(func=cmd_export)
+
+    ls = sub.add_parser("ls", parents=[p["store"], p["json"]],
+                        help="the runs in a store", description="The runs in a store, with step "
+                        "counts, size and last activity, most recent first.")
+    ls.set_defaults(func=cmd_ls)
+
+    gc = sub.add_parser(
+        "gc", parents=[p["store"], p["json"]], help="remove old runs (never pinned steps)",
+        description="Remove runs idle for longer than --older-than, except their pinned steps; "
+                    "then saved variables no step uses any more. Run it while no kernel records "
+                    "to the store.",
+    )
+    gc.add_argument("--older-than", metavar="AGE", default="30d",
+                    help="idle time, e.g. 30d, 12h, 90m (default: 30d)")
+    gc.add_argument("--dry-run", action="store_true", help="report what would go; change nothing")
+    gc.set_defaults(func=cmd_gc)
+
+    demo = sub.add_parser(
+        "demo", parents=[p["json"], p["quiet"]],
+        help="run the research agent, kill its kernel at sub-question 40, resume",
+        description="Run the bundled 60-question research-agent notebook with a simulated, "
+                    "offline model and search; kill its kernel for real during sub-question "
+                    "--crash-at; resume with `nbdurable run`; compare what each attempt spent.",
+    )
+    demo.add_argument("--crash-at", metavar="N", type=_count, default=40,
+                      help="sub-question (0-59) whose answer call kills the kernel (default: 40)")
+    demo.add_argument("--dir", metavar="DIR", type=Path,
+                      help="where to work (default: a new temporary directory)")
+    demo.add_argument("--latency", metavar="S", type=_latency, default=None,
+                      help="simulated seconds per model/search call (default: 0.03)")
+    demo.set_defaults(func=cmd_demo)
+    return parser
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a whole number 0 or more, got {text!r}")
+    return value
+
+
+def _seconds(text: str) -> int:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
+    return max(1, round(value))  # nbclient takes whole seconds
+
+
+def _latency(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value <= 10:
+        raise argparse.ArgumentTypeError(f"expected seconds between 0 and 10, got {text!r}")
+    return value
+
+
+# -- shared plumbing ---------------------------------------------------------------
+
+
+def _notebook(args: argparse.Namespace) -> Path:
+    """The notebook argument, checked: it exists and is notebook JSON."""
+    path = args.notebook.expanduser().absolute()
+    if not path.is_file():
+        raise _usage(f"no notebook at {path}: check the path (expected an .ipynb file)")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise _usage(f"{path} is not a readable notebook ({exc}); expected Jupyter JSON") from None
+    if not isinstance(data, dict) or not isinstance(data.get("cells"), list):
+        raise _usage(f"{path} is not a notebook: it has no list of cells")
+    return path
+
+
+def _usage(message: str) -> Exception:
+    from .errors import UsageProblem
+
+    return UsageProblem(message)
+
+
+def _store_dir(args: argparse.Namespace, notebook: Path | None) -> Path:
+    if getattr(args, "store", None) is not None:
+        return args.store.expanduser().absolute()
+    from .locate import store_dir
+
+    return store_dir(notebook)
+
+
+def _open(directory: Path, must_exist: bool = True) -> Any:
+    """The store at ``directory``; None if it does not exist and ``must_exist`` is false."""
+    if not (directory / "cache.db").exists():
+        if must_exist:
+            raise _usage(f"no nbdurable store at {directory}; pass --store DIR or set "
+                         "NBDURABLE_DIR to the directory that holds the runs")
+        return None
+    from .store import Store
+
+    return Store(directory)
+
+
+def _run_id(args: argparse.Namespace, notebook: Path, store: Any, directory: Path) -> str:
+    """The run the command works on; a named run must exist."""
+    if args.run_name is None:
+        from .locate import run_id_for
+
+        return run_id_for(notebook, directory)
+    from . import runs
+    from .keys import validate_name
+
+    validate_name(args.run_name, "run name")
+    if store is None or not runs.known_run(store, args.run_name):
+        known = ", ".join(repr(r) for r in runs.run_names(store)) if store else "none"
+        raise _usage(f"no run {args.run_name!r} in the store at {directory} (runs: {known})")
+    return args.run_name
+
+
+def _emit(data: Any) -> None:
+    print(json.dumps(data, indent=2, default=str))
+
+
+def _when(t: float | None) -> str:
+    import time
+
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if t else "-"
+
+
+# -- commands --------------------------------------------------------------------------
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """``nbdurable run``."""
+    from .runner import ConsoleProgress, Progress, run_notebook
+
+    if args.run_name is not None:
+        from .keys import validate_name
+
+        validate_name(args.run_name, "run name")
+    quiet = args.quiet or args.json
+    result = run_notebook(
+        args.notebook, output=args.output, retries=args.retries, run_name=args.run_name,
+        timeout=args.timeout, cwd=args.cwd, kernel=args.kernel, store=args.store,
+        progress=Progress() if quiet else ConsoleProgress(),
+    )
+    if args.json:
+        _emit(result.to_json())
+    if result.error is not None:
+        err = result.error
+        text = err.message if sys.stderr.isatty() else _strip_ansi(err.message)
+        print(text.rstrip(), file=sys.stderr)
+        print(f"nbdurable run: cell #{err.index + 1} ({err.label}) raised {err.ename}; "
+              f"the executed notebook is in {result.output}", file=sys.stderr)
+    elif result.status == "kernel died":
+        last = result.attempts[-1]
+        where = "before the first cell" if last.died_in is None else f"in cell #{last.died_in + 1}"
+        print(f"nbdurable run: error: the kernel died {result.deaths} times, more than "
+              f"--retries {result.retries} allows (last {where}); fix the crash or raise "
+              "--retries, then run again: recorded steps replay", file=sys.stderr)
+    return result.exit_code
+
+
+def _strip_ansi(text: str) -> str:
+    import re
+
+    return re.sub(r"\x1b\[[0-9;]*[A-Za-z]", "", text)
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    """``nbdurable status``."""
+    from . import ops
+
+    notebook = _notebook(args)
+    directory = _store_dir(args, notebook)
+    store = _open(directory, must_exist=False)
+    run_id = _run_id(args, notebook, store, directory)
+    if store is None:
+        infos = _pending(notebook)
+    else:
+        with store:
+            infos = ops.step_infos(store, run_id, notebook)
+    if args.json:
+        _emit({"notebook": str(notebook), "run": run_id, "store": str(directory),
+               "steps": [i.to_json() for i in infos]})
+        return 0
+    print(f"{notebook.name} · run {run_id!r} · store {directory}")
+    print(ops.format_table(infos) if infos else "no %%step cells and nothing recorded")
+    return 0
+
+
+def _pending(notebook: Path) -> list[Any]:
+    """Status rows when no store exists yet: every step cell is pending."""
+    from .locate import NotebookFile
+    from .ops import StepInfo
+
+    nbf = NotebookFile(notebook)
+    nbf.refresh()
+    return [StepInfo(c.key, c.label, "pending", position=c.index) for c in nbf.cells]
+
+
+def _steps_store(args: argparse.Namespace) -> tuple[Path, Any, str, Path]:
+    notebook = _notebook(args)
+    directory = _store_dir(args, notebook)
+    store = _open(directory, must_exist=False)
+    if store is None:
+        raise _usage(f"nothing is recorded for {notebook.name} yet (no store at {directory}); "
+                     "run it first")
+    return notebook, store, _run_id(args, notebook, store, directory), directory
+
+
+def cmd_clear(args: argparse.Namespace) -> int:
+    """``nbdurable clear``."""
+    from . import ops
+
+    if args.all == bool(args.steps):
+        raise _usage("give step names to clear, or --all for the whole run (not both)")
+    notebook, store, run_id, _ = _steps_store(args)
+    with store:
+        if args.all:
+            n = ops.clear_all(store, run_id)
+            print(f"cleared run {run_id!r} ({n} records)")
+            return 0
+        found = ops.resolve(store, run_id, args.steps, notebook)
+        stale = ops.clear(store, run_id, found)
+    msg = f"cleared: {', '.join(args.steps)}"
+    if stale:
+        msg += f"; invalidated dependants: {', '.join(stale)}"
+    print(msg)
+    return 0
+
+
+def cmd_pin(args: argparse.Namespace) -> int:
+    """``nbdurable pin`` / ``unpin``."""
+    from . import ops
+
+    notebook, store, run_id, _ = _steps_store(args)
+    with store:
+        for key in ops.resolve(store, run_id, args.steps, notebook):
+            ops.set_pin(store, run_id, key, args.pinned)
+    print(f"{'pinned' if args.pinned else 'unpinned'}: {', '.join(args.steps)}")
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    """``nbdurable export``."""
+    from . import runs
+
+    notebook, store, run_id, directory = _steps_store(args)
+    with store:
+        if args.run_name is None and not runs.known_run(store, run_id):
+            raise _usage(f"nothing is recorded for run {run_id!r} in {directory}; run the "
+                         "notebook first")
+        doc = runs.export_run(store, run_id, notebook, with_values=args.values)
+    if args.format == "json":
+        _emit(doc)
+    else:
+        for line in runs.export_lines(doc):
+            print(json.dumps(line, default=str))
+    return 0
+
+
+def cmd_ls(args: argparse.Namespace) -> int:
+    """``nbdurable ls``."""
+    from . import runs
+    from .ops import human_size
+
+    directory = _store_dir(args, None)
+    with _open(directory) as store:
+        infos = runs.list_runs(store)
+    if args.json:
+        _emit({"store": str(directory), "runs": [r.to_json() for r in infos]})
+        return 0
+    print(f"store {directory}: {len(infos)} run{'s' if len(infos) != 1 else ''}")
+    rows = [("run", "steps", "sub-steps", "pinned", "size", "last activity")]
+    rows += [(r.run, str(r.steps), str(r.substeps), str(r.pinned), human_size(r.size),
+              _when(r.last)) for r in infos]
+    widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
+    for r in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
+    return 0
+
+
+def cmd_gc(args: argparse.Namespace) -> int:
+    """``nbdurable gc``."""
+    from . import runs
+    from .ops import human_size
+
+    age = runs.parse_age(args.older_than)
+    directory = _store_dir(args, None)
+    with _open(directory) as store:
+        report = runs.gc(store, age, dry_run=args.dry_run)
+    if args.json:
+        _emit(report.to_json())
+        return 0
+    verb = "would remove" if args.dry_run else "removed"
+    print(f"{verb} {report.keys} records ({human_size(report.bytes)}) of runs idle since "
+          f"{_when(report.cutoff)}, and {report.blobs} unused saved variables "
+          f"({human_size(report.blob_bytes)})")
+    for name in report.removed_runs:
+        print(f"  {verb} run {name!r}")
+    for name, steps in report.kept_pinned.items():
+        print(f"  kept pinned steps of run {name!r}: {', '.join(steps)}")
+    for note in report.notes:
+        print(f"  note: {note}")
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    """``nbdurable demo``."""
+    from .demo import run_demo
+
+    return run_demo(crash_at=args.crash_at, directory=args.dir, latency=args.latency,
+                    as_json=args.json, quiet=args.quiet)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``nbdurable`` console script; returns the exit code."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    from .errors import NbdurableError
+
+    try:
+        return int(args.func(args))
+    except NbdurableError as exc:
+        print(f"nbdurable {args.command}: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print(f"nbdurable {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        # `nbdurable export ... | head`: the reader left; say nothing more.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 1

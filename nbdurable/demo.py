@@ -1,0 +1,215 @@
+"""``nbdurable demo``: the point of nbdurable in one command, on a fresh machine.
+
+It copies the bundled research-agent notebook (sixty sub-questions, each a
+search and an answer, then a synthesis and a mail) into a working directory,
+and runs it with the simulated model, search and mail of :mod:`nbdurable.sim`
+(offline; different text on every call; latency; token counts):
+
+1. a first attempt whose kernel is killed for real (``os._exit``) inside the
+   answer call of sub-question ``crash_at`` (0-based, as in ``answer:40``);
+2. the resume, through the same code as ``nbdurable run``.
+
+Then it prints what each attempt spent (calls, tokens, dollars, time) beside
+what restarting from zero would have spent, and how many times the
+notification, sent with an idempotency key, was delivered. Calls and tokens
+are counted from the simulator's ledger, which records every call that
+reached the "provider", including the one the crash cut short.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sqlite3
+import sys
+import tempfile
+from collections import Counter
+from contextlib import closing
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from .errors import UsageProblem
+
+SUBQUESTIONS = 60
+#: Seconds per simulated call: long enough to watch, short enough for a demo.
+DEFAULT_LATENCY = 0.03
+NOTEBOOK = "research_agent.ipynb"
+_MARKER = ".nbdurable-demo"  # marks a directory the demo may reset
+_OURS = (NOTEBOOK, "ledger.jsonl", "ledger.crashed", "mailbox.sqlite", ".nbdurable", _MARKER)
+
+
+def _workdir(directory: Path | None) -> Path:
+    """A fresh working directory: new, empty, or a previous demo's (reset)."""
+    if directory is None:
+        return Path(tempfile.mkdtemp(prefix="nbdurable-demo-"))
+    path = directory.expanduser().absolute()
+    if path.exists() and not path.is_dir():
+        raise UsageProblem(f"--dir {path} is a file; give a new or empty directory")
+    if path.exists():
+        present = {p.name for p in path.iterdir()}
+        if present and not (_MARKER in present and present <= set(_OURS)):
+            raise UsageProblem(
+                f"--dir {path} is not empty and holds no earlier demo; give a new or empty "
+                "directory (the demo writes a notebook, a store, a ledger and a mailbox there)"
+            )
+        for name in present:  # only our own files: checked just above
+            p = path / name
+            shutil.rmtree(p) if p.is_dir() else p.unlink()
+    path.mkdir(parents=True, exist_ok=True)
+    (path / _MARKER).write_text("made by nbdurable demo; it may reset this directory\n")
+    return path
+
+
+def _spent(calls: list[dict[str, Any]], seconds: float) -> dict[str, Any]:
+    from .sim import cost
+
+    tokens = sum(int(c.get("tokens", 0)) for c in calls)
+    return {
+        "calls": len(calls),
+        "by_kind": dict(Counter(c["kind"] for c in calls)),
+        "tokens": tokens,
+        "cost": round(cost(tokens), 6),
+        "seconds": round(seconds, 3),
+    }
+
+
+def _plus(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    kinds = Counter(a["by_kind"]) + Counter(b["by_kind"])
+    return {"calls": a["calls"] + b["calls"], "by_kind": dict(kinds),
+            "tokens": a["tokens"] + b["tokens"], "cost": round(a["cost"] + b["cost"], 6),
+            "seconds": round(a["seconds"] + b["seconds"], 3)}
+
+
+def _mail(mailbox: Path) -> dict[str, Any]:
+    from .sim import MailProvider
+
+    box = MailProvider(mailbox)
+    with closing(sqlite3.connect(mailbox)) as con:
+        rows = con.execute("SELECT key, id FROM sent").fetchall()
+    return {"delivered": box.delivered(), "attempts": box.attempts(),
+            "idempotency_keys": [r[0] for r in rows], "message_ids": [r[1] for r in rows]}
+
+
+def run_demo(crash_at: int = 40, directory: Path | None = None, latency: float | None = None,
+             as_json: bool = False, quiet: bool = False) -> int:
+    """Run the demo; returns the exit code (0 when it showed what it should)."""
+    from .runner import ConsoleProgress, Progress, run_notebook
+    from .sim import ledger_calls
+
+    if not 0 <= crash_at < SUBQUESTIONS:
+        raise UsageProblem(
+            f"--crash-at {crash_at} is not a sub-question: expected 0 to {SUBQUESTIONS - 1}"
+        )
+    latency = DEFAULT_LATENCY if latency is None else latency
+    work = _workdir(directory)
+    notebook = work / NOTEBOOK
+    notebook.write_bytes((resources.files("nbdurable") / "notebooks" / NOTEBOOK).read_bytes())
+    ledger, mailbox, store = work / "ledger.jsonl", work / "mailbox.sqlite", work / ".nbdurable"
+    env = {
+        "NBDURABLE_SIM_LEDGER": str(ledger),
+        "NBDURABLE_SIM_MAILBOX": str(mailbox),
+        "NBDURABLE_SIM_LATENCY": str(latency),
+        # The simulator counts answer calls from 1; sub-questions count from 0.
+        "NBDURABLE_SIM_CRASH_AT": str(crash_at + 1),
+    }
+    talk = not (quiet or as_json)
+
+    def say(text: str = "") -> None:
+        if talk:
+            print(text, flush=True)
+
+    def progress() -> Progress:
+        return ConsoleProgress() if talk else Progress()
+
+    say(f"nbdurable demo: a research agent asks {SUBQUESTIONS} sub-questions (a search and an "
+        "answer each), writes a report and mails it.")
+    say(f"The model, search and mail are simulated offline ({latency:g} s per call). "
+        f"Working in {work}")
+    say()
+    say(f"1) First attempt: the kernel will be killed inside answer:{crash_at}.")
+    first = run_notebook(notebook, retries=0, store=store, env=env, progress=progress())
+    first_calls = ledger_calls(ledger)
+    if first.status != "kernel died":
+        print(f"nbdurable demo: error: the first attempt was meant to die in answer:{crash_at} "
+              f"but ended with {first.status!r}; see {notebook}", file=sys.stderr)
+        return 1
+    say()
+    say(f"2) Resume: nbdurable run {notebook}")
+    resume = run_notebook(notebook, store=store, env=env, progress=progress())
+    if resume.exit_code != 0:
+        print(f"nbdurable demo: error: the resume ended with {resume.status!r} "
+              f"(exit {resume.exit_code}); see {notebook}", file=sys.stderr)
+        return resume.exit_code
+    calls = ledger_calls(ledger)
+    resume_calls = calls[len(first_calls) :]
+    # A call the crash cut short is in the ledger (it reached the provider) with no output.
+    returned = [c for c in first_calls if c.get("out")]
+    saved_seconds = float((resume.saved or {}).get("seconds", 0.0))
+    spent_first = _spent(first_calls, first.seconds)
+    spent_resume = _spent(resume_calls, resume.seconds)
+    # Without nbdurable the rerun repeats every call of a complete run; its time is
+    # the resume's plus what the resume replayed instead of recomputing.
+    restart = _spent(returned + resume_calls, resume.seconds + saved_seconds)
+    with_nbd, without = _plus(spent_first, spent_resume), _plus(spent_first, restart)
+    summary = {
+        "dir": str(work), "notebook": str(notebook), "crash_at": crash_at, "latency": latency,
+        "ledger": str(ledger),
+        "first_attempt": spent_first, "resume": spent_resume, "restart_from_zero": restart,
+        "with_nbdurable": with_nbd, "without_nbdurable": without,
+        "saved": {k: round(without[k] - with_nbd[k], 6) for k in ("calls", "tokens", "cost",
+                                                                   "seconds")},
+        "kernel_deaths": first.deaths + resume.deaths,
+        "replayed": {"steps": (resume.saved or {}).get("steps"),
+                     "calls": (resume.saved or {}).get("calls")},
+        "notification": _mail(mailbox),
+    }
+    if as_json:
+        print(json.dumps(summary, indent=2))
+    elif not quiet:
+        say()
+        say(_table(summary, store))
+    return 0
+
+
+def _table(s: dict[str, Any], store: Path) -> str:
+    cols = [("first attempt", s["first_attempt"], ""),
+            ("resume (nbdurable)", s["resume"], ""),
+            ("restart from zero", s["restart_from_zero"], "≈ ")]
+    rows = [("", *(c[0] for c in cols))]
+    rows.append(("model + search calls", *(f"{c[1]['calls']:,}" for c in cols)))
+    rows.append(("tokens", *(f"{c[1]['tokens']:,}" for c in cols)))
+    rows.append(("cost", *(f"${c[1]['cost']:.3f}" for c in cols)))
+    rows.append(("time", *(f"{c[2]}{c[1]['seconds']:.1f} s" for c in cols)))
+    w0 = max(len(r[0]) for r in rows)
+    widths = [max(len(r[i]) for r in rows) for i in range(1, 4)]
+    lines = ["  ".join([r[0].ljust(w0), *(v.rjust(w) for v, w in zip(r[1:], widths,
+                                                                      strict=True))])
+             for r in rows]
+
+    def total(d: dict[str, Any]) -> str:
+        return f"{d['calls']:,} calls, {d['tokens']:,} tokens, ${d['cost']:.3f}, {d['seconds']:.1f} s"
+
+    saved, mail = s["saved"], s["notification"]
+    nb = s["notebook"]
+    hint = "" if store == Path(nb).parent / ".nbdurable" else f" --store {store}"
+    import os
+
+    if os.environ.get("NBDURABLE_DIR"):
+        hint = f" --store {store}"
+    lines += [
+        "",
+        f"with nbdurable     first attempt + resume:            {total(s['with_nbdurable'])}",
+        f"without nbdurable  first attempt + restart from zero: {total(s['without_nbdurable'])}",
+        f"saved              {saved['calls']:,} calls, {saved['tokens']:,} tokens, "
+        f"${saved['cost']:.3f}, ≈ {saved['seconds']:.1f} s",
+        "",
+        f"notification delivered: {mail['delivered']} (send attempts: {mail['attempts']}; "
+        "idempotency key " + ", ".join(mail["idempotency_keys"]) + ")",
+        "",
+        "Look around:",
+        f"  nbdurable status {nb}{hint}",
+        f"  nbdurable export {nb}{hint} --values",
+        f"  nbdurable run {nb}{hint}      # again: every step replays, no call is made",
+    ]
+    return "\n".join(lines)

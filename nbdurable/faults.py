@@ -1,0 +1,47 @@
+"""Named crash points for the fault-injection suite.
+
+``NBDURABLE_FAULT=<point>:<n>`` makes the process die with ``os._exit`` the
+n-th time (1-based) execution passes :func:`point` with that name. Points:
+
+- ``sub-returned``: a sub-step's function returned, its record not yet written;
+- ``sub-written``: a sub-step's record was just written;
+- ``blob-written``: a step's variable was written, the step record not yet;
+- ``step-written``: a step's record was just written;
+- ``replay``: in the middle of restoring a step's variables.
+- ``store-write``: inside a store transaction, before it commits.
+
+Without the variable this costs one dictionary lookup per point.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+_counts: dict[str, int] = {}
+_lock = threading.Lock()
+_spec: tuple[str, int] | None = None
+_loaded = False
+
+POINTS = ("sub-returned", "sub-written", "blob-written", "step-written", "replay", "store-write")
+
+
+def _load() -> tuple[str, int] | None:
+    raw = os.environ.get("NBDURABLE_FAULT", "")
+    if not raw:
+        return None
+    name, _, n = raw.partition(":")
+    return name, int(n or 1)
+
+
+def point(name: str) -> None:
+    """Die here if ``NBDURABLE_FAULT`` names this point and its count is reached."""
+    global _spec, _loaded
+    if not _loaded:
+        _spec, _loaded = _load(), True
+    if _spec is None or _spec[0] != name:
+        return
+    with _lock:
+        _counts[name] = _counts.get(name, 0) + 1
+        if _counts[name] == _spec[1]:
+            os._exit(137)

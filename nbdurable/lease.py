@@ -1,0 +1,168 @@
+"""One runner per run: a lease record in the store.
+
+The first process that records into a run takes its lease; a second one
+(another browser tab's kernel, ``nbdurable run`` beside an open notebook)
+gets :class:`~nbdurable.errors.LeaseHeld` naming the holder. A lease whose
+holder is dead is taken over automatically: on the same host the holder's
+process id is checked (with its start time, so a recycled pid does not count
+as alive); from another host the holder counts as dead once its heartbeat is
+older than :data:`STALE_AFTER` seconds. A live holder refreshes its heartbeat
+from a daemon thread every :data:`HEARTBEAT` seconds. ``takeover=True`` takes
+the lease whatever the holder's state.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+import threading
+import time
+import weakref
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from .errors import CorruptRecord, LeaseHeld
+from .store import RunKeys, Store
+
+HEARTBEAT = 30.0
+STALE_AFTER = 120.0
+
+
+@dataclass(frozen=True)
+class Holder:
+    """Who holds a run's lease."""
+
+    host: str
+    pid: int
+    started: str  # the process's start time, to tell a recycled pid apart
+    token: str
+    since: float
+    heartbeat: float
+    what: str = ""
+
+    def describe(self) -> str:
+        """``pid 123 on host h (kernel …) since 2026-…``."""
+        since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.since))
+        what = f", {self.what}" if self.what else ""
+        return f"process {self.pid} on {self.host}{what}, since {since}"
+
+
+def _start_time(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+            return f.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return ""
+
+
+def _alive(holder: Holder, now: float) -> bool:
+    if holder.host != socket.gethostname():
+        return now - holder.heartbeat < STALE_AFTER
+    try:
+        os.kill(holder.pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    return not holder.started or _start_time(holder.pid) == holder.started
+
+
+def lease_key(run_id: str) -> str:
+    """Where a run's lease lives in the store."""
+    return RunKeys(run_id).base + "lease"
+
+
+def read(store: Store, run_id: str) -> Holder | None:
+    """The current holder of the run's lease, if any (dead or alive)."""
+    try:
+        got = store.get(lease_key(run_id))
+    except CorruptRecord:
+        return None
+    if got is None:
+        return None
+    header = {k: v for k, v in got[0].items() if k in Holder.__dataclass_fields__}
+    try:
+        return Holder(**header)
+    except TypeError:
+        return None
+
+
+class Lease:
+    """This process's lease on one run; :meth:`release` gives it back."""
+
+    def __init__(self, store: Store, run_id: str, what: str = "") -> None:
+        self.store, self.run_id, self.what = store, run_id, what
+        self.token = secrets.token_hex(8)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def acquire(self, takeover: bool = False) -> Holder | None:
+        """Take the lease; returns the previous (dead or overridden) holder, if any.
+
+        Raises :class:`LeaseHeld` when another live process holds it and
+        ``takeover`` is false.
+        """
+        now = time.time()
+        mine = Holder(socket.gethostname(), os.getpid(), _start_time(os.getpid()),
+                      self.token, now, now, self.what)
+        key = lease_key(self.run_id)
+        with self.store.transaction():
+            current = read(self.store, self.run_id)
+            previous = None
+            if current is not None and current.token != self.token:
+                if _alive(current, now) and not takeover:
+                    raise LeaseHeld(
+                        f"run {self.run_id!r} is being recorded by {current.describe()}. "
+                        "Two runners would execute the same steps twice: stop the other "
+                        "kernel, or take the lease over with `%step takeover` "
+                        "(`nbdurable run --takeover`) if you are sure it is gone."
+                    )
+                previous = current
+            self.store.put(key, asdict(mine))
+        self._start_heartbeat()
+        return previous
+
+    def holds(self) -> bool:
+        """True while the store still names this process as the holder."""
+        current = read(self.store, self.run_id)
+        return current is not None and current.token == self.token
+
+    def _start_heartbeat(self) -> None:
+        if self._thread is not None:
+            return
+        ref = weakref.ref(self)
+        stop = self._stop
+
+        def beat() -> None:
+            while not stop.wait(HEARTBEAT):
+                lease = ref()
+                if lease is None:
+                    return
+                lease._beat()
+
+        self._thread = threading.Thread(target=beat, name="nbdurable-lease", daemon=True)
+        self._thread.start()
+
+    def _beat(self) -> None:
+        try:
+            with self.store.transaction():
+                current = read(self.store, self.run_id)
+                if current is None or current.token != self.token:
+                    self._stop.set()  # taken over: stop claiming it
+                    return
+                header: dict[str, Any] = asdict(current)
+                header["heartbeat"] = time.time()
+                self.store.put(lease_key(self.run_id), header)
+        except Exception:  # the next beat tries again; the holder check is by pid
+            pass
+
+    def release(self) -> None:
+        """Give the lease back (only if this process still holds it)."""
+        self._stop.set()
+        try:
+            with self.store.transaction():
+                if self.holds():
+                    self.store.delete(lease_key(self.run_id))
+        except Exception:  # closing down: a dead holder is detected by pid anyway
+            pass

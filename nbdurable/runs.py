@@ -1,0 +1,370 @@
+"""Whole runs in a store: list them, export one as an audit log, collect garbage.
+
+Used by ``nbdurable ls``, ``export`` and ``gc``. Everything here reads the
+signed JSON headers of records; a value is unpickled only for
+``export --values``, and only after the store verified its signature.
+
+A run's *last activity* is the latest of its ``meta`` record's ``last`` and
+the end times of its step and sub-step records and failures: ``meta`` is
+written with step records only, so a step that crashed after recording
+sub-steps would otherwise look older than it is.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import CorruptRecord, UsageProblem
+from .store import RUN_SCOPE, RunKeys, Store
+
+#: Version of the export document. Increment on a breaking change of its fields.
+EXPORT_FORMAT = 1
+
+
+@dataclass
+class RunInfo:
+    """One run of a store, as ``nbdurable ls`` shows it."""
+
+    run: str
+    hash: str
+    notebook: str | None = None
+    steps: int = 0
+    substeps: int = 0
+    pinned: int = 0
+    keys: int = 0
+    size: int = 0
+    last: float | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-able dict."""
+        return asdict(self)
+
+
+@dataclass
+class _Run:
+    """Everything under ``r/<hash>/``, read once."""
+
+    hash: str
+    keys: list[str] = field(default_factory=list)
+    meta: dict[str, Any] | None = None
+    steps: dict[str, dict[str, Any] | None] = field(default_factory=dict)  # None: unreadable
+    states: dict[str, dict[str, Any] | None] = field(default_factory=dict)
+    subs: dict[str, list[str]] = field(default_factory=dict)  # scope -> keys
+    run_id: str | None = None
+    last: float | None = None
+
+    @property
+    def base(self) -> str:
+        return f"r/{self.hash}/"
+
+    def pinned(self) -> set[str]:
+        """Pinned steps, and steps whose state is unreadable (kept to be safe)."""
+        return {k for k, st in self.states.items() if st is None or st.get("pinned")}
+
+
+def _header(store: Store, key: str) -> dict[str, Any] | None:
+    try:
+        got = store.get(key)
+    except CorruptRecord:
+        return None
+    return None if got is None else got[0]
+
+
+def _later(a: float | None, b: Any) -> float | None:
+    if not isinstance(b, (int, float)):
+        return a
+    return b if a is None or b > a else a
+
+
+def _read_runs(store: Store) -> dict[str, _Run]:
+    runs: dict[str, _Run] = {}
+    for key in store.scan("r/"):
+        parts = key.split("/", 3)
+        if len(parts) < 3:
+            continue
+        run = runs.setdefault(parts[1], _Run(parts[1]))
+        run.keys.append(key)
+        rest = key[len(run.base) :]
+        if rest == "meta":
+            run.meta = _header(store, key)
+            if run.meta:
+                run.run_id = run.meta.get("run") or run.run_id
+                run.last = _later(run.last, run.meta.get("last"))
+        elif rest.startswith("s/"):
+            h = _header(store, key)
+            run.steps[rest[2:]] = h
+            if h:
+                run.run_id = run.run_id or h.get("run")
+                run.last = _later(run.last, h.get("started", 0) + h.get("duration", 0))
+        elif rest.startswith("t/"):
+            h = _header(store, key)
+            run.states[rest[2:]] = h
+            if h:
+                run.last = _later(run.last, h.get("failed_at"))
+        elif rest.startswith("u/"):
+            scope = rest[2:].split("/", 1)[0]
+            run.subs.setdefault(scope, []).append(key)
+            h = _header(store, key)
+            if h:
+                run.run_id = run.run_id or h.get("run")
+                run.last = _later(run.last, h.get("started", 0) + h.get("duration", 0))
+    return runs
+
+
+def _blob_refs(header: dict[str, Any]) -> set[str]:
+    return {v["ref"] for v in header.get("variables", ()) if v.get("kind") == "value"}
+
+
+def list_runs(store: Store) -> list[RunInfo]:
+    """Every run in the store, most recently active first."""
+    out = []
+    for run in _read_runs(store).values():
+        n, size = store.stats(run.base)
+        refs: set[str] = set()
+        for h in run.steps.values():
+            refs |= _blob_refs(h or {})
+        size += sum(store.size_of("b/" + sha) for sha in refs)
+        out.append(RunInfo(
+            run=run.run_id or f"(unknown run {run.hash})", hash=run.hash,
+            notebook=(run.meta or {}).get("notebook"), steps=len(run.steps),
+            substeps=sum(len(v) for v in run.subs.values()), pinned=len(run.pinned()),
+            keys=n, size=size, last=run.last,
+        ))
+    return sorted(out, key=lambda r: -(r.last or 0))
+
+
+def known_run(store: Store, run_id: str) -> bool:
+    """True if the store holds any record of ``run_id``."""
+    return store.stats(RunKeys(run_id).base)[0] > 0
+
+
+def run_names(store: Store) -> list[str]:
+    """Ids of the runs in the store (for error messages)."""
+    return [r.run for r in list_runs(store)]
+
+
+# -- export ---------------------------------------------------------------------
+
+
+def _jsonable(value: Any) -> Any:
+    """``value`` if JSON can represent it, else a stub naming its type."""
+    from .values import type_name
+
+    try:
+        json.dumps(value, allow_nan=False)
+        return value
+    except (TypeError, ValueError, RecursionError):
+        text = repr(value)
+        return {"type": type_name(value),
+                "repr": text if len(text) <= 500 else text[:500] + "…"}
+
+
+def _load_value(data: bytes, type_name: str) -> Any:
+    from . import values
+
+    try:
+        return _jsonable(values.loads(data))
+    except Exception as exc:  # unpickling imports modules; they may be missing here
+        return {"type": type_name, "error": f"cannot load here: {type(exc).__name__}: {exc}"}
+
+
+def export_run(
+    store: Store, run_id: str, notebook: Path | None = None, with_values: bool = False
+) -> dict[str, Any]:
+    """The run's log: steps in notebook order, each with its sub-steps in call order.
+
+    Times are seconds since the epoch; fingerprints are the ones the engine
+    compares (source, inputs, call arguments) plus a SHA-256 of each stored
+    value. With ``with_values``, values JSON can represent are included, others
+    as ``{"type", "repr"}``.
+    """
+    from . import ops
+
+    rk = RunKeys(run_id)
+    steps = []
+    for info in ops.step_infos(store, run_id, notebook):
+        rec = None if info.key == RUN_SCOPE else _header(store, rk.step(info.key))
+        step: dict[str, Any] = {
+            "key": info.key, "label": info.label, "state": info.state, "detail": info.detail,
+            "position": info.position, "pinned": info.pinned, "size": info.size,
+        }
+        if rec is not None:
+            step.update({
+                "started": rec["started"], "duration": rec["duration"],
+                "source_fp": rec["source_fp"], "inputs": rec["inputs"],
+                "input_from": rec["input_from"], "deleted": rec["deleted"],
+                "substep_calls": rec.get("substeps", 0),
+                "variables": [_variable(store, v, with_values) for v in rec["variables"]],
+                "outputs": len(rec["outputs"]),
+            })
+            if with_values:
+                step["source"] = rec["source"]
+                step["output_data"] = rec["outputs"]
+        step["substeps"] = _substeps(store, rk.subs_prefix(info.key), with_values)
+        steps.append(step)
+    meta = _header(store, rk.meta) or {}
+    return {
+        "format": EXPORT_FORMAT, "run": run_id, "notebook": meta.get("notebook") or (
+            str(notebook) if notebook else None),
+        "store": str(store.path), "exported_at": time.time(), "values": with_values,
+        "steps": steps,
+    }
+
+
+def _variable(store: Store, var: dict[str, Any], with_values: bool) -> dict[str, Any]:
+    out = {k: var.get(k) for k in ("name", "kind", "type", "size", "fp")}
+    if var.get("kind") == "value":
+        out["sha256"] = var["ref"]
+    if with_values:
+        if var.get("kind") == "module":
+            out["value"] = {"module": var["ref"]}
+        elif var.get("kind") == "value":
+            try:
+                data = store.get_blob(var["ref"])
+            except CorruptRecord as exc:
+                data, out["error"] = None, str(exc)
+            if data is not None:
+                out["value"] = _load_value(data, var.get("type", ""))
+            elif "error" not in out:
+                out["error"] = "its saved value is missing from the store"
+    return out
+
+
+def _substeps(store: Store, prefix: str, with_values: bool) -> list[dict[str, Any]]:
+    subs = []
+    for key in store.scan(prefix):
+        try:
+            got = store.get(key)
+        except CorruptRecord as exc:
+            subs.append({"id": key[len(prefix):], "error": str(exc), "started": None})
+            continue
+        if got is None:
+            continue
+        header, body = got
+        sub = {k: header.get(k) for k in ("id", "fn", "args_fp", "started", "duration", "size",
+                                          "type")}
+        sub["sha256"] = hashlib.sha256(body).hexdigest()
+        if with_values:
+            sub["value"] = _load_value(body, header.get("type", ""))
+        subs.append(sub)
+    # In call order; keys sort as text, so "search:10" would come before "search:2".
+    return sorted(subs, key=lambda s: (s["started"] is None, s["started"] or 0))
+
+
+def export_lines(doc: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """The export as JSON lines: a ``run`` line, then each ``step`` and its ``sub`` lines."""
+    head = {k: v for k, v in doc.items() if k != "steps"}
+    yield {"kind": "run", **head}
+    for step in doc["steps"]:
+        subs = step["substeps"]
+        yield {"kind": "step", **{k: v for k, v in step.items() if k != "substeps"},
+               "substep_count": len(subs)}
+        for sub in subs:
+            yield {"kind": "sub", "step": step["key"], **sub}
+
+
+# -- gc -------------------------------------------------------------------------------
+
+
+@dataclass
+class GcReport:
+    """What ``gc`` removed (or, with ``dry_run``, would remove)."""
+
+    dry_run: bool
+    cutoff: float
+    removed_runs: list[str] = field(default_factory=list)  # gone entirely
+    kept_pinned: dict[str, list[str]] = field(default_factory=dict)  # run -> pinned steps kept
+    keys: int = 0
+    bytes: int = 0
+    blobs: int = 0
+    blob_bytes: int = 0
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-able dict."""
+        return asdict(self)
+
+
+def parse_age(text: str) -> float:
+    """Seconds in ``30d``, ``12h``, ``90m``, ``45s``, ``2w`` (a bare number is days)."""
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+    raw = text.strip().lower()
+    unit = raw[-1:] if raw[-1:] in units else "d"
+    number = raw[:-1] if raw[-1:] in units else raw
+    try:
+        value = float(number)
+    except ValueError:
+        value = -1.0
+    if not value >= 0 or value == float("inf"):
+        raise UsageProblem(
+            f"--older-than {text!r} is not an age: expected a number and a unit, "
+            "e.g. 30d, 12h, 90m, 45s or 2w"
+        )
+    return value * units[unit]
+
+
+def gc(store: Store, older_than: float, dry_run: bool = False,
+       now: float | None = None) -> GcReport:
+    """Remove runs idle for more than ``older_than`` seconds, except their pinned steps.
+
+    A pinned step keeps its record, its state, its sub-steps and its run's
+    ``meta``. Then blobs (saved variables) that no remaining step record
+    references are removed; if any remaining step record cannot be read, no
+    blob is removed, since it might reference any of them. Nothing is written
+    with ``dry_run``. All deletions happen in one transaction.
+    """
+    now = time.time() if now is None else now
+    report = GcReport(dry_run, now - older_than)
+    runs = _read_runs(store)
+    deletes: list[str] = []
+    for run in runs.values():
+        if run.last is not None and run.last >= report.cutoff:
+            continue
+        name = run.run_id or f"(unknown run {run.hash})"
+        keep_steps = run.pinned()
+        keep = {run.base + "meta"} if keep_steps else set()
+        for step in keep_steps:
+            keep |= {run.base + "s/" + step, run.base + "t/" + step}
+            keep |= set(run.subs.get(step, ()))
+        gone = [k for k in run.keys if k not in keep]
+        if not gone:
+            continue
+        deletes += gone
+        if keep_steps:
+            report.kept_pinned[name] = sorted(keep_steps)
+        else:
+            report.removed_runs.append(name)
+    deleted = set(deletes)
+    report.keys = len(deletes)
+    report.bytes = sum(store.size_of(k) for k in deletes)
+
+    # Blobs: only after every remaining step record was read.
+    refs: set[str] = set()
+    unreadable = []
+    for run in runs.values():
+        for step, header in run.steps.items():
+            if run.base + "s/" + step in deleted:
+                continue
+            if header is None:
+                unreadable.append(f"{run.run_id or run.hash}: {step}")
+            else:
+                refs |= _blob_refs(header)
+    if unreadable:
+        report.notes.append(
+            f"kept every saved variable: {len(unreadable)} step record(s) could not be read "
+            f"({', '.join(unreadable[:3])}), so any variable might still be in use"
+        )
+    else:
+        blobs = [k for k in store.scan("b/") if k[2:] not in refs]
+        report.blobs = len(blobs)
+        report.blob_bytes = sum(store.size_of(k) for k in blobs)
+        deletes += blobs
+    if deletes and not dry_run:
+        store.apply(deletes=deletes)
+    return report

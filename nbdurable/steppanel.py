@@ -1,0 +1,583 @@
+"""The step panel: an ipywidgets view of every step of the run, kept live by engine events.
+
+Rows come from :func:`nbdurable.ops.step_infos` (the same rows as ``%step
+list`` and ``nbdurable status``), and the buttons call the same operations as
+the ``%step`` magics, so the panel, the magics and the CLI never disagree.
+
+Live updates and batching. The panel listens to :mod:`nbdurable.events`. The
+listener runs on the step's hot path, so it only touches memory: a sub-step
+event increments a counter, a step boundary (start, recorded, replayed,
+failed, invalidated, store changed) sets a "reload" flag. Either way it asks
+for a flush, which runs on a timer thread at most once every ``interval``
+seconds: a flush re-reads the store only if a boundary asked for it, then
+pushes changed widget values (with ``hold_sync``). A loop of thousands of
+sub-steps therefore costs a counter increment each and a few widget messages
+a second, and the store is never read per sub-step. The flush runs off the
+kernel's main thread so the counter moves while the cell is still running
+(ipykernel sends widget messages from any thread).
+
+Where widgets cannot render (plain IPython, nbconvert), the widget's
+``text/plain`` is the run header and :func:`nbdurable.ops.format_table`.
+"""
+
+from __future__ import annotations
+
+import html
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import ipywidgets as widgets
+
+from . import events, ops
+from .engine import Session, get_session
+from .errors import NbdurableError
+from .ops import StepInfo
+from .store import RUN_SCOPE, RunKeys
+
+#: Seconds between two flushes of the panel at most (live updates are batched).
+DEFAULT_INTERVAL = 0.25
+
+# State -> (glyph, colour, filled). Colours are JupyterLab theme variables
+# (with fallbacks for other frontends), so the light and dark themes both
+# read well; every state also has its own glyph and text label, so the panel
+# reads without colour.
+_GREY = "var(--jp-ui-font-color2, #757575)"
+_LOOK: dict[str, tuple[str, str, bool]] = {
+    "recorded": ("✓", "var(--jp-success-color1, #388e3c)", False),
+    "replayed": ("↻", "var(--jp-success-color1, #388e3c)", True),
+    "running": ("▶", "var(--jp-brand-color1, #1976d2)", True),
+    "pending": ("○", _GREY, False),
+    "invalidated": ("⚠", "var(--jp-warn-color1, #f57c00)", False),
+    "pinned": ("⚑", "var(--md-purple-400, #ab47bc)", False),
+    "failed": ("✗", "var(--jp-error-color1, #d32f2f)", True),
+    "not replayable": ("◐", "var(--jp-info-color1, #0097a7)", False),
+    "orphaned": ("⊘", "var(--jp-ui-font-color3, #9e9e9e)", False),
+}
+
+#: One line per state, as the README explains them.
+STATE_HELP: dict[str, str] = {
+    "recorded": "recorded in the store; a rerun replays it instead of running it",
+    "replayed": "restored from its record in this kernel: nothing was called again",
+    "running": "executing now; its sub-step counter moves as calls are recorded",
+    "pending": "no record yet: it will run (sub-steps recorded before a crash still replay)",
+    "invalidated": "recorded, but its code or inputs changed: it will run again (reason shown)",
+    "pinned": "replayed even when invalidated; 'pinned · stale' says it would otherwise rerun",
+    "failed": "its last execution raised; nothing of it was recorded but its sub-steps",
+    "not replayable": "recorded, but a value could not be saved: the body reruns, sub-steps replay",
+    "orphaned": "recorded in the store, but no longer in the notebook",
+}
+
+_BOUNDARY = {
+    "step-start", "step-replayed", "step-recorded", "step-failed", "step-invalidated",
+    "store-changed", "run-changed",
+}
+_BUTTON = widgets.Layout(width="5.5em", min_width="5.5em", margin="0 0 0 4px")
+_HIDDEN_BUTTON = widgets.Layout(width="5.5em", min_width="5.5em", margin="0 0 0 4px",
+                                visibility="hidden")
+
+
+def panel() -> StepPanel:
+    """The step panel of this kernel's run, refreshed.
+
+    There is one live panel per session: showing it again (``%step panel``
+    twice) shows the same, live widget rather than adding another listener.
+    """
+    global _panel
+    session = get_session()
+    with _panel_lock:
+        current = _panel
+        if current is not None and current.session is session and not current.closed:
+            current.refresh()
+            return current
+        if current is not None:
+            current.close()
+        _panel = StepPanel(session)
+        return _panel
+
+
+class StepPanel(widgets.VBox):
+    """A live table of the run's steps with Clear / Pin buttons; see the module docstring."""
+
+    def __init__(self, session: Session | None = None, *, interval: float = DEFAULT_INTERVAL):
+        self.session = session if session is not None else get_session()
+        self.interval = interval
+        self.closed = False
+        #: Flushes done so far (batching is tested on it).
+        self.flushes = 0
+        self.infos: list[StepInfo] = []
+        self.rows: dict[str, StepRow] = {}
+        self._run_id = ""
+        # Pending changes, written by the event listener (guarded by _lock,
+        # held only for a few dictionary operations).
+        self._lock = threading.Lock()
+        self._reload = True
+        self._new: Counter[str] = Counter()  # sub-steps recorded since the last reload
+        self._replayed: Counter[str] = Counter()  # sub-steps replayed by the running step
+        self._dirty: set[str] = set()
+        self._labels: dict[str, str] = {}
+        self._timer: threading.Timer | None = None
+        self._last_flush = 0.0
+        # Widget changes: one flush or one button action at a time.
+        self._ui_lock = threading.RLock()
+        self._confirm_action: Callable[[], None] | None = None
+        self._confirm_host: StepRow | None = None
+
+        self.header = widgets.HTML(layout=widgets.Layout(flex="1 1 auto"))
+        self.refresh_button = widgets.Button(
+            description="Refresh", icon="refresh", tooltip="Re-read the store and the notebook",
+            layout=widgets.Layout(width="7.5em", min_width="7.5em"),
+        )
+        self.clear_all_button = widgets.Button(
+            description="Clear all…", icon="trash", tooltip="Forget every record of this run",
+            layout=widgets.Layout(width="8em", min_width="8em", margin="0 0 0 4px"),
+        )
+        self.confirm_text = widgets.HTML()
+        self.confirm_button = widgets.Button(description="Confirm", button_style="danger",
+                                             layout=_BUTTON)
+        self.cancel_button = widgets.Button(description="Cancel", layout=_BUTTON)
+        self.confirm_box = widgets.HBox(
+            [self.confirm_text, self.cancel_button, self.confirm_button],
+            layout=widgets.Layout(align_items="center", padding="2px 0 4px 2em"),
+        )
+        self.confirm_box.add_class("nbd-confirm")
+        self._confirm_slot = widgets.VBox()
+        self.rows_box = widgets.VBox()
+        self.message = widgets.HTML()
+        toolbar = widgets.HBox(
+            [self.header, self.refresh_button, self.clear_all_button],
+            layout=widgets.Layout(align_items="flex-start"),
+        )
+        self.refresh_button.on_click(lambda _b: self.refresh())
+        self.clear_all_button.on_click(lambda _b: self._ask_clear_all())
+        self.confirm_button.on_click(lambda _b: self._confirmed())
+        self.cancel_button.on_click(lambda _b: self._hide_confirm())
+        super().__init__(
+            [toolbar, self._confirm_slot, self.rows_box, self.message],
+            layout=widgets.Layout(
+                border="1px solid var(--jp-border-color2, #e0e0e0)", padding="6px 8px",
+            ),
+        )
+        self.add_class("nbd-panel")
+        self._unsubscribe = events.subscribe(self._on_event)
+        self.refresh()
+
+    # -- reading -----------------------------------------------------------------
+    def refresh(self) -> None:
+        """Re-read the store and the notebook now and redraw every row."""
+        with self._lock:
+            self._reload = True
+        self.flush()
+
+    def flush(self) -> None:
+        """Apply pending changes to the widgets now (the timer calls this)."""
+        with self._ui_lock:
+            if self.closed:
+                return
+            with self._lock:
+                self._timer = None
+                reload, self._reload = self._reload, False
+                dirty, self._dirty = self._dirty, set()
+                counted = dict(self._new)
+            if reload:
+                infos = self._load()
+                with self._lock:
+                    # Those sub-steps are in the store's count now.
+                    self._new.subtract(counted)
+                    self._new = +self._new
+                self._set_rows(infos)
+                dirty = set(self.rows)
+            with self._lock:
+                new, replayed = dict(self._new), dict(self._replayed)
+            for key in dirty:
+                row = self.rows.get(key)
+                if row is not None:
+                    row.show(new.get(key, 0), replayed.get(key, 0))
+            self._show_header(new)
+            self._last_flush = time.monotonic()
+            self.flushes += 1
+
+    def _load(self) -> list[StepInfo]:
+        s = self.session
+        self._run_id = s.run_id
+        live = dict(s.status)
+        infos = ops.step_infos(s.store, self._run_id, s.notebook, live)
+        # A step now running in a cell not yet saved to the notebook has no
+        # record or state yet, so the store does not know it: show it anyway.
+        known = {i.key for i in infos}
+        for key, (state, detail) in live.items():
+            if key not in known and state in ("running", "failed"):
+                subs, size = s.store.stats(RunKeys(self._run_id).subs_prefix(key))
+                infos.append(StepInfo(key, self._labels.get(key, key), state, detail,
+                                      substeps=subs, size=size, calls=subs))
+        return infos
+
+    def _set_rows(self, infos: list[StepInfo]) -> None:
+        self.infos = infos
+        rows: dict[str, StepRow] = {}
+        for info in infos:
+            row = self.rows.get(info.key) or StepRow(self, info)
+            row.info = info
+            rows[info.key] = row
+        for key, row in self.rows.items():
+            if key not in rows:
+                if self._confirm_host is row:
+                    self._hide_confirm()
+                row.close()
+        self.rows = rows
+        boxes = tuple(r.box for r in rows.values())
+        if boxes != self.rows_box.children:
+            self.rows_box.children = boxes
+
+    def _show_header(self, new: dict[str, int]) -> None:
+        s = self.session
+        counts = Counter(_GROUP.get(i.state, i.state) for i in self.infos if i.key != RUN_SCOPE)
+        totals = [f"{counts.get(g, 0)} {g}" for g in ("recorded", "pending", "invalidated")]
+        totals += [f"{counts[g]} {g}" for g in ("failed", "orphaned") if counts.get(g)]
+        saved = s.saved
+        if saved.calls or saved.steps:
+            plural = "s" if saved.calls != 1 else ""
+            spared = (f"replay saved {_secs(saved.seconds)} and {saved.calls} call{plural} "
+                      f"in this kernel ({saved.steps} step{'s' if saved.steps != 1 else ''})")
+        else:
+            spared = "nothing replayed in this kernel yet"
+        grey = f"color:{_GREY}"
+        value = (
+            f'<div class="nbd-header" style="line-height:1.5">'
+            f'<b>nbdurable</b> run <code>{_e(self._run_id)}</code> '
+            f'<span style="{grey}">in {_e(str(s.store.path))}</span><br>'
+            f'<span class="nbd-totals">{" · ".join(totals)}</span>'
+            f' <span style="{grey}">— <span class="nbd-saved">{_e(spared)}</span></span></div>'
+        )
+        if value != self.header.value:
+            self.header.value = value
+
+    def text(self) -> str:
+        """The panel as plain text: a header line and the ``%step list`` table."""
+        s = self.session
+        lines = [f"nbdurable run {self._run_id!r} in {s.store.path}"]
+        counts = Counter(_GROUP.get(i.state, i.state) for i in self.infos if i.key != RUN_SCOPE)
+        lines.append(" · ".join(f"{counts.get(g, 0)} {g}"
+                                for g in ("recorded", "pending", "invalidated")))
+        lines.append(ops.format_table(self.infos) if self.infos else "no steps recorded yet")
+        return "\n".join(lines)
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any]:
+        data = super()._repr_mimebundle_(**kwargs) or {}
+        data["text/plain"] = self.text()
+        return data
+
+    # -- events (the hot path: memory only) -----------------------------------------
+    def _on_event(self, event: events.Event) -> None:
+        if self.closed:
+            return
+        kind, key = event.kind, event.step
+        if kind != "run-changed" and event.run != self._run_id:
+            return
+        with self._lock:
+            if kind == "sub-recorded" and key is not None:
+                self._new[key] += 1
+                self._dirty.add(key)
+            elif kind == "sub-replayed" and key is not None:
+                self._replayed[key] += 1
+                self._dirty.add(key)
+            elif kind in _BOUNDARY:
+                if kind == "step-start" and key is not None:
+                    self._replayed.pop(key, None)
+                label = event.data.get("label")
+                if key is not None and isinstance(label, str):
+                    self._labels[key] = label
+                self._reload = True
+            else:
+                return
+            if self._timer is not None:
+                return
+            delay = max(0.0, self._last_flush + self.interval - time.monotonic())
+            self._timer = threading.Timer(delay, self._timed_flush)
+            self._timer.daemon = True
+            self._timer.start()
+
+    def _timed_flush(self) -> None:
+        try:
+            self.flush()
+        except Exception as exc:  # a display must never break a run
+            with self._lock:
+                self._timer = None
+            self._say(f"the panel could not update: {exc!r}; press Refresh", error=True)
+
+    # -- actions (the same operations as %step clear / pin / unpin) -------------------
+    def clear_step(self, key: str) -> None:
+        """Clear one step, as ``%step clear`` does; dependants are marked stale."""
+        s = self.session
+        label = self.rows[key].info.label if key in self.rows else key
+        with self._ui_lock:
+            try:
+                stale = ops.clear(s.store, s.run_id, [key])
+            except NbdurableError as exc:
+                self._say(str(exc), error=True)
+                return
+            s.status.pop(key, None)
+            events.emit("store-changed", s.run_id, key, action="clear")
+            msg = f"cleared {label!r}"
+            if stale:
+                names = [self.rows[k].info.label if k in self.rows else k for k in stale]
+                msg += f"; invalidated dependants: {', '.join(names)}"
+            self._say(msg)
+            self.refresh()
+
+    def set_pin(self, key: str, pinned: bool) -> None:
+        """Pin or unpin one step, as ``%step pin`` / ``%step unpin`` do."""
+        s = self.session
+        label = self.rows[key].info.label if key in self.rows else key
+        action = "pin" if pinned else "unpin"
+        with self._ui_lock:
+            try:
+                ops.set_pin(s.store, s.run_id, key, pinned)
+            except NbdurableError as exc:
+                self._say(str(exc), error=True)
+                return
+            events.emit("store-changed", s.run_id, key, action=action)
+            self._say(f"{action}ned {label!r}")
+            self.refresh()
+
+    def clear_all(self) -> None:
+        """Clear the whole run, pins included, as ``%step clear --all`` does."""
+        s = self.session
+        with self._ui_lock:
+            try:
+                n = ops.clear_all(s.store, s.run_id)
+            except NbdurableError as exc:
+                self._say(str(exc), error=True)
+                return
+            s.status.clear()
+            events.emit("store-changed", s.run_id, None, action="clear-all")
+            self._say(f"cleared run {s.run_id!r} ({n} records)")
+            self.refresh()
+
+    def _ask_clear(self, row: StepRow) -> None:
+        info = row.info
+        if info.substeps == 0:
+            self.clear_step(info.key)
+            return
+        n = info.substeps
+        self._ask(
+            f"Clear <b>{_e(info.label)}</b> and its {n} recorded sub-step{'s' if n != 1 else ''}? "
+            "They will be called again on the next run.",
+            lambda: self.clear_step(info.key), row,
+        )
+
+    def _ask_clear_all(self) -> None:
+        n = sum(1 for i in self.infos if i.recorded_at is not None or i.substeps)
+        self._ask(
+            f"Clear every record of run <b>{_e(self._run_id)}</b> ({n} step(s) with records, "
+            "pins included)? Everything will run again.",
+            self.clear_all, None,
+        )
+
+    def _ask(self, question: str, action: Callable[[], None], row: StepRow | None) -> None:
+        with self._ui_lock:
+            self._hide_confirm()
+            self.confirm_text.value = f'<span class="nbd-question">{question}</span>'
+            self._confirm_action = action
+            self._confirm_host = row
+            if row is None:
+                self._confirm_slot.children = (self.confirm_box,)
+            else:
+                row.box.children = (row.line, self.confirm_box)
+
+    def _confirmed(self) -> None:
+        action = self._confirm_action
+        self._hide_confirm()
+        if action is not None:
+            action()
+
+    def _hide_confirm(self) -> None:
+        with self._ui_lock:
+            host, self._confirm_host, self._confirm_action = self._confirm_host, None, None
+            if host is not None:
+                host.box.children = (host.line,)
+            if self._confirm_slot.children:
+                self._confirm_slot.children = ()
+
+    @property
+    def confirming(self) -> bool:
+        """True while a Clear / Clear all waits for Confirm or Cancel."""
+        return self._confirm_action is not None
+
+    def _say(self, text: str, error: bool = False) -> None:
+        colour = "var(--jp-error-color1, #d32f2f)" if error else _GREY
+        self.message.value = (f'<div class="nbd-message" style="color:{colour};'
+                              f'font-size:smaller">{_e(text)}</div>')
+
+    # -- lifetime ------------------------------------------------------------------------
+    def close(self) -> None:
+        """Stop listening to the engine and close every widget of the panel."""
+        if self.closed:
+            return
+        self.closed = True
+        self._unsubscribe()
+        with self._lock:
+            timer, self._timer = self._timer, None
+        if timer is not None:
+            timer.cancel()
+        for row in self.rows.values():
+            row.close()
+        for w in (self.header, self.refresh_button, self.clear_all_button, self.confirm_text,
+                  self.confirm_button, self.cancel_button, self.confirm_box,
+                  self._confirm_slot, self.rows_box, self.message):
+            w.close()
+        super().close()
+
+
+class StepRow:
+    """One step's row: a line of HTML (label, state badge, facts, detail) and two buttons."""
+
+    def __init__(self, owner: StepPanel, info: StepInfo) -> None:
+        self.info = info
+        self.html = widgets.HTML(layout=widgets.Layout(flex="1 1 auto", min_width="0"))
+        self.pin_button = widgets.Button(
+            description="Pin", layout=_HIDDEN_BUTTON if info.key == RUN_SCOPE else _BUTTON
+        )
+        self.clear_button = widgets.Button(description="Clear", layout=_BUTTON)
+        self.line = widgets.HBox([self.html, self.pin_button, self.clear_button],
+                                 layout=widgets.Layout(align_items="center"))
+        self.box = widgets.VBox([self.line], layout=widgets.Layout(
+            border_top="1px solid var(--jp-border-color3, #eee)", padding="2px 0"))
+        self.pin_button.on_click(lambda _b: owner.set_pin(self.info.key, not self.info.pinned))
+        self.clear_button.on_click(lambda _b: owner._ask_clear(self))
+
+    @property
+    def state(self) -> str:
+        """The state shown: one of :data:`nbdurable.ops.STATES`, or ``pinned-stale``."""
+        return "pinned-stale" if self.info.state == "pinned" and self.info.stale else self.info.state
+
+    def show(self, new: int = 0, replayed: int = 0) -> None:
+        """Redraw from ``self.info`` plus sub-steps counted in memory since the last reload."""
+        info = self.info
+        value = row_html(info, new, replayed)
+        if value != self.html.value:
+            self.html.value = value
+        classes = ("nbd-row", "nbd-state-" + self.state.replace(" ", "-"))
+        if tuple(self.box._dom_classes) != classes:
+            self.box._dom_classes = classes
+        recorded = info.recorded_at is not None
+        running = info.state == "running"
+        with self.pin_button.hold_sync():
+            self.pin_button.description = "Unpin" if info.pinned else "Pin"
+            self.pin_button.disabled = running or not (recorded or info.pinned)
+            self.pin_button.tooltip = (
+                "Stop replaying this step when it is invalidated" if info.pinned
+                else "Replay this step even when its code or inputs change" if recorded
+                else "Nothing recorded to pin yet"
+            )
+        with self.clear_button.hold_sync():
+            self.clear_button.disabled = running or (
+                info.state == "pending" and info.substeps == 0 and not new
+            )
+            n = info.substeps + new
+            self.clear_button.tooltip = (
+                f"Forget this step's record and its {n} sub-step(s) (asks first)" if n
+                else "Forget this step's record"
+            )
+
+    def close(self) -> None:
+        """Close the row's widgets (not the shared layouts)."""
+        for w in (self.html, self.pin_button, self.clear_button, self.line, self.box):
+            w.close()
+
+
+_GROUP = {
+    "replayed": "recorded", "pinned": "recorded", "not replayable": "recorded",
+    "running": "pending",
+}
+
+
+def row_html(info: StepInfo, new: int = 0, replayed: int = 0) -> str:
+    """The HTML of one row: position and label, state badge, facts, and a detail line."""
+    state = "pinned-stale" if info.state == "pinned" and info.stale else info.state
+    glyph, colour, filled = _LOOK.get(info.state, ("?", _GREY, False))
+    text = "pinned · stale" if state == "pinned-stale" else info.state
+    border = "dashed" if info.state in ("pending", "orphaned") else "solid"
+    badge_style = (
+        f"display:inline-block;min-width:9.5em;box-sizing:border-box;padding:0 8px;"
+        f"border:1px {border} {colour};border-radius:10px;font-size:0.92em;white-space:nowrap;"
+        + (f"background:{colour};color:var(--jp-ui-inverse-font-color1, #fff);" if filled
+           else f"color:{colour};")
+    )
+    hint = info.detail or STATE_HELP.get(info.state, "")
+    pos = "" if info.position is None else f"#{info.position + 1} "
+    facts = _facts(info, new, replayed)
+    detail = ""
+    if info.detail:
+        tone = colour if info.state in ("invalidated", "failed") or info.stale else _GREY
+        detail = (f'<div class="nbd-detail" style="color:{tone};font-size:0.9em;'
+                  f'padding-left:15.5em;white-space:normal">{_e(info.detail)}</div>')
+    return (
+        f'<div class="nbd-line" data-step="{_attr(info.label)}" data-state="{_attr(state)}" '
+        f'style="display:flex;align-items:baseline;gap:0.8em;line-height:1.6">'
+        f'<span class="nbd-name" title="{_attr(info.key)}" style="flex:0 0 14em;overflow:hidden;'
+        f'text-overflow:ellipsis;white-space:nowrap"><span style="color:{_GREY}">{pos}</span>'
+        f"<b>{_e(info.label)}</b></span>"
+        f'<span class="nbd-badge" title="{_attr(hint)}" style="{badge_style}">'
+        f"{glyph} {_e(text)}</span>"
+        f'<span class="nbd-facts" style="color:{_GREY};overflow:hidden;text-overflow:ellipsis;'
+        f'white-space:nowrap">{facts}</span></div>{detail}'
+    )
+
+
+def _facts(info: StepInfo, new: int, replayed: int) -> str:
+    """Sub-step progress, when recorded, what replay saves, size (HTML, escaped)."""
+    parts: list[str] = []
+    recorded = info.recorded_at is not None
+    have = info.substeps + new
+    expected = info.calls if recorded and info.key != RUN_SCOPE else 0
+    if info.state == "running":
+        progress = f"{have}/{expected} recorded" if 0 < expected and have <= expected else (
+            f"{have} recorded")
+        if replayed:
+            progress += f", {replayed} replayed"
+        parts.append(f'<span class="nbd-progress">{progress}</span>')
+    elif have or expected:
+        text = f"{have}/{expected} recorded" if expected and have <= expected else f"{have} recorded"
+        parts.append(f'<span class="nbd-progress">{text}</span>')
+    if recorded and info.recorded_at is not None:
+        when = time.localtime(info.recorded_at)
+        today = time.localtime().tm_yday == when.tm_yday
+        short = time.strftime("%H:%M" if today else "%b %d %H:%M", when)
+        full = time.strftime("%Y-%m-%d %H:%M:%S", when)
+        parts.append(f'<span title="recorded {full}">at {short}</span>')
+    calls = f", {info.calls} call{'s' if info.calls != 1 else ''}" if info.calls else ""
+    if recorded and info.state == "replayed":
+        parts.append(f"saved {_secs(info.duration)}{calls}")
+    elif recorded and info.state in ("recorded", "pinned", "orphaned"):
+        parts.append(f"replay saves {_secs(info.duration)}{calls}")
+    elif recorded and info.state == "not replayable" and info.calls:
+        parts.append(f"replay saves {info.calls} call{'s' if info.calls != 1 else ''}")
+    if info.size:
+        parts.append(ops.human_size(info.size))
+    return " · ".join(parts)
+
+
+def _secs(seconds: float) -> str:
+    """``0.4 s``, ``12.3 s``, ``4 min 5 s``, ``1 h 3 min``."""
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    if seconds < 3600:
+        return f"{int(seconds // 60)} min {int(seconds % 60)} s"
+    return f"{int(seconds // 3600)} h {int(seconds % 3600 // 60)} min"
+
+
+def _e(text: str) -> str:
+    """Escape text for HTML element content."""
+    return html.escape(text, quote=False)
+
+
+def _attr(text: str) -> str:
+    """Escape text for a double-quoted HTML attribute."""
+    return html.escape(text, quote=True)
+
+
+_panel: StepPanel | None = None
+_panel_lock = threading.Lock()

@@ -1,0 +1,256 @@
+"""The step panel in a real JupyterLab, driven by headless Chromium through Playwright.
+
+A first notebook is run in a real kernel to record some steps; then the notebook is
+edited (one step changed, one pinned and changed, one deleted, new ones added), opened
+in JupyterLab and run all. The panel, displayed in the second cell, must show each
+step's state in the DOM, live while cells run, and its Pin and Clear buttons must
+change the store. Screenshots go to docs/panel.png (used by the README) and
+test-artifacts/.
+
+Chromium is Debian's (``.ci/run`` installs it); the test fails, never skips,
+when it is missing. Never ``playwright install``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import nbformat
+import pytest
+from kernel_util import REPO_ROOT, make_notebook, run_notebook
+
+from nbdurable import ops
+from nbdurable.store import Store
+
+pytestmark = pytest.mark.browser
+
+CHROMIUM = os.environ.get("NBDURABLE_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+]
+ARTIFACTS = REPO_ROOT / "test-artifacts"
+SCREENSHOT = REPO_ROOT / "docs" / "panel.png"
+RUN_ID = "root/panel.ipynb"  # the notebook's path relative to the store's parent
+
+SETUP = "%load_ext nbdurable\nfrom nbdurable import step\nimport time"
+FIRST = [  # recorded by a first kernel, before JupyterLab starts
+    SETUP,
+    "%%step plan\nplan = ['alpha', 'beta', 'gamma']",
+    "%%step research\nfindings = [step(f'ask:{q}', str.upper, q) for q in plan]",
+    "%%step pinned\nsummary = len(findings)",
+    "%%step old_step\nleft_over = 1",
+    "%%step revise\ndraft = 'v1'",
+]
+SECOND = [  # what JupyterLab opens and runs
+    SETUP,
+    "%step panel",
+    FIRST[1],
+    FIRST[2],
+    "%%step pinned\nsummary = len(findings) + 0  # edited, but pinned",
+    "%%step slow\nticks = [step(f'tick:{i}', lambda i: (time.sleep(0.1), i)[1], i)\n"
+    "         for i in range(30)]",
+    "%%step handle\nimport threading\nlock = threading.Lock()",
+    "%%step broken\nraise RuntimeError('the model timed out')",
+    "%%step revise\ndraft = 'v2'",
+    "%%step report\nreport = draft.upper()",
+]
+EXPECTED = {  # after run all, which stops at 'broken'
+    "plan": "replayed",
+    "research": "replayed",
+    "pinned": "pinned-stale",
+    "slow": "recorded",
+    "handle": "not replayable",
+    "broken": "failed",
+    "revise": "invalidated",
+    "report": "pending",
+    "old_step": "orphaned",
+}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _write_settings(settings: Path, theme: str = "JupyterLab Light") -> None:
+    """Lab user settings: a fixed theme and no news / update toasts over the screenshot."""
+    apputils = settings / "@jupyterlab" / "apputils-extension"
+    apputils.mkdir(parents=True, exist_ok=True)
+    (apputils / "themes.jupyterlab-settings").write_text(json.dumps({"theme": theme}))
+    (apputils / "notification.jupyterlab-settings").write_text(
+        json.dumps({"fetchNews": "false", "checkForUpdates": False})
+    )
+
+
+@pytest.fixture
+def lab(tmp_path):
+    """A JupyterLab server on 127.0.0.1 whose kernels record to tmp_path/store."""
+    if not Path(CHROMIUM).exists():
+        pytest.fail(
+            f"chromium not found at {CHROMIUM}: the browser test needs Debian's chromium "
+            "(`apt-get install chromium`, as .ci/run does) or NBDURABLE_CHROMIUM=/path"
+        )
+    root, store = tmp_path / "root", tmp_path / "store"
+    root.mkdir()
+    settings = tmp_path / "lab-settings"
+    _write_settings(settings)
+    port = _free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NBDURABLE_")}
+    env.update(
+        NBDURABLE_DIR=str(store),
+        PYTHONPATH=os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p),
+        JUPYTER_CONFIG_DIR=str(tmp_path / "jupyter-config"),
+        JUPYTER_RUNTIME_DIR=str(tmp_path / "jupyter-runtime"),
+    )
+    log = open(tmp_path / "lab.log", "wb")  # noqa: SIM115 - closed in the teardown
+    proc = subprocess.Popen(
+        [
+            sys.executable, "-m", "jupyter", "lab", "--allow-root", "--no-browser",
+            "--ip=127.0.0.1", f"--port={port}", "--IdentityProvider.token=",
+            "--ServerApp.password=", f"--ServerApp.root_dir={root}",
+            "--LabApp.expose_app_in_browser=True", f"--LabApp.user_settings_dir={settings}",
+            f"--LabApp.workspaces_dir={tmp_path / 'lab-workspaces'}",
+        ],
+        env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(url + "/api/status", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("JupyterLab did not start:\n" + _tail(tmp_path / "lab.log"))
+            time.sleep(0.2)
+        yield url, root, store, tmp_path
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)  # the server and the kernels it started
+            proc.wait(15)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(5)
+        log.close()
+        ARTIFACTS.mkdir(exist_ok=True)
+        shutil.copy(tmp_path / "lab.log", ARTIFACTS / "browser-lab.log")
+
+
+def _tail(path: Path, n: int = 40) -> str:
+    return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
+
+
+def _infos(store_dir: Path, notebook: Path) -> dict[str, ops.StepInfo]:
+    with Store(store_dir) as store:
+        return {i.label: i for i in ops.step_infos(store, RUN_ID, notebook)}
+
+
+def test_panel_in_jupyterlab(lab):
+    from playwright.sync_api import expect, sync_playwright
+
+    url, root, store, tmp_path = lab
+    notebook = root / "panel.ipynb"
+    env = {"NBDURABLE_DIR": str(store), "NBDURABLE_NOTEBOOK": str(notebook)}
+    run_notebook(make_notebook(FIRST), cwd=root, env=env)
+    with Store(store) as s:
+        ops.set_pin(s, RUN_ID, "name:pinned", True)
+    nbformat.write(make_notebook(SECOND), notebook)
+    ARTIFACTS.mkdir(exist_ok=True)
+
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1280, "height": 1000})
+        try:
+            with page.expect_websocket(lambda ws: "/api/kernels/" in ws.url, timeout=60_000):
+                page.goto(f"{url}/lab/tree/panel.ipynb", timeout=60_000)
+            page.wait_for_function(
+                """() => {
+                    const nb = window.jupyterapp && window.jupyterapp.shell.currentWidget;
+                    const k = nb && nb.sessionContext && nb.sessionContext.session
+                        && nb.sessionContext.session.kernel;
+                    return k && k.connectionStatus === 'connected' && k.status === 'idle';
+                }""",
+                timeout=60_000,
+            )
+            # Not awaited: the command's promise settles only when every cell has run.
+            page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
+
+            def line(step: str):
+                return page.locator(f'.nbd-line[data-step="{step}"]')
+
+            # Live: the slow step shows running while its loop records sub-steps.
+            expect(line("slow")).to_have_attribute("data-state", "running", timeout=30_000)
+            progress = line("slow").locator(".nbd-progress")
+            expect(progress).to_contain_text(" recorded")
+            first = progress.inner_text()
+            expect(progress).not_to_have_text(first, timeout=5_000)
+            expect(line("slow")).to_have_attribute("data-state", "recorded", timeout=30_000)
+
+            for step, state in EXPECTED.items():
+                expect(line(step)).to_have_attribute("data-state", state, timeout=20_000)
+            expect(line("slow").locator(".nbd-progress")).to_have_text("30/30 recorded")
+            expect(line("revise").locator(".nbd-detail")).to_have_text("its code changed")
+            expect(line("broken").locator(".nbd-detail")).to_contain_text("the model timed out")
+            expect(line("pinned").locator(".nbd-badge")).to_have_text("⚑ pinned · stale")
+            header = page.locator(".nbd-header")
+            expect(header).to_contain_text(RUN_ID)
+            expect(header).to_contain_text("5 recorded · 1 pending · 1 invalidated · 1 failed · 1 orphaned")
+            expect(header).to_contain_text("replay saved")
+
+            panel = page.locator(".nbd-panel")
+            panel.scroll_into_view_if_needed()
+            page.mouse.move(0, 0)  # no hover highlight in the picture
+            SCREENSHOT.parent.mkdir(exist_ok=True)
+            panel.screenshot(path=str(SCREENSHOT))
+            shutil.copy(SCREENSHOT, ARTIFACTS / "panel.png")
+
+            # Pin from the panel: the store has the pin.
+            def row(step: str):
+                return page.locator(".nbd-row", has=line(step))
+
+            row("slow").get_by_role("button", name="Pin", exact=True).click()
+            expect(line("slow")).to_have_attribute("data-state", "pinned")
+            expect(row("slow").get_by_role("button", name="Unpin", exact=True)).to_be_visible()
+            assert _infos(store, notebook)["slow"].pinned
+
+            # Clear a step with sub-steps: it asks first, then the store forgets it.
+            row("research").get_by_role("button", name="Clear", exact=True).click()
+            confirm = page.locator(".nbd-confirm")
+            expect(confirm).to_contain_text("3 recorded sub-steps")
+            assert _infos(store, notebook)["research"].recorded_at is not None
+            confirm.get_by_role("button", name="Confirm", exact=True).click()
+            expect(line("research")).to_have_attribute("data-state", "pending")
+            after = _infos(store, notebook)
+            assert after["research"].recorded_at is None and after["research"].substeps == 0
+            expect(line("pinned").locator(".nbd-detail")).to_contain_text(
+                "upstream step 'research' was cleared"
+            )
+            page.screenshot(path=str(ARTIFACTS / "browser-after-actions.png"), full_page=True)
+
+            # The dark theme, for the eye (an artifact, not an assertion).
+            page.evaluate(
+                "window.jupyterapp.commands.execute('apputils:change-theme',"
+                " {theme: 'JupyterLab Dark'})"
+            )
+            page.wait_for_function(
+                "() => document.body.dataset.jpThemeLight === 'false'", timeout=20_000
+            )
+            page.wait_for_timeout(500)
+            panel.screenshot(path=str(ARTIFACTS / "panel-dark.png"))
+        finally:
+            page.screenshot(path=str(ARTIFACTS / "browser-final.png"), full_page=True)
+            browser.close()

@@ -1,0 +1,366 @@
+"""Tests for nbdurable.steppanel: the widget's rows, buttons, live updates and batching.
+
+The in-process tests drive a real Session on a plain InteractiveShell with a
+real Store in tmp_path (no kernel: widgets get ipywidgets' dummy comm); the
+last test checks ``%step panel`` in a real kernel.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import ipywidgets
+import nbformat
+import pytest
+from IPython.core.interactiveshell import InteractiveShell
+from kernel_util import make_notebook, outputs_of, run_notebook
+
+import nbdurable
+from nbdurable import engine, events, locate, ops
+from nbdurable.engine import NbdurableWarning
+from nbdurable.steppanel import StepPanel, row_html
+from nbdurable.store import RUN_SCOPE, RunKeys, Store
+
+RUN = "panel-test"
+
+# name -> body as first run; CHANGED_LATER bodies are then edited in the notebook.
+STEPS = {
+    "plan": "plan = [1, 2, 3]",
+    "research": "findings = [step(f'q:{i}', str, i) for i in plan]",
+    "frozen": "kept = 'pinned, unchanged'",
+    "pinned": "stale_pin = 1",
+    "changed": "x = 1",
+    "broken": "raise ValueError('boom')",
+    "handle": "import threading\nlock = threading.Lock()",
+    "later": "y = 1",
+}
+CHANGED_LATER = {"pinned": "stale_pin = 2", "changed": "x = 2"}
+
+
+def write_notebook(path, bodies):
+    nb = make_notebook(["%load_ext nbdurable"] + [f"%%step {n}\n{b}" for n, b in bodies.items()])
+    nbformat.write(nb, path)
+
+
+@pytest.fixture
+def session(tmp_path):
+    shell = InteractiveShell.instance()
+    shell.user_ns["step"] = nbdurable.step
+    engine.reset_session()
+    s = engine.get_session(shell)
+    s.set_store(Store(tmp_path / "store"), RUN)
+    s.notebook = tmp_path / "nb.ipynb"
+    s.nbfile = locate.NotebookFile(s.notebook)
+    yield s
+    engine.reset_session()
+
+
+@pytest.fixture
+def every_state(session):
+    """A run with a step in every state (running is tested live, below)."""
+    write_notebook(session.notebook, STEPS)
+    for name in ("plan", "research", "frozen", "pinned", "changed"):
+        session.run_step(STEPS[name], name=name)
+    with pytest.raises(ValueError, match="boom"):
+        session.run_step(STEPS["broken"], name="broken")
+    with pytest.warns(NbdurableWarning, match="cannot be saved"):
+        session.run_step(STEPS["handle"], name="handle")
+    session.run_step("gone = 0", name="gone")  # later deleted from the notebook
+    session.status.pop("name:gone")  # ... and this is a new kernel as far as it knows
+    session.run_step(STEPS["plan"], name="plan")  # replayed
+    for name in ("frozen", "pinned"):
+        ops.set_pin(session.store, RUN, f"name:{name}", True)
+    write_notebook(session.notebook, {**STEPS, **CHANGED_LATER})
+    return session
+
+
+def states(p):
+    return {row.info.label: row.state for row in p.rows.values()}
+
+
+def test_rows_show_every_state_in_notebook_order(every_state):
+    p = StepPanel(every_state)
+    try:
+        assert states(p) == {
+            "plan": "replayed",
+            "research": "recorded",
+            "frozen": "pinned",
+            "pinned": "pinned-stale",
+            "changed": "invalidated",
+            "broken": "failed",
+            "handle": "not replayable",
+            "later": "pending",
+            "gone": "orphaned",
+        }, states(p)
+        assert [r.info.label for r in p.rows.values()][:8] == list(STEPS)
+        rows = {r.info.label: r for r in p.rows.values()}
+        # Every state is a colour *and* a text label, and the DOM says which.
+        for label, row in rows.items():
+            assert f'data-state="{row.state}"' in row.html.value, label
+            assert "nbd-state-" + row.state.replace(" ", "-") in row.box._dom_classes
+        assert "pinned · stale" in rows["pinned"].html.value
+        assert "its code changed" in rows["changed"].html.value  # the reason, in a detail line
+        assert "ValueError: boom" in rows["broken"].html.value
+        assert "body reruns" in rows["handle"].html.value
+        assert "3/3 recorded" in rows["research"].html.value
+        assert "replay saves" in rows["research"].html.value and "3 calls" in rows["research"].html.value
+        assert "saved" in rows["plan"].html.value
+        # Pin needs a record; the run-wide row has nothing to pin.
+        assert rows["later"].pin_button.disabled
+        assert rows["frozen"].pin_button.description == "Unpin"
+        assert rows["research"].pin_button.description == "Pin"
+        assert rows["later"].clear_button.disabled
+        assert "(outside steps)" not in rows  # step() outside a step: none here
+        header = p.header.value
+        assert RUN in header and str(every_state.store.path) in header
+        # recorded: plan research frozen pinned handle; pending: later; invalidated: changed
+        assert "5 recorded · 1 pending · 1 invalidated · 1 failed · 1 orphaned" in header
+        assert "replay saved" in header and "(1 step)" in header
+    finally:
+        p.close()
+
+
+def test_text_fallback_is_the_list_table(every_state):
+    p = StepPanel(every_state)
+    try:
+        bundle = p._repr_mimebundle_()
+        assert "application/vnd.jupyter.widget-view+json" in bundle
+        text = bundle["text/plain"]
+        assert ops.format_table(p.infos) in text
+        assert text.startswith(f"nbdurable run {RUN!r}")
+        assert "invalidated" in text and "orphaned" in text
+    finally:
+        p.close()
+
+
+def test_buttons_change_the_store_and_the_rows(every_state):
+    s = every_state
+    rk = RunKeys(RUN)
+    p = StepPanel(s)
+    try:
+        rows = {r.info.label: r for r in p.rows.values()}
+        # Pin / Unpin
+        rows["research"].pin_button.click()
+        assert ops.step_infos(s.store, RUN, s.notebook)[1].pinned
+        assert rows["research"].state == "pinned" and rows["research"].pin_button.description == "Unpin"
+        rows["research"].pin_button.click()
+        assert not ops.step_infos(s.store, RUN, s.notebook)[1].pinned
+        assert rows["research"].state == "recorded"
+
+        # Clear a step with sub-steps: asks first; Cancel keeps everything.
+        rows["research"].clear_button.click()
+        assert p.confirming and p.confirm_box in rows["research"].box.children
+        assert "3 recorded sub-steps" in p.confirm_text.value
+        assert s.store.has(rk.step("name:research"))
+        p.cancel_button.click()
+        assert not p.confirming and p.confirm_box not in rows["research"].box.children
+        rows["research"].clear_button.click()
+        p.confirm_button.click()
+        assert not s.store.has(rk.step("name:research"))
+        assert s.store.scan(rk.subs_prefix("name:research")) == []
+        assert rows["research"].state == "pending"
+        assert "cleared 'research'" in p.message.value
+
+        # Clear a step without sub-steps: no question; its dependants go stale.
+        rows["plan"].clear_button.click()
+        assert not p.confirming and not s.store.has(rk.step("name:plan"))
+        assert rows["plan"].state == "pending"
+
+        # Clear all: asks, then the run is empty and every row pending.
+        p.clear_all_button.click()
+        assert p.confirming and p.confirm_box in p._confirm_slot.children
+        p.confirm_button.click()
+        assert s.store.scan(rk.base) == []
+        assert set(states(p).values()) == {"pending"}
+        assert "gone" not in states(p)  # orphans go with their records
+    finally:
+        p.close()
+
+
+def test_changes_made_elsewhere_show_on_refresh(every_state):
+    s = every_state
+    p = StepPanel(s)
+    try:
+        # Another process (the CLI) pins a step: no event reaches this kernel.
+        other = Store(s.store.path)
+        ops.set_pin(other, RUN, "name:research", True)
+        other.close()
+        assert p.rows["name:research"].state == "recorded"
+        p.refresh_button.click()
+        assert p.rows["name:research"].state == "pinned"
+        # The magics emit store-changed; the panel follows without a click.
+        ops.set_pin(s.store, RUN, "name:research", False)
+        events.emit("store-changed", RUN, "name:research", action="unpin")
+        wait_for(lambda: p.rows["name:research"].state == "recorded")
+    finally:
+        p.close()
+
+
+def wait_for(cond, timeout=5.0, msg=lambda: ""):
+    end = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > end:
+            raise AssertionError(f"condition not met in {timeout} s {msg()}")
+        time.sleep(0.01)
+
+
+def test_live_updates_while_a_step_runs(session):
+    """The row switches to running and its counter moves while the cell is still running."""
+    session.notebook.write_text("{}")  # no cells saved yet: the row comes from events
+    p = StepPanel(session, interval=0.05)
+    seen = []
+
+    def row_says(text):
+        row = p.rows.get("name:loop")
+        return row is not None and text in row.html.value
+
+    def probe(text):
+        # Runs inside the step's body: the timer thread must update the panel meanwhile.
+        wait_for(lambda: row_says(text))
+        seen.append((p.rows["name:loop"].state, text))
+
+    session.user_ns["probe"] = probe
+    body = "for i in range(4):\n    step(f's:{i}', str, i)\n    probe(f'{i + 1} {WHAT}')"
+    try:
+        session.user_ns["WHAT"] = "recorded"
+        session.run_step(body, name="loop")
+        assert seen == [("running", f"{n} recorded") for n in range(1, 5)]
+        wait_for(lambda: p.rows["name:loop"].state == "recorded")
+        assert row_says("4/4 recorded")
+        # Run again (forced): the sub-steps replay, and the counter says so.
+        seen.clear()
+        session.user_ns["WHAT"] = "replayed"
+        session.run_step(body, name="loop", force=True)
+        assert seen == [("running", f"{n} replayed") for n in range(1, 5)]
+        wait_for(lambda: p.rows["name:loop"].state == "recorded")
+        assert row_says("4/4 recorded") and not row_says("replayed")
+    finally:
+        p.close()
+
+
+def test_a_failed_step_shows_failed_live(session):
+    session.notebook.write_text("{}")
+    p = StepPanel(session, interval=0.02)
+    try:
+        with pytest.raises(ZeroDivisionError):
+            session.run_step("1 / 0", name="oops")
+        wait_for(lambda: "name:oops" in p.rows and p.rows["name:oops"].state == "failed")
+        assert "ZeroDivisionError" in p.rows["name:oops"].html.value
+    finally:
+        p.close()
+
+
+def test_thousands_of_substeps_are_batched(session, monkeypatch):
+    """A loop of 3000 real sub-steps: a handful of flushes, and no store reads per sub-step."""
+    session.notebook.write_text("{}")
+    p = StepPanel(session, interval=0.2)
+    loads, sent, changes, mid = [], [], [], []
+    real_load = p._load
+    monkeypatch.setattr(p, "_load", lambda: loads.append(1) or real_load())
+    real_send = ipywidgets.Widget._send
+    monkeypatch.setattr(
+        ipywidgets.Widget, "_send",
+        lambda self, msg, buffers=None: sent.append(msg) or real_send(self, msg, buffers),
+    )
+    n = 3000
+
+    def middle():
+        row = p.rows.get("name:big")
+        mid.append(row.html.value if row else "")
+        if row is not None:
+            row.html.observe(lambda ch: changes.append(ch["new"]), "value")
+
+    session.user_ns["middle"] = middle
+    t0 = time.monotonic()
+    try:
+        session.run_step(
+            f"for i in range({n}):\n    step(f's:{{i}}', str, i)\n    if i == {n // 2}: middle()",
+            name="big",
+        )
+        wait_for(lambda: p.rows["name:big"].state == "recorded")
+        elapsed = time.monotonic() - t0
+        assert f"{n}/{n} recorded" in p.rows["name:big"].html.value
+        assert "running" in mid[0] and " recorded" in mid[0]  # live mid-loop
+        # Flushes are throttled to one per interval (plus the leading and trailing
+        # ones), and the store is read at step boundaries only, never per sub-step.
+        bound = elapsed / p.interval + 3
+        assert p.flushes <= bound, (p.flushes, elapsed)
+        assert len(changes) <= bound, (len(changes), elapsed)
+        assert len(sent) <= 6 * bound, (len(sent), elapsed)
+        assert len(loads) <= 3, len(loads)
+    finally:
+        p.close()
+
+
+def test_the_event_listener_is_cheap(session):
+    session.notebook.write_text("{}")
+    p = StepPanel(session, interval=0.2)
+    try:
+        n = 20000
+        t0 = time.perf_counter()
+        for i in range(n):
+            events.emit("sub-recorded", RUN, "name:big", id=f"s:{i}", duration=0.0)
+        per_event = (time.perf_counter() - t0) / n
+        assert per_event < 50e-6, f"{per_event * 1e6:.1f} µs per sub-step event"
+    finally:
+        p.close()
+
+
+def test_panel_function_returns_one_live_panel(session):
+    session.notebook.write_text("{}")
+    first = nbdurable.panel()
+    try:
+        assert isinstance(first, StepPanel)
+        assert nbdurable.panel() is first  # shown twice: one listener, two views
+        first.close()
+        second = nbdurable.panel()
+        assert second is not first and not second.closed
+        second.close()
+    finally:
+        first.close()
+
+
+def test_closed_panel_stops_listening(session):
+    session.notebook.write_text("{}")
+    p = StepPanel(session, interval=0.01)
+    p.close()
+    before = p.flushes
+    events.emit("step-start", RUN, "name:x", label="x")
+    time.sleep(0.05)
+    assert p.flushes == before
+    assert threading.active_count() < 50
+
+
+def test_outside_steps_row_and_badge_text():
+    info = ops.StepInfo(RUN_SCOPE, "(outside steps)", "recorded", substeps=4, calls=4, size=2048)
+    html = row_html(info)
+    assert "4 recorded" in html and "2.0 KB" in html and "✓ recorded" in html
+
+
+# -- a real kernel ----------------------------------------------------------------------
+
+
+@pytest.mark.kernel
+def test_step_panel_magic_in_a_real_kernel(tmp_path):
+    nb = make_notebook([
+        "%load_ext nbdurable",
+        "%%step greet\nword = 'hi'",
+        "%step panel",
+        "import nbdurable\nnbdurable.panel() is nbdurable.panel()",
+    ])
+    env = {"NBDURABLE_DIR": str(tmp_path / "store"),
+           "NBDURABLE_NOTEBOOK": str(tmp_path / "nb.ipynb")}
+    nbformat.write(nb, tmp_path / "nb.ipynb")
+    out = run_notebook(nb, cwd=tmp_path, env=env)
+    shown = outputs_of(out, 2)
+    assert [o["output_type"] for o in shown] == ["display_data"], shown
+    data = shown[0]["data"]
+    assert "application/vnd.jupyter.widget-view+json" in data
+    text = data["text/plain"]
+    lines = text.splitlines()
+    assert lines[0] == f"nbdurable run 'nb.ipynb' in {tmp_path / 'store'}"
+    assert lines[1] == "1 recorded · 0 pending · 0 invalidated"
+    assert lines[2].split() == ["#", "step", "state", "recorded", "sub-steps", "size", "detail"]
+    assert lines[3].split()[:3] == ["2", "greet", "recorded"]
+    assert outputs_of(out, 3)[0]["data"]["text/plain"] == "True"
