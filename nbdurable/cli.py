@@ -14,6 +14,8 @@ import argparse
 import json
 import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -34,20 +36,36 @@ def _parents() -> dict[str, argparse.ArgumentParser]:
         return _Parser(add_help=False)
 
     notebook = parent()
-    notebook.add_argument("notebook", metavar="NOTEBOOK.ipynb", type=Path,
-                          help="the notebook (its store is NBDURABLE_DIR or .nbdurable/ beside it)")
+    notebook.add_argument(
+        "notebook",
+        metavar="NOTEBOOK.ipynb",
+        type=Path,
+        help="the notebook (its store is NBDURABLE_DIR or .nbdurable/ beside it)",
+    )
     run = parent()
-    run.add_argument("--run", metavar="NAME", dest="run_name",
-                     help="a named run (as set by `%%step run NAME`) instead of the notebook's own")
+    run.add_argument(
+        "--run",
+        metavar="NAME",
+        dest="run_name",
+        help="a named run (as set by `%%step run NAME`) instead of the notebook's own",
+    )
     store = parent()
-    store.add_argument("--store", metavar="DIR", type=Path,
-                       help="the store directory (default: NBDURABLE_DIR, else .nbdurable/ "
-                            "beside the notebook, else in the working directory)")
+    store.add_argument(
+        "--store",
+        metavar="DIR",
+        type=Path,
+        help="the store directory (default: NBDURABLE_DIR, else .nbdurable/ "
+        "beside the notebook, else in the working directory)",
+    )
     as_json = parent()
     as_json.add_argument("--json", action="store_true", help="print JSON for scripts")
     quiet = parent()
-    quiet.add_argument("-q", "--quiet", action="store_true",
-                       help="no progress and no summary; errors still go to stderr")
+    quiet.add_argument(
+        "-q",
+        "--quiet",
+        action="store_true",
+        help="no progress and no summary; errors still go to stderr",
+    )
     return {"notebook": notebook, "run": run, "store": store, "json": as_json, "quiet": quiet}
 
 
@@ -58,7 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="nbdurable",
         description="Durable execution for Jupyter notebooks: run, resume and inspect.",
         epilog="Start with `nbdurable demo`. Exit codes: 0 ok, 1 a cell raised, 2 bad usage, "
-               "3 the kernel died more than --retries times.",
+        "3 the kernel died more than --retries times.",
     )
     from . import __version__
 
@@ -67,90 +85,145 @@ def build_parser() -> argparse.ArgumentParser:
     sub.required = True
 
     run = sub.add_parser(
-        "run", parents=[p["notebook"], p["run"], p["store"], p["json"], p["quiet"]],
+        "run",
+        parents=[p["notebook"], p["run"], p["store"], p["json"], p["quiet"]],
         help="execute a notebook durably; restart a dead kernel and resume",
         description="Execute NOTEBOOK in a real kernel. When the kernel dies, start a new one "
-                    "and run again from the top: recorded steps replay, only unfinished work runs.",
+        "and run again from the top: recorded steps replay, only unfinished work runs.",
     )
-    run.add_argument("-o", "--output", metavar="OUT.ipynb", type=Path,
-                     help="write the executed notebook here (default: in place)")
-    run.add_argument("--retries", metavar="N", type=_count, default=3,
-                     help="kernel deaths to survive (default: 3)")
-    run.add_argument("--timeout", metavar="S", type=_seconds,
-                     help="per-cell timeout in seconds (default: none)")
-    run.add_argument("--cwd", metavar="DIR", type=Path,
-                     help="the kernel's working directory (default: the notebook's directory)")
-    run.add_argument("--kernel", metavar="NAME",
-                     help="kernel spec to use (default: the notebook's)")
+    run.add_argument(
+        "-o",
+        "--output",
+        metavar="OUT.ipynb",
+        type=Path,
+        help="write the executed notebook here (default: in place)",
+    )
+    run.add_argument(
+        "--retries",
+        metavar="N",
+        type=_count,
+        default=3,
+        help="kernel deaths to survive (default: 3)",
+    )
+    run.add_argument(
+        "--timeout", metavar="S", type=_seconds, help="per-cell timeout in seconds (default: none)"
+    )
+    run.add_argument(
+        "--cwd",
+        metavar="DIR",
+        type=Path,
+        help="the kernel's working directory (default: the notebook's directory)",
+    )
+    run.add_argument(
+        "--kernel", metavar="NAME", help="kernel spec to use (default: the notebook's)"
+    )
     run.set_defaults(func=cmd_run)
 
     status = sub.add_parser(
-        "status", parents=[p["notebook"], p["run"], p["store"], p["json"]],
+        "status",
+        parents=[p["notebook"], p["run"], p["store"], p["json"]],
         help="every %%%%step cell and its state (starts no kernel)",
         description="Every %%step cell of NOTEBOOK in notebook order with its state: "
-                    "recorded, pending, invalidated, pinned, failed. Reads the notebook file "
-                    "and the store; starts no kernel.",
+        "recorded, pending, invalidated, pinned, failed. Reads the notebook file "
+        "and the store; starts no kernel.",
     )
     status.set_defaults(func=cmd_status)
 
     clear = sub.add_parser(
-        "clear", parents=[p["notebook"], p["run"], p["store"]],
+        "clear",
+        parents=[p["notebook"], p["run"], p["store"]],
         help="forget steps (their sub-steps too), like %%step clear",
         description="Forget steps: their records, states and sub-steps; steps that read "
-                    "their variables are marked stale. Same as `%step clear`.",
+        "their variables are marked stale. Same as `%step clear`.",
     )
     clear.add_argument("steps", metavar="STEP", nargs="*", help="step names (or labels, keys)")
     clear.add_argument("--all", action="store_true", help="forget the whole run, pins included")
     clear.set_defaults(func=cmd_clear)
 
-    for name, verb in (("pin", "replay a step even when invalidated"),
-                       ("unpin", "stop pinning a step")):
-        pin = sub.add_parser(name, parents=[p["notebook"], p["run"], p["store"]], help=verb,
-                             description=f"{verb[0].upper()}{verb[1:]}; same as `%step {name}`.")
+    for name, verb in (
+        ("pin", "replay a step even when invalidated"),
+        ("unpin", "stop pinning a step"),
+    ):
+        pin = sub.add_parser(
+            name,
+            parents=[p["notebook"], p["run"], p["store"]],
+            help=verb,
+            description=f"{verb[0].upper()}{verb[1:]}; same as `%step {name}`.",
+        )
         pin.add_argument("steps", metavar="STEP", nargs="+", help="step names (or labels, keys)")
         pin.set_defaults(func=cmd_pin, pinned=name == "pin")
 
     export = sub.add_parser(
-        "export", parents=[p["notebook"], p["run"], p["store"]],
+        "export",
+        parents=[p["notebook"], p["run"], p["store"]],
         help="the run's log as JSON: steps, sub-steps, timings, fingerprints",
         description="Print the run's log: steps in notebook order and their sub-steps in call "
-                    "order, with ids, timings, sizes and fingerprints.",
+        "order, with ids, timings, sizes and fingerprints.",
     )
-    export.add_argument("--format", choices=("json", "jsonl"), default="json",
-                        help="one JSON document (default) or JSON lines")
-    export.add_argument("--values", action="store_true",
-                        help="include recorded values JSON can represent (others as type+repr)")
+    export.add_argument(
+        "--format",
+        choices=("json", "jsonl"),
+        default="json",
+        help="one JSON document (default) or JSON lines",
+    )
+    export.add_argument(
+        "--values",
+        action="store_true",
+        help="include recorded values JSON can represent (others as type+repr)",
+    )
     export.set_defaults(func=cmd_export)
 
-    ls = sub.add_parser("ls", parents=[p["store"], p["json"]],
-                        help="the runs in a store", description="The runs in a store, with step "
-                        "counts, size and last activity, most recent first.")
+    ls = sub.add_parser(
+        "ls",
+        parents=[p["store"], p["json"]],
+        help="the runs in a store",
+        description="The runs in a store, with step "
+        "counts, size and last activity, most recent first.",
+    )
     ls.set_defaults(func=cmd_ls)
 
     gc = sub.add_parser(
-        "gc", parents=[p["store"], p["json"]], help="remove old runs (never pinned steps)",
+        "gc",
+        parents=[p["store"], p["json"]],
+        help="remove old runs (never pinned steps)",
         description="Remove runs idle for longer than --older-than, except their pinned steps; "
-                    "then saved variables no step uses any more. Run it while no kernel records "
-                    "to the store.",
+        "then saved variables no step uses any more. Run it while no kernel records "
+        "to the store.",
     )
-    gc.add_argument("--older-than", metavar="AGE", default="30d",
-                    help="idle time, e.g. 30d, 12h, 90m (default: 30d)")
+    gc.add_argument(
+        "--older-than",
+        metavar="AGE",
+        default="30d",
+        help="idle time, e.g. 30d, 12h, 90m (default: 30d)",
+    )
     gc.add_argument("--dry-run", action="store_true", help="report what would go; change nothing")
     gc.set_defaults(func=cmd_gc)
 
     demo = sub.add_parser(
-        "demo", parents=[p["json"], p["quiet"]],
+        "demo",
+        parents=[p["json"], p["quiet"]],
         help="run the research agent, kill its kernel at sub-question 40, resume",
         description="Run the bundled 60-question research-agent notebook with a simulated, "
-                    "offline model and search; kill its kernel for real during sub-question "
-                    "--crash-at; resume with `nbdurable run`; compare what each attempt spent.",
+        "offline model and search; kill its kernel for real during sub-question "
+        "--crash-at; resume with `nbdurable run`; compare what each attempt spent.",
     )
-    demo.add_argument("--crash-at", metavar="N", type=_count, default=40,
-                      help="sub-question (0-59) whose answer call kills the kernel (default: 40)")
-    demo.add_argument("--dir", metavar="DIR", type=Path,
-                      help="where to work (default: a new temporary directory)")
-    demo.add_argument("--latency", metavar="S", type=_latency, default=None,
-                      help="simulated seconds per model/search call (default: 0.03)")
+    demo.add_argument(
+        "--crash-at",
+        metavar="N",
+        type=_count,
+        default=40,
+        help="sub-question (0-59) whose answer call kills the kernel (default: 40)",
+    )
+    demo.add_argument(
+        "--dir", metavar="DIR", type=Path, help="where to work (default: a new temporary directory)"
+    )
+    demo.add_argument(
+        "--latency",
+        metavar="S",
+        type=_latency,
+        default=None,
+        help="simulated seconds per model/search call (default: 0.03)",
+    )
     demo.set_defaults(func=cmd_demo)
     return parser
 
@@ -220,8 +293,10 @@ def _open(directory: Path, must_exist: bool = True) -> Any:
     """The store at ``directory``; None if it does not exist and ``must_exist`` is false."""
     if not (directory / "cache.db").exists():
         if must_exist:
-            raise _usage(f"no nbdurable store at {directory}; pass --store DIR or set "
-                         "NBDURABLE_DIR to the directory that holds the runs")
+            raise _usage(
+                f"no nbdurable store at {directory}; pass --store DIR or set "
+                "NBDURABLE_DIR to the directory that holds the runs"
+            )
         return None
     from .store import Store
 
@@ -267,8 +342,14 @@ def cmd_run(args: argparse.Namespace) -> int:
         validate_name(args.run_name, "run name")
     quiet = args.quiet or args.json
     result = run_notebook(
-        args.notebook, output=args.output, retries=args.retries, run_name=args.run_name,
-        timeout=args.timeout, cwd=args.cwd, kernel=args.kernel, store=args.store,
+        args.notebook,
+        output=args.output,
+        retries=args.retries,
+        run_name=args.run_name,
+        timeout=args.timeout,
+        cwd=args.cwd,
+        kernel=args.kernel,
+        store=args.store,
         progress=Progress() if quiet else ConsoleProgress(),
     )
     if args.json:
@@ -277,14 +358,30 @@ def cmd_run(args: argparse.Namespace) -> int:
         err = result.error
         text = err.message if sys.stderr.isatty() else _strip_ansi(err.message)
         print(text.rstrip(), file=sys.stderr)
-        print(f"nbdurable run: cell #{err.index + 1} ({err.label}) raised {err.ename}; "
-              f"the executed notebook is in {result.output}", file=sys.stderr)
+        where = f"cell #{err.index + 1}"
+        if err.label != where:
+            where += f" (step {err.label!r})"
+        what = (
+            f"timed out (--timeout {args.timeout})"
+            if err.ename == "CellTimeoutError"
+            else f"raised {err.ename}"
+        )
+        print(
+            f"nbdurable run: {where} {what}; the executed notebook is in {result.output}",
+            file=sys.stderr,
+        )
+    elif result.interrupted:
+        print("nbdurable run: interrupted; the notebook file was not changed", file=sys.stderr)
     elif result.status == "kernel died":
         last = result.attempts[-1]
         where = "before the first cell" if last.died_in is None else f"in cell #{last.died_in + 1}"
-        print(f"nbdurable run: error: the kernel died {result.deaths} times, more than "
-              f"--retries {result.retries} allows (last {where}); fix the crash or raise "
-              "--retries, then run again: recorded steps replay", file=sys.stderr)
+        times = f"{result.deaths} time{'' if result.deaths == 1 else 's'}"
+        print(
+            f"nbdurable run: error: the kernel died {times}, more than "
+            f"--retries {result.retries} allows (last {where}); fix the crash or raise "
+            "--retries, then run again: recorded steps replay",
+            file=sys.stderr,
+        )
     return result.exit_code
 
 
@@ -301,15 +398,22 @@ def cmd_status(args: argparse.Namespace) -> int:
     notebook = _notebook(args)
     directory = _store_dir(args, notebook)
     store = _open(directory, must_exist=False)
-    run_id = _run_id(args, notebook, store, directory)
     if store is None:
+        run_id = _run_id(args, notebook, None, directory)
         infos = _pending(notebook)
     else:
         with store:
+            run_id = _run_id(args, notebook, store, directory)
             infos = ops.step_infos(store, run_id, notebook)
     if args.json:
-        _emit({"notebook": str(notebook), "run": run_id, "store": str(directory),
-               "steps": [i.to_json() for i in infos]})
+        _emit(
+            {
+                "notebook": str(notebook),
+                "run": run_id,
+                "store": str(directory),
+                "steps": [i.to_json() for i in infos],
+            }
+        )
         return 0
     print(f"{notebook.name} · run {run_id!r} · store {directory}")
     print(ops.format_table(infos) if infos else "no %%step cells and nothing recorded")
@@ -326,14 +430,18 @@ def _pending(notebook: Path) -> list[Any]:
     return [StepInfo(c.key, c.label, "pending", position=c.index) for c in nbf.cells]
 
 
-def _steps_store(args: argparse.Namespace) -> tuple[Path, Any, str, Path]:
+@contextmanager
+def _recorded_run(args: argparse.Namespace) -> Iterator[tuple[Path, Any, str, Path]]:
+    """``(notebook, store, run id, store dir)`` of a run that has records; closes the store."""
     notebook = _notebook(args)
     directory = _store_dir(args, notebook)
     store = _open(directory, must_exist=False)
     if store is None:
-        raise _usage(f"nothing is recorded for {notebook.name} yet (no store at {directory}); "
-                     "run it first")
-    return notebook, store, _run_id(args, notebook, store, directory), directory
+        raise _usage(
+            f"nothing is recorded for {notebook.name} yet (no store at {directory}); run it first"
+        )
+    with store:
+        yield notebook, store, _run_id(args, notebook, store, directory), directory
 
 
 def cmd_clear(args: argparse.Namespace) -> int:
@@ -342,8 +450,7 @@ def cmd_clear(args: argparse.Namespace) -> int:
 
     if args.all == bool(args.steps):
         raise _usage("give step names to clear, or --all for the whole run (not both)")
-    notebook, store, run_id, _ = _steps_store(args)
-    with store:
+    with _recorded_run(args) as (notebook, store, run_id, _):
         if args.all:
             n = ops.clear_all(store, run_id)
             print(f"cleared run {run_id!r} ({n} records)")
@@ -361,8 +468,7 @@ def cmd_pin(args: argparse.Namespace) -> int:
     """``nbdurable pin`` / ``unpin``."""
     from . import ops
 
-    notebook, store, run_id, _ = _steps_store(args)
-    with store:
+    with _recorded_run(args) as (notebook, store, run_id, _):
         for key in ops.resolve(store, run_id, args.steps, notebook):
             ops.set_pin(store, run_id, key, args.pinned)
     print(f"{'pinned' if args.pinned else 'unpinned'}: {', '.join(args.steps)}")
@@ -373,11 +479,11 @@ def cmd_export(args: argparse.Namespace) -> int:
     """``nbdurable export``."""
     from . import runs
 
-    notebook, store, run_id, directory = _steps_store(args)
-    with store:
+    with _recorded_run(args) as (notebook, store, run_id, directory):
         if args.run_name is None and not runs.known_run(store, run_id):
-            raise _usage(f"nothing is recorded for run {run_id!r} in {directory}; run the "
-                         "notebook first")
+            raise _usage(
+                f"nothing is recorded for run {run_id!r} in {directory}; run the notebook first"
+            )
         doc = runs.export_run(store, run_id, notebook, with_values=args.values)
     if args.format == "json":
         _emit(doc)
@@ -400,8 +506,10 @@ def cmd_ls(args: argparse.Namespace) -> int:
         return 0
     print(f"store {directory}: {len(infos)} run{'s' if len(infos) != 1 else ''}")
     rows = [("run", "steps", "sub-steps", "pinned", "size", "last activity")]
-    rows += [(r.run, str(r.steps), str(r.substeps), str(r.pinned), human_size(r.size),
-              _when(r.last)) for r in infos]
+    rows += [
+        (r.run, str(r.steps), str(r.substeps), str(r.pinned), human_size(r.size), _when(r.last))
+        for r in infos
+    ]
     widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
     for r in rows:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
@@ -421,9 +529,11 @@ def cmd_gc(args: argparse.Namespace) -> int:
         _emit(report.to_json())
         return 0
     verb = "would remove" if args.dry_run else "removed"
-    print(f"{verb} {report.keys} records ({human_size(report.bytes)}) of runs idle since "
-          f"{_when(report.cutoff)}, and {report.blobs} unused saved variables "
-          f"({human_size(report.blob_bytes)})")
+    print(
+        f"{verb} {report.keys} records ({human_size(report.bytes)}) of runs idle since "
+        f"{_when(report.cutoff)}, and {report.blobs} unused saved variables "
+        f"({human_size(report.blob_bytes)})"
+    )
     for name in report.removed_runs:
         print(f"  {verb} run {name!r}")
     for name, steps in report.kept_pinned.items():
@@ -437,8 +547,13 @@ def cmd_demo(args: argparse.Namespace) -> int:
     """``nbdurable demo``."""
     from .demo import run_demo
 
-    return run_demo(crash_at=args.crash_at, directory=args.dir, latency=args.latency,
-                    as_json=args.json, quiet=args.quiet)
+    return run_demo(
+        crash_at=args.crash_at,
+        directory=args.dir,
+        latency=args.latency,
+        as_json=args.json,
+        quiet=args.quiet,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

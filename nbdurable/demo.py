@@ -19,6 +19,7 @@ reached the "provider", including the one the crash cut short.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sqlite3
 import sys
@@ -76,9 +77,13 @@ def _spent(calls: list[dict[str, Any]], seconds: float) -> dict[str, Any]:
 
 def _plus(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     kinds = Counter(a["by_kind"]) + Counter(b["by_kind"])
-    return {"calls": a["calls"] + b["calls"], "by_kind": dict(kinds),
-            "tokens": a["tokens"] + b["tokens"], "cost": round(a["cost"] + b["cost"], 6),
-            "seconds": round(a["seconds"] + b["seconds"], 3)}
+    return {
+        "calls": a["calls"] + b["calls"],
+        "by_kind": dict(kinds),
+        "tokens": a["tokens"] + b["tokens"],
+        "cost": round(a["cost"] + b["cost"], 6),
+        "seconds": round(a["seconds"] + b["seconds"], 3),
+    }
 
 
 def _mail(mailbox: Path) -> dict[str, Any]:
@@ -87,12 +92,21 @@ def _mail(mailbox: Path) -> dict[str, Any]:
     box = MailProvider(mailbox)
     with closing(sqlite3.connect(mailbox)) as con:
         rows = con.execute("SELECT key, id FROM sent").fetchall()
-    return {"delivered": box.delivered(), "attempts": box.attempts(),
-            "idempotency_keys": [r[0] for r in rows], "message_ids": [r[1] for r in rows]}
+    return {
+        "delivered": box.delivered(),
+        "attempts": box.attempts(),
+        "idempotency_keys": [r[0] for r in rows],
+        "message_ids": [r[1] for r in rows],
+    }
 
 
-def run_demo(crash_at: int = 40, directory: Path | None = None, latency: float | None = None,
-             as_json: bool = False, quiet: bool = False) -> int:
+def run_demo(
+    crash_at: int = 40,
+    directory: Path | None = None,
+    latency: float | None = None,
+    as_json: bool = False,
+    quiet: bool = False,
+) -> int:
     """Run the demo; returns the exit code (0 when it showed what it should)."""
     from .runner import ConsoleProgress, Progress, run_notebook
     from .sim import ledger_calls
@@ -122,24 +136,34 @@ def run_demo(crash_at: int = 40, directory: Path | None = None, latency: float |
     def progress() -> Progress:
         return ConsoleProgress() if talk else Progress()
 
-    say(f"nbdurable demo: a research agent asks {SUBQUESTIONS} sub-questions (a search and an "
-        "answer each), writes a report and mails it.")
-    say(f"The model, search and mail are simulated offline ({latency:g} s per call). "
-        f"Working in {work}")
+    say(
+        f"nbdurable demo: a research agent asks {SUBQUESTIONS} sub-questions (a search and an "
+        "answer each), writes a report and mails it."
+    )
+    say(
+        f"The model, search and mail are simulated offline ({latency:g} s per call). "
+        f"Working in {work}"
+    )
     say()
     say(f"1) First attempt: the kernel will be killed inside answer:{crash_at}.")
     first = run_notebook(notebook, retries=0, store=store, env=env, progress=progress())
     first_calls = ledger_calls(ledger)
     if first.status != "kernel died":
-        print(f"nbdurable demo: error: the first attempt was meant to die in answer:{crash_at} "
-              f"but ended with {first.status!r}; see {notebook}", file=sys.stderr)
+        print(
+            f"nbdurable demo: error: the first attempt was meant to die in answer:{crash_at} "
+            f"but ended with {first.status!r}; see {notebook}",
+            file=sys.stderr,
+        )
         return 1
     say()
     say(f"2) Resume: nbdurable run {notebook}")
     resume = run_notebook(notebook, store=store, env=env, progress=progress())
     if resume.exit_code != 0:
-        print(f"nbdurable demo: error: the resume ended with {resume.status!r} "
-              f"(exit {resume.exit_code}); see {notebook}", file=sys.stderr)
+        print(
+            f"nbdurable demo: error: the resume ended with {resume.status!r} "
+            f"(exit {resume.exit_code}); see {notebook}",
+            file=sys.stderr,
+        )
         return resume.exit_code
     calls = ledger_calls(ledger)
     resume_calls = calls[len(first_calls) :]
@@ -153,15 +177,24 @@ def run_demo(crash_at: int = 40, directory: Path | None = None, latency: float |
     restart = _spent(returned + resume_calls, resume.seconds + saved_seconds)
     with_nbd, without = _plus(spent_first, spent_resume), _plus(spent_first, restart)
     summary = {
-        "dir": str(work), "notebook": str(notebook), "crash_at": crash_at, "latency": latency,
+        "dir": str(work),
+        "notebook": str(notebook),
+        "crash_at": crash_at,
+        "latency": latency,
         "ledger": str(ledger),
-        "first_attempt": spent_first, "resume": spent_resume, "restart_from_zero": restart,
-        "with_nbdurable": with_nbd, "without_nbdurable": without,
-        "saved": {k: round(without[k] - with_nbd[k], 6) for k in ("calls", "tokens", "cost",
-                                                                   "seconds")},
+        "first_attempt": spent_first,
+        "resume": spent_resume,
+        "restart_from_zero": restart,
+        "with_nbdurable": with_nbd,
+        "without_nbdurable": without,
+        "saved": {
+            k: round(without[k] - with_nbd[k], 6) for k in ("calls", "tokens", "cost", "seconds")
+        },
         "kernel_deaths": first.deaths + resume.deaths,
-        "replayed": {"steps": (resume.saved or {}).get("steps"),
-                     "calls": (resume.saved or {}).get("calls")},
+        "replayed": {
+            "steps": (resume.saved or {}).get("steps"),
+            "calls": (resume.saved or {}).get("calls"),
+        },
         "notification": _mail(mailbox),
     }
     if as_json:
@@ -173,9 +206,11 @@ def run_demo(crash_at: int = 40, directory: Path | None = None, latency: float |
 
 
 def _table(s: dict[str, Any], store: Path) -> str:
-    cols = [("first attempt", s["first_attempt"], ""),
-            ("resume (nbdurable)", s["resume"], ""),
-            ("restart from zero", s["restart_from_zero"], "≈ ")]
+    cols = [
+        ("first attempt", s["first_attempt"], ""),
+        ("resume (nbdurable)", s["resume"], ""),
+        ("restart from zero", s["restart_from_zero"], "≈ "),
+    ]
     rows = [("", *(c[0] for c in cols))]
     rows.append(("model + search calls", *(f"{c[1]['calls']:,}" for c in cols)))
     rows.append(("tokens", *(f"{c[1]['tokens']:,}" for c in cols)))
@@ -183,20 +218,21 @@ def _table(s: dict[str, Any], store: Path) -> str:
     rows.append(("time", *(f"{c[2]}{c[1]['seconds']:.1f} s" for c in cols)))
     w0 = max(len(r[0]) for r in rows)
     widths = [max(len(r[i]) for r in rows) for i in range(1, 4)]
-    lines = ["  ".join([r[0].ljust(w0), *(v.rjust(w) for v, w in zip(r[1:], widths,
-                                                                      strict=True))])
-             for r in rows]
+    lines = [
+        "  ".join([r[0].ljust(w0), *(v.rjust(w) for v, w in zip(r[1:], widths, strict=True))])
+        for r in rows
+    ]
 
     def total(d: dict[str, Any]) -> str:
-        return f"{d['calls']:,} calls, {d['tokens']:,} tokens, ${d['cost']:.3f}, {d['seconds']:.1f} s"
+        return (
+            f"{d['calls']:,} calls, {d['tokens']:,} tokens, ${d['cost']:.3f}, {d['seconds']:.1f} s"
+        )
 
     saved, mail = s["saved"], s["notification"]
     nb = s["notebook"]
-    hint = "" if store == Path(nb).parent / ".nbdurable" else f" --store {store}"
-    import os
-
-    if os.environ.get("NBDURABLE_DIR"):
-        hint = f" --store {store}"
+    # The demo's store is the default one beside the notebook, unless NBDURABLE_DIR
+    # points the commands elsewhere.
+    hint = f" --store {store}" if os.environ.get("NBDURABLE_DIR") else ""
     lines += [
         "",
         f"with nbdurable     first attempt + resume:            {total(s['with_nbdurable'])}",

@@ -262,7 +262,7 @@ class Session:
                 data = self.store.get_blob(var.ref)
                 if data is None:
                     raise CorruptRecord(f"the saved value of {var.name!r} is missing")
-                restored[var.name] = values.adopt(values.loads(data), ns)
+                restored[var.name] = values.adopt(values.loads(data, ns), ns)
         except Exception as exc:  # a damaged blob, a module gone, a failing __setstate__
             warn(f"step {label!r}: cannot restore its variables ({exc}); the step runs again.")
             return False

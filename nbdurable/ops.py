@@ -146,7 +146,8 @@ def step_infos(
                 st,
                 live.get(key),
                 None,
-                notebook is None or not cells,
+                # A step this kernel ran is in the notebook, even if not saved yet.
+                notebook is None or not cells or key in live,
             )
         )
     n, size = store.stats(rk.subs_prefix(RUN_SCOPE))
@@ -250,16 +251,17 @@ def clear(store: Store, run_id: str, step_keys: list[str]) -> list[str]:
     states = _states(store, rk)
     cleared = set(step_keys)
     stale: dict[str, str] = {}
-    frontier = list(step_keys)
+    # (step, the cleared step it depends on): a dependant's dependants name the cleared one.
+    frontier = [(key, key) for key in step_keys]
     while frontier:
-        upstream = frontier.pop()
+        upstream, root = frontier.pop()
         for key, rec in records.items():
             if rec is None or key in cleared or key in stale:
                 continue
             if upstream in rec.input_from.values():
-                up = records.get(upstream)
-                stale[key] = f"upstream step {(up.name if up else upstream)!r} was cleared"
-                frontier.append(key)
+                up = records.get(root)
+                stale[key] = f"upstream step {(up.name if up else root)!r} was cleared"
+                frontier.append((key, root))
     deletes = []
     for key in step_keys:
         deletes += [rk.step(key), rk.state(key)]

@@ -165,8 +165,10 @@ class RunResult:
             "kernel_deaths": self.deaths,
             "retries": self.retries,
             "seconds": round(self.seconds, 3),
-            "steps": {k: self.steps.get(k, 0) for k in ("replayed", "executed", "invalidated",
-                                                         "failed", "kernel died")},
+            "steps": {
+                k: self.steps.get(k, 0)
+                for k in ("replayed", "executed", "invalidated", "failed", "kernel died")
+            },
             "calls": {"made": self.calls_made, "replayed": saved.get("calls")},
             "seconds_saved": saved.get("seconds"),
             "attempts": [asdict(a) for a in self.attempts],
@@ -204,21 +206,24 @@ class Progress:
         """The run is over."""
 
 
-_SYMBOLS = {"replayed": "↻", "executed": "✓", "invalidated": "✓", "failed": "✗",
-            "kernel died": "✗"}
-_ASCII = {"replayed": "=", "executed": "+", "invalidated": "+", "failed": "x",
-          "kernel died": "x"}
+_SYMBOLS = {"replayed": "↻", "executed": "✓", "invalidated": "✓", "failed": "✗", "kernel died": "✗"}
+_ASCII = {"replayed": "=", "executed": "+", "invalidated": "+", "failed": "x", "kernel died": "x"}
 
 
 def _plural(n: int, word: str) -> str:
     return f"{n} {word}{'' if n == 1 else 's'}"
 
 
+def _secs(t: float) -> str:
+    return f"{t:.2f} s" if t < 0.1 else f"{t:.1f} s"
+
+
 class ConsoleProgress(Progress):
     """One line per step on ``out``; a live bar on ``bar`` when it is a terminal."""
 
-    def __init__(self, out: IO[str] | None = None, bar: IO[str] | None = None,
-                 live: bool | None = None) -> None:
+    def __init__(
+        self, out: IO[str] | None = None, bar: IO[str] | None = None, live: bool | None = None
+    ) -> None:
         self.out = out or sys.stdout
         self.bar = bar or sys.stderr
         self.live = self.bar.isatty() if live is None else live
@@ -254,23 +259,29 @@ class ConsoleProgress(Progress):
         filled = int(width * self._done / max(self._cells, 1))
         elapsed = time.monotonic() - self._since
         subs = f" · {_plural(self._subs, 'sub-step')}" if self._subs else ""
-        text = (f"  [{'#' * filled}{'-' * (width - filled)}] {self._done}/{self._cells} cells"
-                f" · {self._label}{subs} · {elapsed:4.1f} s")
+        text = (
+            f"  [{'#' * filled}{'-' * (width - filled)}] {self._done}/{self._cells} cells"
+            f" · {self._label}{subs} · {elapsed:4.1f} s"
+        )
         self.bar.write("\r\033[K" + text)
         self.bar.flush()
         self._drawn = True
 
     def begin(self, result: RunResult, cells: int) -> None:
+        """Print the run's header line."""
         self._cells = cells
         where = f" in {result.store}" if result.store else ""
         self._line(f"nbdurable run {result.notebook.name} (run {result.run_id!r}{where})")
 
     def attempt(self, number: int) -> None:
+        """Announce a new kernel after a death."""
         if number > 1:
-            self._line(f"attempt {number}: new kernel, running from the top "
-                       "(recorded steps replay)")
+            self._line(
+                f"attempt {number}: new kernel, running from the top (recorded steps replay)"
+            )
 
     def cell_started(self, index: int, label: str | None, done: int) -> None:
+        """Show the cell on the live bar."""
         with self._lock:
             self._done = done
             self._label = label or f"cell #{index + 1}"
@@ -279,46 +290,68 @@ class ConsoleProgress(Progress):
             self._draw()
 
     def tick(self, subs: int) -> None:
+        """Update the live bar's sub-step count."""
         with self._lock:
             self._subs = subs
             self._draw()
 
     def cell_done(self, cell: CellOutcome) -> None:
+        """Print the step's line: its outcome, time, calls."""
+        self._label = None  # the bar returns with the next cell
         if cell.outcome == "replayed":
-            calls = f"{_plural(cell.calls_replayed, 'call')} replayed, " if cell.calls_replayed else ""
-            info = f"{calls}saved {cell.seconds_saved:.1f} s"
+            calls = (
+                f"{_plural(cell.calls_replayed, 'call')} replayed, " if cell.calls_replayed else ""
+            )
+            info = f"{calls}saved {_secs(cell.seconds_saved)}"
         elif cell.outcome in ("executed", "invalidated"):
-            info = _plural(cell.calls_made, "call") + " made"
-            if cell.calls_replayed:
-                info += f", {cell.calls_replayed} replayed"
+            made = [_plural(cell.calls_made, "call") + " made"] if cell.calls_made else []
+            replayed = [f"{cell.calls_replayed} replayed"] if cell.calls_replayed else []
+            info = ", ".join(made + replayed)
         elif cell.outcome == "kernel died":
             info = f"{_plural(cell.calls_made, 'call')} recorded before it died"
         else:
             info = ""
         detail = f" — {cell.detail}" if cell.detail else ""
-        self._line(f"  {self._sym[cell.outcome]} {cell.label:<20} {cell.outcome:<12} "
-                   f"{cell.seconds:6.1f} s  {info}{detail}".rstrip())
+        self._line(
+            f"  {self._sym[cell.outcome]} {cell.label:<20} {cell.outcome:<12} "
+            f"{cell.seconds:6.1f} s  {info}{detail}".rstrip()
+        )
 
     def kernel_died(self, attempt: Attempt, retrying: bool, result: RunResult) -> None:
-        where = "before the first cell" if attempt.died_in is None else f"in cell #{attempt.died_in + 1}"
-        then = (f"restarting ({result.deaths} of {result.retries} retries used)" if retrying
-                else f"giving up (--retries {result.retries})")
+        """Print where the kernel died and what happens next."""
+        self._label = None
+        where = (
+            "before the first cell"
+            if attempt.died_in is None
+            else f"in cell #{attempt.died_in + 1}"
+        )
+        if retrying:
+            then = f"restarting ({result.deaths} of {result.retries} retries used)"
+        else:
+            then = f"no retries left (--retries {result.retries})"
         self._line(f"kernel died {where} after {attempt.seconds:.1f} s; {then}")
         if attempt.kernel_log:
             self._line("  kernel said: " + attempt.kernel_log.replace("\n", "\n  kernel said: "))
 
     def end(self, result: RunResult) -> None:
+        """Print the summary."""
         with self._lock:
             self._label = None
             self._clear_bar()
         steps = result.steps
         saved = result.saved or {}
-        parts = [f"{steps.get(k, 0)} {k}" for k in ("replayed", "executed", "invalidated",
-                                                    "failed") if steps.get(k)]
+        parts = [
+            f"{steps.get(k, 0)} {k}"
+            for k in ("replayed", "executed", "invalidated", "failed")
+            if steps.get(k)
+        ]
         lines = [
             f"{result.status} in {result.seconds:.1f} s"
-            + (f" · survived {_plural(result.deaths, 'kernel death')}"
-               if result.deaths and result.status != "kernel died" else ""),
+            + (
+                f" · survived {_plural(result.deaths, 'kernel death')}"
+                if result.deaths and result.status != "kernel died"
+                else ""
+            ),
             "steps: " + (", ".join(parts) or "none"),
             f"calls: {result.calls_made} made, {saved.get('calls', 0)} replayed"
             f" · time saved {saved.get('seconds', 0.0):.1f} s",
@@ -333,10 +366,10 @@ class ConsoleProgress(Progress):
 
 def read_notebook(path: Path) -> Any:
     """The notebook at ``path`` as an nbformat v4 node; bad input raises :class:`UsageProblem`."""
-    import nbformat
-
     if not path.is_file():
         raise UsageProblem(f"no notebook at {path}: check the path (expected an .ipynb file)")
+    import nbformat  # slow to import (jsonschema): only once the input is known to be good
+
     try:
         return nbformat.read(path, as_version=4)
     except Exception as exc:  # nbformat raises many types for a file that is not a notebook
@@ -383,9 +416,19 @@ class _Run:
     """One ``nbdurable run``: attempts until the notebook completes or retries run out."""
 
     def __init__(
-        self, notebook: Path, *, output: Path | None, retries: int, run_name: str | None,
-        timeout: int | None, cwd: Path, kernel: str | None, store: Path | None,
-        env: Mapping[str, str], progress: Progress, startup_timeout: int,
+        self,
+        notebook: Path,
+        *,
+        output: Path | None,
+        retries: int,
+        run_name: str | None,
+        timeout: int | None,
+        cwd: Path,
+        kernel: str | None,
+        store: Path | None,
+        env: Mapping[str, str],
+        progress: Progress,
+        startup_timeout: int,
     ) -> None:
         from .store import RunKeys
 
@@ -404,13 +447,15 @@ class _Run:
         self.kernel_env = {**os.environ, **env, "NBDURABLE_NOTEBOOK": str(notebook)}
         if store is not None:
             self.kernel_env["NBDURABLE_DIR"] = str(store)
-        name = kernel or (self.nb.metadata.get("kernelspec") or {}).get("name")
-        if name:
-            _check_kernel(name)
+        if kernel:
+            _check_kernel(kernel, "--kernel")
+        elif (self.nb.metadata.get("kernelspec") or {}).get("name"):
+            _check_kernel(self.nb.metadata.kernelspec.name, "the notebook's kernelspec")
         self.steps = self._step_cells()
         self.store = self._open_store()
-        self.result = RunResult(notebook, output, run_id, self.store_dir if self.store else None,
-                                retries)
+        self.result = RunResult(
+            notebook, output, run_id, self.store_dir if self.store else None, retries
+        )
         # The cell executing now: (index, step key or None, wall-clock start).
         self.current: tuple[int, str | None, float] | None = None
         self.done = 0  # code cells finished in this attempt
@@ -484,8 +529,12 @@ class _Run:
         nb = copy.deepcopy(self.nb)
         kw: dict[str, Any] = {"kernel_name": self.kernel} if self.kernel else {}
         client = NotebookClient(
-            nb, timeout=self.timeout, startup_timeout=self.startup_timeout,
-            resources={"metadata": {"path": str(self.cwd)}}, on_cell_execute=self._stamp, **kw,
+            nb,
+            timeout=self.timeout,
+            startup_timeout=self.startup_timeout,
+            resources={"metadata": {"path": str(self.cwd)}},
+            on_cell_execute=self._stamp,
+            **kw,
         )
         self.client, self.nb_out, self.done = client, nb, 0
         att = Attempt(number, started=time.time())
@@ -510,10 +559,17 @@ class _Run:
                         for index, cell in enumerate(nb.cells):
                             await self._cell(client, att, pre, index, cell)
                         att.outcome = "completed"
-                    except (CellExecutionError, CellTimeoutError) as exc:
+                    except CellExecutionError as exc:
                         att.outcome = "cell error"
                         self._cell_error(exc)
-                    self.result.saved = await self._savings(client)
+                    except CellTimeoutError as exc:
+                        att.outcome = "cell error"
+                        self._cell_error(exc)
+                        # The kernel is still busy with the cell: ask it nothing more,
+                        # and do not wait for it to finish before shutting it down.
+                        client.shutdown_kernel = "immediate"
+                    if client.shutdown_kernel != "immediate":
+                        self.result.saved = await self._savings(client)
                     client.set_widgets_metadata()
             except DeadKernelError:
                 # nbclient turns a cancelled wait into DeadKernelError, so Ctrl-C lands here too.
@@ -541,7 +597,7 @@ class _Run:
         return att
 
     def _stamp(self, cell: Any, cell_index: int) -> None:
-        """nbclient hook: put the cell's id and index on its execute request."""
+        """Hook for nbclient: put the cell's id and index on its execute request."""
         md: dict[str, Any] = {"nbdurable": {"position": cell_index}}
         if cell.get("id"):
             md["cellId"] = cell["id"]
@@ -575,14 +631,20 @@ class _Run:
         if info is not None and "language_info" in info["content"]:
             client.nb.metadata["language_info"] = info["content"]["language_info"]
 
-    async def _silent(self, client: Any, code: str, expressions: dict[str, str] | None = None
-                      ) -> dict[str, Any] | None:
+    async def _silent(
+        self, client: Any, code: str, expressions: dict[str, str] | None = None
+    ) -> dict[str, Any] | None:
         from nbclient.util import ensure_async
 
-        msg_id = await ensure_async(client.kc.execute(
-            code, silent=True, store_history=False, user_expressions=expressions or {},
-            stop_on_error=False,
-        ))
+        msg_id = await ensure_async(
+            client.kc.execute(
+                code,
+                silent=True,
+                store_history=False,
+                user_expressions=expressions or {},
+                stop_on_error=False,
+            )
+        )
         reply = await client.async_wait_for_reply(msg_id)
         return None if reply is None else reply["content"]
 
@@ -590,7 +652,11 @@ class _Run:
         code = f"__import__('nbdurable.engine').engine.get_session().set_run({self.run_name!r})"
         content = await self._silent(client, code)
         if content is None or content.get("status") != "ok":
-            why = "no reply" if content is None else f"{content.get('ename')}: {content.get('evalue')}"
+            why = (
+                "no reply"
+                if content is None
+                else f"{content.get('ename')}: {content.get('evalue')}"
+            )
             raise UsageProblem(
                 f"the kernel could not switch to run {self.run_name!r} ({why}); "
                 "is nbdurable installed in the kernel's environment?"
@@ -611,8 +677,9 @@ class _Run:
         steps, calls, seconds, run_id = data
         return {"steps": steps, "calls": calls, "seconds": round(seconds, 3), "run": run_id}
 
-    async def _cell(self, client: Any, att: Attempt, pre: dict[str, Any], index: int,
-                    cell: Any) -> None:
+    async def _cell(
+        self, client: Any, att: Attempt, pre: dict[str, Any], index: int, cell: Any
+    ) -> None:
         from nbclient.exceptions import CellExecutionError, CellTimeoutError
 
         if cell.cell_type != "code" or not cell.source.strip():
@@ -623,13 +690,23 @@ class _Run:
         self.current = (index, key, started)
         self.progress.cell_started(index, label, self.done)
         try:
-            await client.async_execute_cell(cell, index,
-                                            execution_count=client.code_cells_executed + 1)
+            await client.async_execute_cell(
+                cell, index, execution_count=client.code_cells_executed + 1
+            )
         except (CellExecutionError, CellTimeoutError) as exc:
-            what = (f"{exc.ename}: {exc.evalue}" if isinstance(exc, CellExecutionError)
-                    else "timed out")
-            att.cells.append(CellOutcome(index, key, label or f"cell #{index + 1}", "failed",
-                                         what[:200], time.perf_counter() - t0))
+            what = (
+                f"{exc.ename}: {exc.evalue}" if isinstance(exc, CellExecutionError) else "timed out"
+            )
+            att.cells.append(
+                CellOutcome(
+                    index,
+                    key,
+                    label or f"cell #{index + 1}",
+                    "failed",
+                    what[:200],
+                    time.perf_counter() - t0,
+                )
+            )
             self.progress.cell_done(att.cells[-1])
             raise
         self.current = None
@@ -654,9 +731,11 @@ class _Run:
             if before is not None and before.state == "not replayable":
                 out.detail = before.detail
             elif existed:
+                # A record was there and did not replay. Only a code change (or an
+                # upstream clear) shows without a kernel; inputs are judged inside it.
                 out.outcome = "invalidated"
-                detail = before.detail if before is not None else ""
-                out.detail = detail or "an input changed"
+                known = before is not None and before.state in ("invalidated", "pinned")
+                out.detail = (before.detail if known else "") or "its code or inputs changed"
         att.cells.append(out)
         self.progress.cell_done(out)
 
@@ -676,18 +755,21 @@ class _Run:
         index, key, started = self.current
         label = self.steps.get(index, (None, f"cell #{index + 1}"))[1]
         made = self._made_since(self.rk.subs_prefix(key), started) if key else 0
-        att.cells.append(CellOutcome(index, key, label, "kernel died", "",
-                                     time.time() - started, calls_made=made))
+        att.cells.append(
+            CellOutcome(
+                index, key, label, "kernel died", "", time.time() - started, calls_made=made
+            )
+        )
         self.progress.cell_done(att.cells[-1])
 
     def _poll(self, stop: threading.Event) -> None:
         """Feed the live bar: sub-steps recorded so far by the running step."""
         while not stop.wait(0.2):
             cur = self.current
-            if cur is None or cur[1] is None:
+            if cur is None:
                 continue
             try:
-                n, _ = self.store.stats(self.rk.subs_prefix(cur[1]))
+                n = self.store.stats(self.rk.subs_prefix(cur[1]))[0] if cur[1] else 0
             except Exception:  # a display must never break a run
                 continue
             self.progress.tick(n)
@@ -703,7 +785,8 @@ class _Run:
                 self.progress.attempt(number)
                 att = self.attempt(number)
                 result.attempts.append(att)
-                if att.outcome == "interrupted":
+                # A Ctrl-C can also reach the kernel and surface as a cell error.
+                if att.outcome == "interrupted" or self.interrupted:
                     result.interrupted = True
                     break
                 if att.outcome != "kernel died":
@@ -713,7 +796,9 @@ class _Run:
             result.seconds = time.perf_counter() - t0
             if self.store is not None:
                 self.store.close()
-        if not result.interrupted:
+        if result.interrupted:
+            result.output = None  # the notebook on disk is left as it was
+        else:
             target = result.output or self.notebook
             _write_atomic(self.nb_out, target)
             result.output = target
@@ -751,6 +836,8 @@ def run_notebook(
     if timeout is not None and timeout <= 0:
         raise UsageProblem(f"timeout must be a positive number of seconds, got {timeout}")
     path = Path(notebook).expanduser().absolute()
+    if not path.is_file():
+        raise UsageProblem(f"no notebook at {path}: check the path (expected an .ipynb file)")
     env = dict(env or {})
     if store is None and env.get("NBDURABLE_DIR"):
         store = env["NBDURABLE_DIR"]
@@ -761,17 +848,30 @@ def run_notebook(
     out = Path(output).expanduser().absolute() if output is not None else None
     if out is not None and not out.parent.is_dir():
         raise UsageProblem(f"cannot write {out}: its directory {out.parent} does not exist")
-    run = _Run(path, output=out, retries=retries, run_name=run_name, timeout=timeout,
-               cwd=workdir, kernel=kernel, store=store_path, env=env,
-               progress=progress or Progress(), startup_timeout=startup_timeout)
+    run = _Run(
+        path,
+        output=out,
+        retries=retries,
+        run_name=run_name,
+        timeout=timeout,
+        cwd=workdir,
+        kernel=kernel,
+        store=store_path,
+        env=env,
+        progress=progress or Progress(),
+        startup_timeout=startup_timeout,
+    )
     return run.run()
 
 
-def _check_kernel(name: str) -> None:
+def _check_kernel(name: str, asked_by: str) -> None:
     from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
 
     try:
         KernelSpecManager().get_kernel_spec(name)
     except NoSuchKernel:
         known = ", ".join(sorted(KernelSpecManager().find_kernel_specs())) or "none"
-        raise UsageProblem(f"no kernel named {name!r} (installed kernels: {known})") from None
+        raise UsageProblem(
+            f"{asked_by} names kernel {name!r}, which is not installed (installed kernels: "
+            f"{known}); pass --kernel NAME"
+        ) from None

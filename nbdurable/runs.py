@@ -58,6 +58,7 @@ class _Run:
     subs: dict[str, list[str]] = field(default_factory=dict)  # scope -> keys
     run_id: str | None = None
     last: float | None = None
+    unreadable: list[str] = field(default_factory=list)  # keys that failed to verify
 
     @property
     def base(self) -> str:
@@ -91,6 +92,8 @@ def _read_runs(store: Store) -> dict[str, _Run]:
         run = runs.setdefault(parts[1], _Run(parts[1]))
         run.keys.append(key)
         rest = key[len(run.base) :]
+        if _header(store, key) is None:
+            run.unreadable.append(key)
         if rest == "meta":
             run.meta = _header(store, key)
             if run.meta:
@@ -130,12 +133,19 @@ def list_runs(store: Store) -> list[RunInfo]:
         for h in run.steps.values():
             refs |= _blob_refs(h or {})
         size += sum(store.size_of("b/" + sha) for sha in refs)
-        out.append(RunInfo(
-            run=run.run_id or f"(unknown run {run.hash})", hash=run.hash,
-            notebook=(run.meta or {}).get("notebook"), steps=len(run.steps),
-            substeps=sum(len(v) for v in run.subs.values()), pinned=len(run.pinned()),
-            keys=n, size=size, last=run.last,
-        ))
+        out.append(
+            RunInfo(
+                run=run.run_id or f"(unknown run {run.hash})",
+                hash=run.hash,
+                notebook=(run.meta or {}).get("notebook"),
+                steps=len(run.steps),
+                substeps=sum(len(v) for v in run.subs.values()),
+                pinned=len(run.pinned()),
+                keys=n,
+                size=size,
+                last=run.last,
+            )
+        )
     return sorted(out, key=lambda r: -(r.last or 0))
 
 
@@ -161,8 +171,7 @@ def _jsonable(value: Any) -> Any:
         return value
     except (TypeError, ValueError, RecursionError):
         text = repr(value)
-        return {"type": type_name(value),
-                "repr": text if len(text) <= 500 else text[:500] + "…"}
+        return {"type": type_name(value), "repr": text if len(text) <= 500 else text[:500] + "…"}
 
 
 def _load_value(data: bytes, type_name: str) -> Any:
@@ -191,18 +200,28 @@ def export_run(
     for info in ops.step_infos(store, run_id, notebook):
         rec = None if info.key == RUN_SCOPE else _header(store, rk.step(info.key))
         step: dict[str, Any] = {
-            "key": info.key, "label": info.label, "state": info.state, "detail": info.detail,
-            "position": info.position, "pinned": info.pinned, "size": info.size,
+            "key": info.key,
+            "label": info.label,
+            "state": info.state,
+            "detail": info.detail,
+            "position": info.position,
+            "pinned": info.pinned,
+            "size": info.size,
         }
         if rec is not None:
-            step.update({
-                "started": rec["started"], "duration": rec["duration"],
-                "source_fp": rec["source_fp"], "inputs": rec["inputs"],
-                "input_from": rec["input_from"], "deleted": rec["deleted"],
-                "substep_calls": rec.get("substeps", 0),
-                "variables": [_variable(store, v, with_values) for v in rec["variables"]],
-                "outputs": len(rec["outputs"]),
-            })
+            step.update(
+                {
+                    "started": rec["started"],
+                    "duration": rec["duration"],
+                    "source_fp": rec["source_fp"],
+                    "inputs": rec["inputs"],
+                    "input_from": rec["input_from"],
+                    "deleted": rec["deleted"],
+                    "substep_calls": rec.get("substeps", 0),
+                    "variables": [_variable(store, v, with_values) for v in rec["variables"]],
+                    "outputs": len(rec["outputs"]),
+                }
+            )
             if with_values:
                 step["source"] = rec["source"]
                 step["output_data"] = rec["outputs"]
@@ -210,9 +229,12 @@ def export_run(
         steps.append(step)
     meta = _header(store, rk.meta) or {}
     return {
-        "format": EXPORT_FORMAT, "run": run_id, "notebook": meta.get("notebook") or (
-            str(notebook) if notebook else None),
-        "store": str(store.path), "exported_at": time.time(), "values": with_values,
+        "format": EXPORT_FORMAT,
+        "run": run_id,
+        "notebook": meta.get("notebook") or (str(notebook) if notebook else None),
+        "store": str(store.path),
+        "exported_at": time.time(),
+        "values": with_values,
         "steps": steps,
     }
 
@@ -242,13 +264,14 @@ def _substeps(store: Store, prefix: str, with_values: bool) -> list[dict[str, An
         try:
             got = store.get(key)
         except CorruptRecord as exc:
-            subs.append({"id": key[len(prefix):], "error": str(exc), "started": None})
+            subs.append({"id": key[len(prefix) :], "error": str(exc), "started": None})
             continue
         if got is None:
             continue
         header, body = got
-        sub = {k: header.get(k) for k in ("id", "fn", "args_fp", "started", "duration", "size",
-                                          "type")}
+        sub = {
+            k: header.get(k) for k in ("id", "fn", "args_fp", "started", "duration", "size", "type")
+        }
         sub["sha256"] = hashlib.sha256(body).hexdigest()
         if with_values:
             sub["value"] = _load_value(body, header.get("type", ""))
@@ -263,8 +286,11 @@ def export_lines(doc: dict[str, Any]) -> Iterator[dict[str, Any]]:
     yield {"kind": "run", **head}
     for step in doc["steps"]:
         subs = step["substeps"]
-        yield {"kind": "step", **{k: v for k, v in step.items() if k != "substeps"},
-               "substep_count": len(subs)}
+        yield {
+            "kind": "step",
+            **{k: v for k, v in step.items() if k != "substeps"},
+            "substep_count": len(subs),
+        }
         for sub in subs:
             yield {"kind": "sub", "step": step["key"], **sub}
 
@@ -309,8 +335,9 @@ def parse_age(text: str) -> float:
     return value * units[unit]
 
 
-def gc(store: Store, older_than: float, dry_run: bool = False,
-       now: float | None = None) -> GcReport:
+def gc(
+    store: Store, older_than: float, dry_run: bool = False, now: float | None = None
+) -> GcReport:
     """Remove runs idle for more than ``older_than`` seconds, except their pinned steps.
 
     A pinned step keeps its record, its state, its sub-steps and its run's
@@ -324,9 +351,17 @@ def gc(store: Store, older_than: float, dry_run: bool = False,
     runs = _read_runs(store)
     deletes: list[str] = []
     for run in runs.values():
+        name = run.run_id or f"(unknown run {run.hash})"
+        if run.unreadable:
+            # Its age and pins cannot be known: often the records were written with
+            # another store key (NBDURABLE_KEY). Never delete what cannot be read.
+            report.notes.append(
+                f"kept run {name!r}: {len(run.unreadable)} of its records fail their signature "
+                "check (written with another NBDURABLE_KEY, or damaged)"
+            )
+            continue
         if run.last is not None and run.last >= report.cutoff:
             continue
-        name = run.run_id or f"(unknown run {run.hash})"
         keep_steps = run.pinned()
         keep = {run.base + "meta"} if keep_steps else set()
         for step in keep_steps:
@@ -357,8 +392,8 @@ def gc(store: Store, older_than: float, dry_run: bool = False,
                 refs |= _blob_refs(header)
     if unreadable:
         report.notes.append(
-            f"kept every saved variable: {len(unreadable)} step record(s) could not be read "
-            f"({', '.join(unreadable[:3])}), so any variable might still be in use"
+            f"kept every saved variable: {len(unreadable)} step record(s) cannot be read "
+            f"({', '.join(unreadable[:3])}), and any of them may use any variable"
         )
     else:
         blobs = [k for k in store.scan("b/") if k[2:] not in refs]

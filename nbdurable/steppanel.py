@@ -59,24 +59,30 @@ _LOOK: dict[str, tuple[str, str, bool]] = {
 
 #: One line per state, as the README explains them.
 STATE_HELP: dict[str, str] = {
-    "recorded": "recorded in the store; a rerun replays it instead of running it",
-    "replayed": "restored from its record in this kernel: nothing was called again",
+    "recorded": "in the store; a rerun replays it instead of running it",
+    "replayed": "restored from its record in this kernel; nothing in it ran again",
     "running": "executing now; its sub-step counter moves as calls are recorded",
     "pending": "no record yet: it will run (sub-steps recorded before a crash still replay)",
-    "invalidated": "recorded, but its code or inputs changed: it will run again (reason shown)",
-    "pinned": "replayed even when invalidated; 'pinned · stale' says it would otherwise rerun",
-    "failed": "its last execution raised; nothing of it was recorded but its sub-steps",
-    "not replayable": "recorded, but a value could not be saved: the body reruns, sub-steps replay",
+    "invalidated": "recorded, but its code or inputs changed (reason shown): it will run again",
+    "pinned": "replays even when invalidated; 'pinned · stale' says it would otherwise run again",
+    "failed": "its last execution raised; only the sub-steps that finished are recorded",
+    "not replayable": "recorded, but a value could not be saved: its body reruns, sub-steps replay",
     "orphaned": "recorded in the store, but no longer in the notebook",
 }
 
 _BOUNDARY = {
-    "step-start", "step-replayed", "step-recorded", "step-failed", "step-invalidated",
-    "store-changed", "run-changed",
+    "step-start",
+    "step-replayed",
+    "step-recorded",
+    "step-failed",
+    "step-invalidated",
+    "store-changed",
+    "run-changed",
 }
 _BUTTON = widgets.Layout(width="5.5em", min_width="5.5em", margin="0 0 0 4px")
-_HIDDEN_BUTTON = widgets.Layout(width="5.5em", min_width="5.5em", margin="0 0 0 4px",
-                                visibility="hidden")
+_HIDDEN_BUTTON = widgets.Layout(
+    width="5.5em", min_width="5.5em", margin="0 0 0 4px", visibility="hidden"
+)
 
 
 def panel() -> StepPanel:
@@ -127,16 +133,21 @@ class StepPanel(widgets.VBox):
 
         self.header = widgets.HTML(layout=widgets.Layout(flex="1 1 auto"))
         self.refresh_button = widgets.Button(
-            description="Refresh", icon="refresh", tooltip="Re-read the store and the notebook",
+            description="Refresh",
+            icon="refresh",
+            tooltip="Re-read the store and the notebook",
             layout=widgets.Layout(width="7.5em", min_width="7.5em"),
         )
         self.clear_all_button = widgets.Button(
-            description="Clear all…", icon="trash", tooltip="Forget every record of this run",
+            description="Clear all…",
+            icon="trash",
+            tooltip="Forget every record of this run",
             layout=widgets.Layout(width="8em", min_width="8em", margin="0 0 0 4px"),
         )
         self.confirm_text = widgets.HTML()
-        self.confirm_button = widgets.Button(description="Confirm", button_style="danger",
-                                             layout=_BUTTON)
+        self.confirm_button = widgets.Button(
+            description="Confirm", button_style="danger", layout=_BUTTON
+        )
         self.cancel_button = widgets.Button(description="Cancel", layout=_BUTTON)
         self.confirm_box = widgets.HBox(
             [self.confirm_text, self.cancel_button, self.confirm_button],
@@ -157,7 +168,8 @@ class StepPanel(widgets.VBox):
         super().__init__(
             [toolbar, self._confirm_slot, self.rows_box, self.message],
             layout=widgets.Layout(
-                border="1px solid var(--jp-border-color2, #e0e0e0)", padding="6px 8px",
+                border="1px solid var(--jp-border-color2, #e0e0e0)",
+                padding="6px 8px",
             ),
         )
         self.add_class("nbd-panel")
@@ -195,7 +207,7 @@ class StepPanel(widgets.VBox):
                 row = self.rows.get(key)
                 if row is not None:
                     row.show(new.get(key, 0), replayed.get(key, 0))
-            self._show_header(new)
+            self._show_header()
             self._last_flush = time.monotonic()
             self.flushes += 1
 
@@ -210,8 +222,17 @@ class StepPanel(widgets.VBox):
         for key, (state, detail) in live.items():
             if key not in known and state in ("running", "failed"):
                 subs, size = s.store.stats(RunKeys(self._run_id).subs_prefix(key))
-                infos.append(StepInfo(key, self._labels.get(key, key), state, detail,
-                                      substeps=subs, size=size, calls=subs))
+                infos.append(
+                    StepInfo(
+                        key,
+                        self._labels.get(key, key),
+                        state,
+                        detail,
+                        substeps=subs,
+                        size=size,
+                        calls=subs,
+                    )
+                )
         return infos
 
     def _set_rows(self, infos: list[StepInfo]) -> None:
@@ -231,38 +252,42 @@ class StepPanel(widgets.VBox):
         if boxes != self.rows_box.children:
             self.rows_box.children = boxes
 
-    def _show_header(self, new: dict[str, int]) -> None:
-        s = self.session
+    def _summary(self) -> tuple[str, str]:
+        """``("5 recorded · 1 pending · 1 invalidated", "replay saved 3.2 s and 61 calls ...")``."""
         counts = Counter(_GROUP.get(i.state, i.state) for i in self.infos if i.key != RUN_SCOPE)
         totals = [f"{counts.get(g, 0)} {g}" for g in ("recorded", "pending", "invalidated")]
         totals += [f"{counts[g]} {g}" for g in ("failed", "orphaned") if counts.get(g)]
-        saved = s.saved
-        if saved.calls or saved.steps:
-            plural = "s" if saved.calls != 1 else ""
-            spared = (f"replay saved {_secs(saved.seconds)} and {saved.calls} call{plural} "
-                      f"in this kernel ({saved.steps} step{'s' if saved.steps != 1 else ''})")
-        else:
-            spared = "nothing replayed in this kernel yet"
+        saved = self.session.saved
+        if not (saved.calls or saved.steps):
+            return " · ".join(totals), "nothing replayed in this kernel yet"
+        calls = f"{saved.calls} call{'s' if saved.calls != 1 else ''}"
+        steps = f"{saved.steps} step{'s' if saved.steps != 1 else ''}"
+        return (
+            " · ".join(totals),
+            f"replay saved {_secs(saved.seconds)} and {calls} in this kernel ({steps})",
+        )
+
+    def _show_header(self) -> None:
+        totals, spared = self._summary()
         grey = f"color:{_GREY}"
         value = (
             f'<div class="nbd-header" style="line-height:1.5">'
-            f'<b>nbdurable</b> run <code>{_e(self._run_id)}</code> '
-            f'<span style="{grey}">in {_e(str(s.store.path))}</span><br>'
-            f'<span class="nbd-totals">{" · ".join(totals)}</span>'
+            f"<b>nbdurable</b> run <code>{_e(self._run_id)}</code> "
+            f'<span style="{grey}">in {_e(str(self.session.store.path))}</span><br>'
+            f'<span class="nbd-totals">{totals}</span>'
             f' <span style="{grey}">— <span class="nbd-saved">{_e(spared)}</span></span></div>'
         )
         if value != self.header.value:
             self.header.value = value
 
     def text(self) -> str:
-        """The panel as plain text: a header line and the ``%step list`` table."""
-        s = self.session
-        lines = [f"nbdurable run {self._run_id!r} in {s.store.path}"]
-        counts = Counter(_GROUP.get(i.state, i.state) for i in self.infos if i.key != RUN_SCOPE)
-        lines.append(" · ".join(f"{counts.get(g, 0)} {g}"
-                                for g in ("recorded", "pending", "invalidated")))
-        lines.append(ops.format_table(self.infos) if self.infos else "no steps recorded yet")
-        return "\n".join(lines)
+        """The panel as plain text: the run, its totals, and the ``%step list`` table."""
+        totals, spared = self._summary()
+        table = ops.format_table(self.infos) if self.infos else "no steps recorded yet"
+        return (
+            f"nbdurable run {self._run_id!r} in {self.session.store.path}\n"
+            f"{totals} — {spared}\n{table}"
+        )
 
     def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any]:
         data = super()._repr_mimebundle_(**kwargs) or {}
@@ -365,7 +390,8 @@ class StepPanel(widgets.VBox):
         self._ask(
             f"Clear <b>{_e(info.label)}</b> and its {n} recorded sub-step{'s' if n != 1 else ''}? "
             "They will be called again on the next run.",
-            lambda: self.clear_step(info.key), row,
+            lambda: self.clear_step(info.key),
+            row,
         )
 
     def _ask_clear_all(self) -> None:
@@ -373,7 +399,8 @@ class StepPanel(widgets.VBox):
         self._ask(
             f"Clear every record of run <b>{_e(self._run_id)}</b> ({n} step(s) with records, "
             "pins included)? Everything will run again.",
-            self.clear_all, None,
+            self.clear_all,
+            None,
         )
 
     def _ask(self, question: str, action: Callable[[], None], row: StepRow | None) -> None:
@@ -408,15 +435,17 @@ class StepPanel(widgets.VBox):
 
     def _say(self, text: str, error: bool = False) -> None:
         colour = "var(--jp-error-color1, #d32f2f)" if error else _GREY
-        self.message.value = (f'<div class="nbd-message" style="color:{colour};'
-                              f'font-size:smaller">{_e(text)}</div>')
+        self.message.value = (
+            f'<div class="nbd-message" style="color:{colour};font-size:smaller">{_e(text)}</div>'
+        )
 
     # -- lifetime ------------------------------------------------------------------------
     def close(self) -> None:
         """Stop listening to the engine and close every widget of the panel."""
-        if self.closed:
-            return
-        self.closed = True
+        with self._ui_lock:  # not in the middle of a flush
+            if self.closed:
+                return
+            self.closed = True
         self._unsubscribe()
         with self._lock:
             timer, self._timer = self._timer, None
@@ -424,9 +453,18 @@ class StepPanel(widgets.VBox):
             timer.cancel()
         for row in self.rows.values():
             row.close()
-        for w in (self.header, self.refresh_button, self.clear_all_button, self.confirm_text,
-                  self.confirm_button, self.cancel_button, self.confirm_box,
-                  self._confirm_slot, self.rows_box, self.message):
+        for w in (
+            self.header,
+            self.refresh_button,
+            self.clear_all_button,
+            self.confirm_text,
+            self.confirm_button,
+            self.cancel_button,
+            self.confirm_box,
+            self._confirm_slot,
+            self.rows_box,
+            self.message,
+        ):
             w.close()
         super().close()
 
@@ -441,17 +479,23 @@ class StepRow:
             description="Pin", layout=_HIDDEN_BUTTON if info.key == RUN_SCOPE else _BUTTON
         )
         self.clear_button = widgets.Button(description="Clear", layout=_BUTTON)
-        self.line = widgets.HBox([self.html, self.pin_button, self.clear_button],
-                                 layout=widgets.Layout(align_items="center"))
-        self.box = widgets.VBox([self.line], layout=widgets.Layout(
-            border_top="1px solid var(--jp-border-color3, #eee)", padding="2px 0"))
+        self.line = widgets.HBox(
+            [self.html, self.pin_button, self.clear_button],
+            layout=widgets.Layout(align_items="center"),
+        )
+        self.box = widgets.VBox(
+            [self.line],
+            layout=widgets.Layout(
+                border_top="1px solid var(--jp-border-color3, #eee)", padding="2px 0"
+            ),
+        )
         self.pin_button.on_click(lambda _b: owner.set_pin(self.info.key, not self.info.pinned))
         self.clear_button.on_click(lambda _b: owner._ask_clear(self))
 
     @property
     def state(self) -> str:
         """The state shown: one of :data:`nbdurable.ops.STATES`, or ``pinned-stale``."""
-        return "pinned-stale" if self.info.state == "pinned" and self.info.stale else self.info.state
+        return _shown_state(self.info)
 
     def show(self, new: int = 0, replayed: int = 0) -> None:
         """Redraw from ``self.info`` plus sub-steps counted in memory since the last reload."""
@@ -468,8 +512,10 @@ class StepRow:
             self.pin_button.description = "Unpin" if info.pinned else "Pin"
             self.pin_button.disabled = running or not (recorded or info.pinned)
             self.pin_button.tooltip = (
-                "Stop replaying this step when it is invalidated" if info.pinned
-                else "Replay this step even when its code or inputs change" if recorded
+                "Stop replaying this step when it is invalidated"
+                if info.pinned
+                else "Replay this step even when its code or inputs change"
+                if recorded
                 else "Nothing recorded to pin yet"
             )
         with self.clear_button.hold_sync():
@@ -478,7 +524,8 @@ class StepRow:
             )
             n = info.substeps + new
             self.clear_button.tooltip = (
-                f"Forget this step's record and its {n} sub-step(s) (asks first)" if n
+                f"Forget this step's record and its {n} sub-step(s) (asks first)"
+                if n
                 else "Forget this step's record"
             )
 
@@ -489,22 +536,27 @@ class StepRow:
 
 
 _GROUP = {
-    "replayed": "recorded", "pinned": "recorded", "not replayable": "recorded",
+    "replayed": "recorded",
+    "pinned": "recorded",
+    "not replayable": "recorded",
     "running": "pending",
 }
 
 
 def row_html(info: StepInfo, new: int = 0, replayed: int = 0) -> str:
     """The HTML of one row: position and label, state badge, facts, and a detail line."""
-    state = "pinned-stale" if info.state == "pinned" and info.stale else info.state
+    state = _shown_state(info)
     glyph, colour, filled = _LOOK.get(info.state, ("?", _GREY, False))
     text = "pinned · stale" if state == "pinned-stale" else info.state
     border = "dashed" if info.state in ("pending", "orphaned") else "solid"
     badge_style = (
         f"display:inline-block;min-width:9.5em;box-sizing:border-box;padding:0 8px;"
         f"border:1px {border} {colour};border-radius:10px;font-size:0.92em;white-space:nowrap;"
-        + (f"background:{colour};color:var(--jp-ui-inverse-font-color1, #fff);" if filled
-           else f"color:{colour};")
+        + (
+            f"background:{colour};color:var(--jp-ui-inverse-font-color1, #fff);"
+            if filled
+            else f"color:{colour};"
+        )
     )
     hint = info.detail or STATE_HELP.get(info.state, "")
     pos = "" if info.position is None else f"#{info.position + 1} "
@@ -512,18 +564,19 @@ def row_html(info: StepInfo, new: int = 0, replayed: int = 0) -> str:
     detail = ""
     if info.detail:
         tone = colour if info.state in ("invalidated", "failed") or info.stale else _GREY
-        detail = (f'<div class="nbd-detail" style="color:{tone};font-size:0.9em;'
-                  f'padding-left:15.5em;white-space:normal">{_e(info.detail)}</div>')
+        detail = (
+            f'<div class="nbd-detail" style="color:{tone};font-size:0.9em;'
+            f'padding-left:15.5em;white-space:normal">{_e(info.detail)}</div>'
+        )
     return (
-        f'<div class="nbd-line" data-step="{_attr(info.label)}" data-state="{_attr(state)}" '
-        f'style="display:flex;align-items:baseline;gap:0.8em;line-height:1.6">'
-        f'<span class="nbd-name" title="{_attr(info.key)}" style="flex:0 0 14em;overflow:hidden;'
-        f'text-overflow:ellipsis;white-space:nowrap"><span style="color:{_GREY}">{pos}</span>'
-        f"<b>{_e(info.label)}</b></span>"
+        f'<div class="nbd-step" data-step="{_attr(info.label)}" data-state="{_attr(state)}">'
+        f'<div class="nbd-line" style="display:flex;align-items:baseline;gap:0.8em;'
+        f'line-height:1.6"><span class="nbd-name" title="{_attr(info.key)}" style="flex:0 0 14em;'
+        f'overflow:hidden;text-overflow:ellipsis;white-space:nowrap">'
+        f'<span style="color:{_GREY}">{pos}</span><b>{_e(info.label)}</b></span>'
         f'<span class="nbd-badge" title="{_attr(hint)}" style="{badge_style}">'
         f"{glyph} {_e(text)}</span>"
-        f'<span class="nbd-facts" style="color:{_GREY};overflow:hidden;text-overflow:ellipsis;'
-        f'white-space:nowrap">{facts}</span></div>{detail}'
+        f'<span class="nbd-facts" style="color:{_GREY}">{facts}</span></div>{detail}</div>'
     )
 
 
@@ -534,14 +587,12 @@ def _facts(info: StepInfo, new: int, replayed: int) -> str:
     have = info.substeps + new
     expected = info.calls if recorded and info.key != RUN_SCOPE else 0
     if info.state == "running":
-        progress = f"{have}/{expected} recorded" if 0 < expected and have <= expected else (
-            f"{have} recorded")
+        progress = _progress(have, expected)
         if replayed:
             progress += f", {replayed} replayed"
         parts.append(f'<span class="nbd-progress">{progress}</span>')
     elif have or expected:
-        text = f"{have}/{expected} recorded" if expected and have <= expected else f"{have} recorded"
-        parts.append(f'<span class="nbd-progress">{text}</span>')
+        parts.append(f'<span class="nbd-progress">{_progress(have, expected)}</span>')
     if recorded and info.recorded_at is not None:
         when = time.localtime(info.recorded_at)
         today = time.localtime().tm_yday == when.tm_yday
@@ -558,6 +609,17 @@ def _facts(info: StepInfo, new: int, replayed: int) -> str:
     if info.size:
         parts.append(ops.human_size(info.size))
     return " · ".join(parts)
+
+
+def _shown_state(info: StepInfo) -> str:
+    return "pinned-stale" if info.state == "pinned" and info.stale else info.state
+
+
+def _progress(have: int, expected: int) -> str:
+    """``39/60 recorded`` when the step's last record says how many calls to expect."""
+    if 0 < expected and have <= expected:
+        return f"{have}/{expected} recorded"
+    return f"{have} recorded"
 
 
 def _secs(seconds: float) -> str:

@@ -49,21 +49,25 @@ class SafeDisk(diskcache.Disk):
     """A diskcache ``Disk`` that only stores and loads bytes, never pickles."""
 
     def put(self, key: Any) -> tuple[Any, bool]:
+        """Keys are plain str (stored raw, never pickled)."""
         if not isinstance(key, str):
             raise TypeError(f"nbdurable store keys are str, got {type(key).__name__}")
         return super().put(key)
 
     def get(self, key: Any, raw: bool) -> Any:
+        """Refuse a pickled key."""
         if not raw:
             raise CorruptRecord("refusing to unpickle a key planted in the store")
         return super().get(key, raw)
 
     def store(self, value: Any, read: bool, key: Any = diskcache.core.UNKNOWN) -> Any:
+        """Values are bytes (stored raw, never pickled)."""
         if not isinstance(value, bytes):
             raise TypeError(f"nbdurable store values are bytes, got {type(value).__name__}")
         return super().store(value, read, key=key)
 
     def fetch(self, mode: int, filename: str | None, value: Any, read: bool) -> Any:
+        """Refuse any value diskcache would unpickle (or decode as text)."""
         if mode not in (diskcache.core.MODE_RAW, diskcache.core.MODE_BINARY):
             raise CorruptRecord(f"refusing a store value of diskcache mode {mode} (not bytes)")
         return super().fetch(mode, filename, value, read)
@@ -83,18 +87,23 @@ class RunKeys:
 
     @property
     def meta(self) -> str:
+        """The run's metadata key."""
         return self.base + "meta"
 
     def step(self, step_key: str) -> str:
+        """The key of a step's record."""
         return f"{self.base}s/{step_key}"
 
     def state(self, step_key: str) -> str:
+        """The key of a step's pin/failure/stale state."""
         return f"{self.base}t/{step_key}"
 
     def subs_prefix(self, scope: str) -> str:
+        """The prefix of every sub-step key of ``scope`` (a step key or RUN_SCOPE)."""
         return f"{self.base}u/{scope}/"
 
     def sub(self, scope: str, sub_id: str) -> str:
+        """The key of one sub-step."""
         return f"{self.base}u/{scope}/{sub_id}"
 
 
@@ -168,7 +177,9 @@ class Store:
         payload = _HDR.pack(len(head)) + head + body
         return MAGIC + self._sign(key, payload) + payload
 
-    def _decode(self, key: str, raw: Any) -> tuple[dict[str, Any], bytes]:
+    def _decode(
+        self, key: str, raw: Any, *, newer_ok: bool = False
+    ) -> tuple[dict[str, Any], bytes]:
         if not isinstance(raw, bytes) or len(raw) < len(MAGIC) + _SIG + _HDR.size:
             raise CorruptRecord(f"record {key!r} is truncated or not an nbdurable record")
         if not raw.startswith(MAGIC):
@@ -186,7 +197,7 @@ class Store:
         except ValueError as exc:
             raise CorruptRecord(f"record {key!r} has an unreadable header") from exc
         fmt = header.get("format", FORMAT_VERSION)
-        if not isinstance(fmt, int) or fmt > FORMAT_VERSION:
+        if not newer_ok and (not isinstance(fmt, int) or fmt > FORMAT_VERSION):
             raise CorruptRecord(
                 f"record {key!r} has format {fmt}, newer than this nbdurable reads "
                 f"({FORMAT_VERSION}); upgrade nbdurable to replay it"
@@ -194,7 +205,10 @@ class Store:
         return header, payload[_HDR.size + n :].tobytes()
 
     def _check_format(self) -> None:
-        found = self.get("meta/format")
+        # Read past the per-record format check: a newer store must be reported as
+        # such (FormatVersionError), not as one unreadable record.
+        raw = self._cache.get("meta/format", default=None, retry=True)
+        found = None if raw is None else self._decode("meta/format", raw, newer_ok=True)
         if found is None:
             self.put("meta/format", {"format": FORMAT_VERSION, "created": time.time()})
             return
@@ -301,7 +315,7 @@ class Store:
 
     # -- blobs: variables stored once by content --------------------------------
     def put_blob(self, data: bytes) -> tuple[str, int]:
-        """Store ``data`` under its SHA-256 unless already there; return ``(sha, bytes written)``."""
+        """Store ``data`` under its SHA-256 unless there; return ``(sha, bytes written)``."""
         sha = hashlib.sha256(data).hexdigest()
         key = "b/" + sha
         if key in self._cache:

@@ -164,7 +164,7 @@ def _lookup(session: Session, store_key: str, where: str, args_fp: str) -> Any:
         if mode != "replay":
             return _ENOVAL
     try:
-        value = values.loads(body)
+        value = values.loads(body, session.user_ns)
     except Exception as exc:
         warn(f"{where}: its recorded value cannot be loaded ({exc!r}); calling again.")
         return _ENOVAL

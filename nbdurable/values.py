@@ -2,14 +2,20 @@
 
 Values are pickled with cloudpickle, which saves functions and classes
 defined in the notebook (module ``__main__``) by value, so they come back
-after a restart. Modules are never pickled: they are recorded by name and
-re-imported. Anything that cannot be pickled (an open client, a socket, a
-generator) is reported, never silently dropped.
+after a restart. A notebook class is saved as "the class of that name in the
+namespace, if it has the same fingerprint, else this copy of it": after a
+restart, the cell that defines ``class Finding`` runs again, and a replayed
+``Finding`` instance must be an instance of *that* class (``isinstance``,
+dataclass ``==``), not of a private copy. Modules are never pickled: they are
+recorded by name and re-imported. Anything that cannot be pickled (an open
+client, a socket, a generator) is reported, never silently dropped.
 """
 
 from __future__ import annotations
 
+import contextvars
 import importlib
+import io
 import pickle
 import types
 from collections.abc import Iterable
@@ -17,7 +23,14 @@ from typing import Any
 
 import cloudpickle
 
+from . import keys
+
 PROTOCOL = 5
+
+# The namespace live notebook classes are looked up in while loading (see _live_class).
+_namespace: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar(
+    "nbdurable_namespace", default=None
+)
 
 
 class Unsaveable(Exception):
@@ -27,16 +40,52 @@ class Unsaveable(Exception):
 def dumps(value: Any) -> bytes:
     """Pickle ``value``; raise :class:`Unsaveable` with the reason if it cannot be."""
     try:
-        return cloudpickle.dumps(value, protocol=PROTOCOL)
+        buffer = io.BytesIO()
+        _Pickler(buffer, protocol=PROTOCOL).dump(value)
+        return buffer.getvalue()
     except Exception as exc:  # pickling runs arbitrary __reduce__ code
         raise Unsaveable(f"{type(exc).__name__}: {exc}") from exc
     except RecursionError as exc:  # pragma: no cover - subclass of Exception anyway
         raise Unsaveable(f"too deeply nested: {exc}") from exc
 
 
-def loads(data: bytes) -> Any:
-    """Unpickle bytes that were verified by the store."""
-    return pickle.loads(data)
+def loads(data: bytes, namespace: dict[str, Any] | None = None) -> Any:
+    """Unpickle bytes that were verified by the store.
+
+    Notebook classes resolve to the same-named classes of ``namespace`` when
+    their fingerprints match (see the module docstring).
+    """
+    token = _namespace.set(namespace)
+    try:
+        return pickle.loads(data)
+    finally:
+        _namespace.reset(token)
+
+
+class _Pickler(cloudpickle.Pickler):
+    def reducer_override(self, obj: Any) -> Any:
+        if (
+            isinstance(obj, type)
+            and obj.__module__ == "__main__"
+            and "<locals>" not in obj.__qualname__
+        ):
+            copy = cloudpickle.dumps(obj, protocol=PROTOCOL)
+            return _live_class, (obj.__qualname__, keys.fingerprint(obj), copy)
+        return super().reducer_override(obj)
+
+
+def _live_class(qualname: str, fingerprint: str, copy: bytes) -> type:
+    """The namespace's class ``qualname`` if its fingerprint matches, else the saved copy."""
+    live: Any = _namespace.get()
+    for part in qualname.split("."):
+        live = live.get(part) if isinstance(live, dict) else getattr(live, part, None)
+    if (
+        isinstance(live, type)
+        and live.__module__ == "__main__"
+        and keys.fingerprint(live) == fingerprint
+    ):
+        return live
+    return pickle.loads(copy)
 
 
 def is_module(value: Any) -> bool:

@@ -4,8 +4,9 @@ A first notebook is run in a real kernel to record some steps; then the notebook
 edited (one step changed, one pinned and changed, one deleted, new ones added), opened
 in JupyterLab and run all. The panel, displayed in the second cell, must show each
 step's state in the DOM, live while cells run, and its Pin and Clear buttons must
-change the store. Screenshots go to docs/panel.png (used by the README) and
-test-artifacts/.
+change the store, and a pin made by the CLI must show on Refresh. Screenshots go
+to test-artifacts/, and to docs/panel.png (the README's) when it is missing or
+NBDURABLE_UPDATE_SCREENSHOT=1.
 
 Chromium is Debian's (``.ci/run`` installs it); the test fails, never skips,
 when it is missing. Never ``playwright install``.
@@ -35,18 +36,28 @@ pytestmark = pytest.mark.browser
 
 CHROMIUM = os.environ.get("NBDURABLE_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
 ]
 ARTIFACTS = REPO_ROOT / "test-artifacts"
 SCREENSHOT = REPO_ROOT / "docs" / "panel.png"
+# docs/panel.png is committed (the README shows it), so a test run does not rewrite
+# it unless asked: NBDURABLE_UPDATE_SCREENSHOT=1 python -m pytest tests/test_browser.py
+UPDATE_SCREENSHOT = os.environ.get("NBDURABLE_UPDATE_SCREENSHOT") == "1"
 RUN_ID = "root/panel.ipynb"  # the notebook's path relative to the store's parent
 
 SETUP = "%load_ext nbdurable\nfrom nbdurable import step\nimport time"
 FIRST = [  # recorded by a first kernel, before JupyterLab starts
     SETUP,
-    "%%step plan\nplan = ['alpha', 'beta', 'gamma']",
-    "%%step research\nfindings = [step(f'ask:{q}', str.upper, q) for q in plan]",
+    "%%step plan\ntime.sleep(0.4)  # think\nplan = ['alpha', 'beta', 'gamma']",
+    "%%step research\nfindings = [step(f'ask:{q}', lambda q: (time.sleep(0.2), q.upper())[1], q)\n"
+    "            for q in plan]",
     "%%step pinned\nsummary = len(findings)",
     "%%step old_step\nleft_over = 1",
     "%%step revise\ndraft = 'v1'",
@@ -116,13 +127,25 @@ def lab(tmp_path):
     log = open(tmp_path / "lab.log", "wb")  # noqa: SIM115 - closed in the teardown
     proc = subprocess.Popen(
         [
-            sys.executable, "-m", "jupyter", "lab", "--allow-root", "--no-browser",
-            "--ip=127.0.0.1", f"--port={port}", "--IdentityProvider.token=",
-            "--ServerApp.password=", f"--ServerApp.root_dir={root}",
-            "--LabApp.expose_app_in_browser=True", f"--LabApp.user_settings_dir={settings}",
+            sys.executable,
+            "-m",
+            "jupyter",
+            "lab",
+            "--allow-root",
+            "--no-browser",
+            "--ip=127.0.0.1",
+            f"--port={port}",
+            "--IdentityProvider.token=",
+            "--ServerApp.password=",
+            f"--ServerApp.root_dir={root}",
+            "--LabApp.expose_app_in_browser=True",
+            f"--LabApp.user_settings_dir={settings}",
             f"--LabApp.workspaces_dir={tmp_path / 'lab-workspaces'}",
         ],
-        env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
     )
     url = f"http://127.0.0.1:{port}"
     try:
@@ -190,7 +213,7 @@ def test_panel_in_jupyterlab(lab):
             page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
 
             def line(step: str):
-                return page.locator(f'.nbd-line[data-step="{step}"]')
+                return page.locator(f'.nbd-step[data-step="{step}"]')
 
             # Live: the slow step shows running while its loop records sub-steps.
             expect(line("slow")).to_have_attribute("data-state", "running", timeout=30_000)
@@ -208,15 +231,17 @@ def test_panel_in_jupyterlab(lab):
             expect(line("pinned").locator(".nbd-badge")).to_have_text("⚑ pinned · stale")
             header = page.locator(".nbd-header")
             expect(header).to_contain_text(RUN_ID)
-            expect(header).to_contain_text("5 recorded · 1 pending · 1 invalidated · 1 failed · 1 orphaned")
+            expect(header).to_contain_text(
+                "5 recorded · 1 pending · 1 invalidated · 1 failed · 1 orphaned"
+            )
             expect(header).to_contain_text("replay saved")
 
             panel = page.locator(".nbd-panel")
             panel.scroll_into_view_if_needed()
             page.mouse.move(0, 0)  # no hover highlight in the picture
-            SCREENSHOT.parent.mkdir(exist_ok=True)
-            panel.screenshot(path=str(SCREENSHOT))
-            shutil.copy(SCREENSHOT, ARTIFACTS / "panel.png")
+            panel.screenshot(path=str(ARTIFACTS / "panel.png"))
+            if UPDATE_SCREENSHOT or not SCREENSHOT.exists():
+                shutil.copy(ARTIFACTS / "panel.png", SCREENSHOT)
 
             # Pin from the panel: the store has the pin.
             def row(step: str):
@@ -239,6 +264,28 @@ def test_panel_in_jupyterlab(lab):
             expect(line("pinned").locator(".nbd-detail")).to_contain_text(
                 "upstream step 'research' was cleared"
             )
+
+            # The CLI, from another process, on the same store: the panel shows it on Refresh.
+            cli = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "nbdurable",
+                    "pin",
+                    str(notebook),
+                    "revise",
+                    "--store",
+                    str(store),
+                ],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+            )
+            assert cli.returncode == 0, cli.stdout + cli.stderr
+            expect(line("revise")).to_have_attribute("data-state", "invalidated")
+            page.locator(".nbd-panel").get_by_role("button", name="Refresh").click()
+            expect(line("revise")).to_have_attribute("data-state", "pinned-stale")
             page.screenshot(path=str(ARTIFACTS / "browser-after-actions.png"), full_page=True)
 
             # The dark theme, for the eye (an artifact, not an assertion).

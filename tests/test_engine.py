@@ -120,12 +120,20 @@ DEFINE = (
     "from collections import OrderedDict as OD\n"
     "def double(x):\n"
     "    return x * factor()  # factor() is defined by a later plain cell\n"
+    "def logged(fn):\n"
+    "    def inner(*args):\n"
+    "        return ['logged', fn(*args)]\n"
+    "    return inner\n"
+    "@logged\n"
+    "def tool(x):\n"
+    "    return double(x)\n"
     "class Point:\n"
     "    def __init__(self, x, y):\n"
     "        self.x, self.y = x, y\n"
     "    def norm1(self):\n"
     "        return abs(self.x) + abs(self.y)\n"
     "p = Point(3, -4)\n"
+    "found = [Finding('x')]  # a class of a plain cell, defined again after a restart\n"
     "items = [1]\n"
     "reg = {}\n"
     "a, (b, *rest) = 1, (2, 3, 4)\n"
@@ -159,13 +167,14 @@ DEFINE = (
 )
 
 REPLAY_CELLS = [
-    SETUP,
+    SETUP + "\nfrom dataclasses import dataclass\n@dataclass\nclass Finding:\n    text: str",
     DEFINE,
     "%%step mutate\nitems.append(2)\nreg['k'] = 'v'\np.x = 30\nran('mutate')\nlen(items)",
     "%%step unsaved\n"
     "lock = threading.Lock()\n"
     "gen = (c for c in 'abc')\n"
     "hits = step('search', search_web, 'unsaved')\n"
+    "fnd = step('find', Finding, 'y')\n"
     "ran('unsaved')\n"
     "print('hits', len(hits))",
     "%%step widget\n"
@@ -176,7 +185,8 @@ REPLAY_CELLS = [
     "print(json.dumps({\n"
     "    'j': [j.__name__, j.dumps(items)], 'path': os.path.join('a', 'b'),\n"
     "    'etree': xml.etree.ElementTree.fromstring('<t/>').tag, 'od': OD.__name__,\n"
-    "    'double': double(21), 'point': [isinstance(p, Point), p.norm1()],\n"
+    "    'double': double(21), 'point': [isinstance(p, Point), p.norm1()], 'tool': tool(1),\n"
+    "    'found': [isinstance(found[0], Finding), found == [Finding('x')], fnd == Finding('y')],\n"
     "    'a': a, 'b': b, 'rest': rest, 'n': n, 'i': i, 'ch': ch, 'cm': cm, 'w': w,\n"
     "    'y': y, 'squares': squares, 'caught': caught, 'g': g, 'px': px,\n"
     "    'scratch': 'scratch' in globals(), 'reg': reg, 'items': items,\n"
@@ -191,6 +201,8 @@ EXPECTED_VALUES = {
     "od": "OrderedDict",
     "double": 42,
     "point": [True, 34],
+    "tool": ["logged", 2],
+    "found": [True, True, True],
     "a": 1,
     "b": 2,
     "rest": [3, 4],

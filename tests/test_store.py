@@ -1,0 +1,244 @@
+"""The store in-process: signing, refusal of planted pickles, format version, no eviction,
+private directory, atomic writes, prefix scans. Fast: tmp_path stores, no kernel."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import diskcache
+import pytest
+
+from nbdurable import locate
+from nbdurable.engine import NbdurableWarning, Session
+from nbdurable.errors import CorruptRecord, FormatVersionError, StoreError
+from nbdurable.records import FORMAT_VERSION
+from nbdurable.store import RunKeys, Store
+
+
+@pytest.fixture(autouse=True)
+def _no_env_key(monkeypatch):
+    monkeypatch.delenv("NBDURABLE_KEY", raising=False)
+
+
+@pytest.fixture
+def store(tmp_path):
+    s = Store(tmp_path / "store")
+    yield s
+    s.close()
+
+
+class Planted:
+    """Unpickling this creates ``path``: how a planted pickle would run code."""
+
+    def __init__(self, path: Path, padding: int = 0) -> None:
+        self.code = f"open({str(path)!r}, 'w').close()  # {'x' * padding}"
+
+    def __reduce__(self):
+        return (exec, (self.code,))
+
+
+def plant(store: Store, key: str, value: object) -> None:
+    """Write a row the way plain diskcache would (MODE_PICKLE), bypassing nbdurable."""
+    with diskcache.Cache(str(store.path)) as raw:
+        raw.set(key, value)
+
+
+# -- basics -------------------------------------------------------------------------------
+
+
+def test_round_trip_and_absent_keys(store):
+    size = store.put("r/x/s/a", {"n": 1, "text": "é"}, b"\x00body")
+    assert store.get("r/x/s/a") == ({"n": 1, "text": "é"}, b"\x00body")
+    assert size == store.size_of("r/x/s/a") > len(b"\x00body")
+    assert store.get("r/x/s/missing") is None
+    assert store.has("r/x/s/a") and not store.has("r/x/s/missing")
+    assert store.delete("r/x/s/a") and store.get("r/x/s/a") is None
+
+
+def test_blobs_are_stored_once_by_content(store):
+    sha, written = store.put_blob(b"value")
+    assert written > 0
+    assert store.put_blob(b"value") == (sha, 0)
+    assert store.get_blob(sha) == b"value"
+    assert store.get_blob("0" * 64) is None
+
+
+def test_store_directory_is_private(tmp_path):
+    with Store(tmp_path / "deep" / "store") as s:
+        assert stat.S_IMODE(s.path.stat().st_mode) == 0o700
+        assert stat.S_IMODE((s.path / "key").stat().st_mode) == 0o600
+
+
+def test_store_location(tmp_path, monkeypatch):
+    monkeypatch.delenv("NBDURABLE_DIR", raising=False)
+    nb = tmp_path / "work" / "story.ipynb"
+    assert locate.store_dir(nb) == tmp_path / "work" / ".nbdurable"
+    monkeypatch.chdir(tmp_path)
+    assert locate.store_dir(None) == tmp_path / ".nbdurable"
+    monkeypatch.setenv("NBDURABLE_DIR", str(tmp_path / "elsewhere"))
+    assert locate.store_dir(nb) == tmp_path / "elsewhere"
+    assert locate.run_id_for(nb, tmp_path / "work" / ".nbdurable") == "story.ipynb"
+
+
+def test_a_damaged_key_file_is_a_clear_error(tmp_path):
+    (tmp_path / "store").mkdir()
+    (tmp_path / "store" / "key").write_bytes(b"short")
+    with pytest.raises(StoreError, match="shorter than 16 bytes.*delete the store directory"):
+        Store(tmp_path / "store")
+
+
+# -- signing and planted pickles -----------------------------------------------------------
+
+
+def test_a_tampered_record_fails_its_signature(store):
+    store.put("r/x/s/a", {"n": 1}, b"body")
+    raw = store._cache.get("r/x/s/a")
+    store._cache.set("r/x/s/a", raw[:-1] + b"B")
+    with pytest.raises(CorruptRecord, match="failed its signature check"):
+        store.get("r/x/s/a")
+
+
+def test_a_record_moved_to_another_key_fails_its_signature(store):
+    store.put("r/x/s/a", {"n": 1}, b"body")
+    store._cache.set("r/x/s/b", store._cache.get("r/x/s/a"))
+    with pytest.raises(CorruptRecord, match="'r/x/s/b' failed its signature"):
+        store.get("r/x/s/b")
+
+
+def test_a_record_signed_with_another_key_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setenv("NBDURABLE_KEY", "the first key, long enough")
+    with Store(tmp_path / "store") as s:
+        s.put("r/x/s/a", {"n": 1})
+    monkeypatch.setenv("NBDURABLE_KEY", "another key, long enough too")
+    with pytest.raises(CorruptRecord, match="another store key"):
+        Store(tmp_path / "store")
+
+
+@pytest.mark.parametrize("padding", [0, 100_000], ids=["inline", "in-a-file"])
+def test_a_planted_pickle_is_refused_without_unpickling(store, tmp_path, padding):
+    target = tmp_path / "pwned"
+    key = RunKeys("nb.ipynb").step("name:plan")
+    plant(store, key, Planted(target, padding))
+    plant(store, "b/" + "0" * 64, Planted(target, padding))
+    with diskcache.Cache(str(store.path)) as raw:  # the row really is a pickle
+        (mode,) = raw._sql("SELECT mode FROM Cache WHERE key = ?", (key,)).fetchone()
+    assert mode == diskcache.core.MODE_PICKLE
+    assert not target.exists()
+
+    with pytest.raises(CorruptRecord, match="refusing a store value"):
+        store.get(key)
+    with pytest.raises(CorruptRecord):
+        store.get_blob("0" * 64)
+    assert not target.exists(), "the planted pickle ran"
+
+
+def test_the_engine_ignores_a_planted_record_with_a_warning(store, tmp_path):
+    target = tmp_path / "pwned"
+    session = Session(None)
+    session.set_store(store, "nb.ipynb")
+    plant(store, session.keys.step("name:plan"), Planted(target))
+    with pytest.warns(NbdurableWarning, match="step 'plan': its record cannot be used"):
+        assert session.load_record("name:plan", "plan") is None
+    assert not target.exists()
+
+
+# -- format version ------------------------------------------------------------------------
+
+
+def test_format_version_is_written_and_checked_on_open(tmp_path):
+    path = tmp_path / "store"
+    with Store(path) as s:
+        assert s.get("meta/format")[0]["format"] == FORMAT_VERSION
+        s.put("meta/format", {"format": FORMAT_VERSION + 1})
+    with pytest.raises(FormatVersionError) as err:
+        Store(path)
+    message = str(err.value)
+    assert str(path) in message
+    assert f"format {FORMAT_VERSION + 1}" in message and f"format {FORMAT_VERSION}." in message
+    assert "Upgrade nbdurable, or set NBDURABLE_DIR" in message
+    assert isinstance(err.value, StoreError) and isinstance(err.value, OSError)
+
+
+def test_a_record_of_a_newer_format_is_refused(store):
+    store.put("r/x/s/a", {"format": FORMAT_VERSION + 1})
+    with pytest.raises(CorruptRecord, match="newer than this nbdurable reads"):
+        store.get("r/x/s/a")
+
+
+# -- never evicts ----------------------------------------------------------------------------
+
+
+def test_eviction_policy_is_none_and_stays_none(store):
+    assert store._cache.eviction_policy == "none"
+    assert store._cache.cull_limit == 0
+    with diskcache.Cache(str(store.path)) as plain:  # opened with diskcache's defaults
+        assert plain.eviction_policy == "none"
+
+
+def test_nothing_is_evicted_past_the_size_limit(store):
+    store._cache.reset("size_limit", 4096)
+    for i in range(300):
+        store.put(f"r/x/u/s/{i:03d}", {"i": i}, os.urandom(1000))
+    assert store.stats("r/x/u/s/")[0] == 300
+    assert store.get("r/x/u/s/000") is not None
+
+
+# -- atomic writes and prefix scans ----------------------------------------------------------
+
+
+def test_apply_is_all_or_nothing(store, monkeypatch):
+    store.put("r/x/s/old", {"n": 0})
+
+    def disk_full(key, *args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(store._cache, "delete", disk_full)
+    with pytest.raises(StoreError, match="Nothing was recorded"):
+        store.apply(
+            puts=[("r/x/s/a", {"n": 1}, b""), ("r/x/s/b", {"n": 2}, b"")],
+            deletes=["r/x/s/old"],
+        )
+    monkeypatch.undo()
+    assert store.get("r/x/s/a") is None and store.get("r/x/s/b") is None
+    assert store.get("r/x/s/old") == ({"n": 0}, b"")
+
+    written = store.apply(puts=[("r/x/s/a", {"n": 1}, b"")], deletes=["r/x/s/old"])
+    assert written == store.size_of("r/x/s/a")
+    assert store.scan("r/x/s/") == ["r/x/s/a"]
+
+
+def test_scan_and_stats_cover_exactly_the_prefix(store):
+    sizes = {
+        key: store.put(key, {"k": key}, body)
+        for key, body in [
+            ("r/x/s/a", b"1"),
+            ("r/x/s/b", b"x" * 50_000),  # large: diskcache keeps it in a file
+            ("r/x/s0", b"2"),
+            ("r/x/sa", b"3"),
+            ("r/x/t/a", b"4"),
+            ("r/y/s/a", b"5"),
+        ]
+    }
+    assert store.scan("r/x/s/") == ["r/x/s/a", "r/x/s/b"]
+    assert store.stats("r/x/s/") == (2, sizes["r/x/s/a"] + sizes["r/x/s/b"])
+    assert store.stats("r/x/") == (5, sum(v for k, v in sizes.items() if k.startswith("r/x/")))
+    assert store.scan("r/z/") == [] and store.stats("r/z/") == (0, 0)
+    assert store.size_of("r/x/s/b") == sizes["r/x/s/b"] > 50_000
+
+
+def test_scans_are_index_range_searches(store):
+    """Per-step cost stays constant: listing one step never walks the whole store."""
+    issued: list[str] = []
+    store._cache._con.set_trace_callback(issued.append)
+    try:
+        store.scan("r/x/s/")
+        store.stats("r/x/u/")
+        store.size_of("r/x/s/a")
+    finally:
+        store._cache._con.set_trace_callback(None)
+    assert len(issued) == 3, issued
+    for sql in issued:
+        plan = " ".join(row[-1] for row in store._cache._sql("EXPLAIN QUERY PLAN " + sql))
+        assert plan.startswith("SEARCH Cache USING") and "INDEX" in plan, (sql, plan)
