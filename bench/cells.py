@@ -30,10 +30,16 @@ from bench.peers import disk_usage
 
 def _shell() -> Any:
     from IPython.core.interactiveshell import InteractiveShell
+    from traitlets.config import Config
 
     import nbdurable
 
-    shell = InteractiveShell.instance()
+    # IPython's history database is written (and fsynced) by a background thread
+    # that holds a lock the next cell's store_inputs waits on: several ms of
+    # noise per cell that has nothing to do with nbdurable. Keep it in memory.
+    config = Config()
+    config.HistoryManager.hist_file = ":memory:"
+    shell = InteractiveShell.instance(config=config)
     if "step" not in shell.magics_manager.magics["cell"]:
         nbdurable.load_ipython_extension(shell)
     return shell

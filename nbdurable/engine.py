@@ -83,6 +83,7 @@ class Session:
         self._lock = threading.RLock()
         self._warned_no_notebook = False
         self._warned_unsaved: set[str] = set()
+        self._warned_names: set[str] = set()
 
     # -- run context ---------------------------------------------------------
     @property
@@ -162,11 +163,24 @@ class Session:
                 # nbclient and nbconvert send no cell id; the saved one is the id
                 # JupyterLab would send, and the one `%step list` reads.
                 cell_id = cell_id or saved.cell_id
+            if name is not None:
+                self._warn_shared_name(name, [c.index for c in self.nbfile.cells if c.name == name])
         if name is not None:
             key, label = keys.step_key(name, None, None, body)
         else:
             key, label = keys.step_key(None, cell_id, position, body)
         return key, label, position
+
+    def _warn_shared_name(self, name: str, indexes: list[int]) -> None:
+        if len(indexes) < 2 or name in self._warned_names:
+            return
+        self._warned_names.add(name)
+        cells = ", ".join(f"#{i + 1}" for i in indexes)
+        warn(
+            f"step name {name!r} is used by {len(indexes)} cells of {self.notebook} (cells "
+            f"{cells}); they share one record and keep invalidating each other. Give each "
+            "%%step its own name."
+        )
 
     def _frontend_cell(self) -> tuple[str | None, int | None]:
         kernel = getattr(self.shell, "kernel", None)

@@ -19,13 +19,17 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .keys import source_fingerprint
+from .errors import UsageProblem
+from .keys import source_fingerprint, validate_name
 
 DEFAULT_RUN = "default"
+#: ``%step`` commands: never a step name.
+STEP_COMMANDS = ("list", "clear", "pin", "unpin", "run", "panel")
 _STEP_LINE = re.compile(r"^\s*%%step\b(.*)$")
 
 
@@ -77,11 +81,27 @@ def run_id_for(notebook: Path | None, store: Path) -> str:
 
 
 def parse_step_line(line: str) -> tuple[str | None, bool]:
-    """``(name, force)`` from the text after ``%%step`` (no validation here)."""
-    parts = line.split()
-    force = "--force" in parts or "-f" in parts
-    names = [p for p in parts if not p.startswith("-")]
-    return (names[0] if names else None), force
+    """``(name, force)`` from the text after ``%%step``.
+
+    The one parser of that line, for the magic and for reading saved notebooks
+    alike; raises :class:`UsageProblem` for a line the magic refuses.
+    """
+    try:
+        args = shlex.split(line)
+    except ValueError as exc:
+        raise UsageProblem(f"%%step: cannot parse arguments ({exc})") from None
+    force = any(a in ("--force", "-f") for a in args)
+    rest = [a for a in args if a not in ("--force", "-f")]
+    bad = [a for a in rest if a.startswith("-")]
+    if bad:
+        raise UsageProblem(f"%%step: unknown option {bad[0]!r}; usage: %%step [NAME] [--force]")
+    if len(rest) > 1:
+        raise UsageProblem(f"%%step takes one NAME, got {len(rest)}: {' '.join(rest)}")
+    if rest and rest[0] in STEP_COMMANDS:
+        raise UsageProblem(
+            f"%%step {rest[0]}: {rest[0]!r} is a %step command; use %step {rest[0]} on one line"
+        )
+    return (validate_name(rest[0]) if rest else None), force
 
 
 @dataclass(frozen=True)
@@ -119,6 +139,7 @@ class NotebookFile:
         self.ids_persist = False
         self.cells: list[StepCell] = []
         self._by_id: dict[str, StepCell] = {}
+        self._fps: list[str] | None = None  # source fingerprints of `cells`, made once per read
 
     def refresh(self) -> bool:
         """Re-read the file if it changed; False if it cannot be read."""
@@ -138,6 +159,7 @@ class NotebookFile:
         self.ids_persist = (major, minor) >= (4, 5)
         self.cells = step_cells(data.get("cells", []), self.ids_persist)
         self._by_id = {c.cell_id: c for c in self.cells if c.cell_id}
+        self._fps = None
         return True
 
     def position_of(self, body: str) -> int | None:
@@ -150,9 +172,11 @@ class NotebookFile:
 
         With ``position`` (a runner said where the cell is), only the cell there.
         """
+        if self._fps is None:  # once per read of the file, not once per step
+            self._fps = [source_fingerprint(c.body) for c in self.cells]
         fp = source_fingerprint(body)
-        for c in self.cells:
-            if (position is None or c.index == position) and source_fingerprint(c.body) == fp:
+        for c, saved in zip(self.cells, self._fps, strict=True):
+            if (position is None or c.index == position) and saved == fp:
                 return c
         return None
 
@@ -170,9 +194,9 @@ def step_cells(cells: list[dict[str, Any]], ids_persist: bool = True) -> list[St
         m = _STEP_LINE.match(first)
         if not m:
             continue
-        args = m.group(1).split()
-        if args and args[0] in {"list", "clear", "pin", "unpin", "run", "panel"}:
+        try:
+            name, _force = parse_step_line(m.group(1))
+        except UsageProblem:  # the magic refuses this cell: it never runs as a step
             continue
-        name, _force = parse_step_line(m.group(1))
         out.append(StepCell(i, cell.get("id") if ids_persist else None, name, body))
     return out

@@ -7,7 +7,7 @@ import shlex
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 
-from . import events, keys, ops
+from . import events, keys, locate, ops
 from .engine import get_session
 from .errors import UsageProblem
 
@@ -19,7 +19,7 @@ USAGE = """\
 %step run [NAME]             switch to a named run (no NAME: the notebook's own run)
 %step panel                  show the step panel"""
 
-_SUBCOMMANDS = ("list", "clear", "pin", "unpin", "run", "panel")
+_SUBCOMMANDS = locate.STEP_COMMANDS
 
 
 @magics_class
@@ -40,19 +40,7 @@ class StepMagics(Magics):
 
     def _cell(self, line: str, cell: str) -> None:
         __tracebackhide__ = True
-        args = _split(line)
-        force = any(a in ("--force", "-f") for a in args)
-        rest = [a for a in args if a not in ("--force", "-f")]
-        bad = [a for a in rest if a.startswith("-")]
-        if bad:
-            raise UsageProblem(f"%%step: unknown option {bad[0]!r}; usage: %%step [NAME] [--force]")
-        if len(rest) > 1:
-            raise UsageProblem(f"%%step takes one NAME, got {len(rest)}: {' '.join(rest)}")
-        if rest and rest[0] in _SUBCOMMANDS:
-            raise UsageProblem(
-                f"%%step {rest[0]}: {rest[0]!r} is a %step command; use %step {rest[0]} on one line"
-            )
-        name = keys.validate_name(rest[0]) if rest else None
+        name, force = locate.parse_step_line(line)
         get_session(self.shell).run_step(cell, name=name, force=force)
 
     def _line(self, line: str) -> None:

@@ -33,6 +33,7 @@ import copy
 import json
 import os
 import signal
+import stat
 import sys
 import tempfile
 import threading
@@ -385,6 +386,14 @@ def _write_atomic(nb: Any, path: Path) -> None:
 
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        # mkstemp makes the file 0600; keep the notebook's own mode, or the usual one.
+        try:
+            mode = stat.S_IMODE(path.stat().st_mode)
+        except FileNotFoundError:
+            umask = os.umask(0)
+            os.umask(umask)
+            mode = 0o666 & ~umask
+        os.chmod(tmp, mode)
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             nbformat.write(nb, f)
             f.flush()

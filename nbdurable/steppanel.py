@@ -22,11 +22,13 @@ Where widgets cannot render (plain IPython, nbconvert), the widget's
 
 from __future__ import annotations
 
+import contextlib
 import html
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import ipywidgets as widgets
@@ -107,7 +109,9 @@ def panel() -> StepPanel:
 class StepPanel(widgets.VBox):
     """A live table of the run's steps with Clear / Pin buttons; see the module docstring."""
 
-    def __init__(self, session: Session | None = None, *, interval: float = DEFAULT_INTERVAL):
+    def __init__(
+        self, session: Session | None = None, *, interval: float = DEFAULT_INTERVAL
+    ) -> None:
         self.session = session if session is not None else get_session()
         self.interval = interval
         self.closed = False
@@ -190,6 +194,8 @@ class StepPanel(widgets.VBox):
                 return
             with self._lock:
                 self._timer = None
+                # Stamped before the work: an event arriving meanwhile waits a full interval.
+                self._last_flush = time.monotonic()
                 reload, self._reload = self._reload, False
                 dirty, self._dirty = self._dirty, set()
                 counted = dict(self._new)
@@ -208,7 +214,6 @@ class StepPanel(widgets.VBox):
                 if row is not None:
                     row.show(new.get(key, 0), replayed.get(key, 0))
             self._show_header()
-            self._last_flush = time.monotonic()
             self.flushes += 1
 
     def _load(self) -> list[StepInfo]:
@@ -269,11 +274,12 @@ class StepPanel(widgets.VBox):
 
     def _show_header(self) -> None:
         totals, spared = self._summary()
+        path, nb = self.session.store.path, self.session.notebook
         grey = f"color:{_GREY}"
         value = (
             f'<div class="nbd-header" style="line-height:1.5">'
             f"<b>nbdurable</b> run <code>{_e(self._run_id)}</code> "
-            f'<span style="{grey}">in {_e(str(self.session.store.path))}</span><br>'
+            f'<span style="{grey}" title="{_attr(str(path))}">in {_e(_place(path, nb))}</span><br>'
             f'<span class="nbd-totals">{totals}</span>'
             f' <span style="{grey}">— <span class="nbd-saved">{_e(spared)}</span></span></div>'
         )
@@ -327,10 +333,11 @@ class StepPanel(widgets.VBox):
     def _timed_flush(self) -> None:
         try:
             self.flush()
-        except Exception as exc:  # a display must never break a run
+        except Exception as exc:  # a display must never break a run: say so in the panel
             with self._lock:
                 self._timer = None
-            self._say(f"the panel could not update: {exc!r}; press Refresh", error=True)
+            with contextlib.suppress(Exception):
+                self._say(f"the panel could not update: {exc!r}; press Refresh", error=True)
 
     # -- actions (the same operations as %step clear / pin / unpin) -------------------
     def clear_step(self, key: str) -> None:
@@ -609,6 +616,14 @@ def _facts(info: StepInfo, new: int, replayed: int) -> str:
     if info.size:
         parts.append(ops.human_size(info.size))
     return " · ".join(parts)
+
+
+def _place(path: Path, notebook: Path | None) -> str:
+    """A short form of a store path: beside the notebook, under home, else in full."""
+    for base, prefix in ((notebook.parent if notebook else None, ""), (Path.home(), "~/")):
+        if base is not None and path.is_relative_to(base):
+            return f"{prefix}{path.relative_to(base).as_posix()}/"
+    return str(path)
 
 
 def _shown_state(info: StepInfo) -> str:

@@ -50,7 +50,7 @@ SCREENSHOT = REPO_ROOT / "docs" / "panel.png"
 # docs/panel.png is committed (the README shows it), so a test run does not rewrite
 # it unless asked: NBDURABLE_UPDATE_SCREENSHOT=1 python -m pytest tests/test_browser.py
 UPDATE_SCREENSHOT = os.environ.get("NBDURABLE_UPDATE_SCREENSHOT") == "1"
-RUN_ID = "root/panel.ipynb"  # the notebook's path relative to the store's parent
+RUN_ID = "panel.ipynb"  # the notebook's path relative to the store's parent
 
 SETUP = "%load_ext nbdurable\nfrom nbdurable import step\nimport time"
 FIRST = [  # recorded by a first kernel, before JupyterLab starts
@@ -106,13 +106,14 @@ def _write_settings(settings: Path, theme: str = "JupyterLab Light") -> None:
 
 @pytest.fixture
 def lab(tmp_path):
-    """A JupyterLab server on 127.0.0.1 whose kernels record to tmp_path/store."""
+    """A JupyterLab server on 127.0.0.1 whose kernels record to root/.nbdurable in tmp_path."""
     if not Path(CHROMIUM).exists():
         pytest.fail(
             f"chromium not found at {CHROMIUM}: the browser test needs Debian's chromium "
             "(`apt-get install chromium`, as .ci/run does) or NBDURABLE_CHROMIUM=/path"
         )
-    root, store = tmp_path / "root", tmp_path / "store"
+    root = tmp_path / "root"
+    store = root / ".nbdurable"  # where it would be by default: beside the notebook
     root.mkdir()
     settings = tmp_path / "lab-settings"
     _write_settings(settings)
@@ -230,7 +231,7 @@ def test_panel_in_jupyterlab(lab):
             expect(line("broken").locator(".nbd-detail")).to_contain_text("the model timed out")
             expect(line("pinned").locator(".nbd-badge")).to_have_text("⚑ pinned · stale")
             header = page.locator(".nbd-header")
-            expect(header).to_contain_text(RUN_ID)
+            expect(header).to_contain_text(f"run {RUN_ID} in .nbdurable/")
             expect(header).to_contain_text(
                 "5 recorded · 1 pending · 1 invalidated · 1 failed · 1 orphaned"
             )

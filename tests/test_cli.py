@@ -105,11 +105,12 @@ def last_cells(summary: dict) -> dict[str, dict]:
 
 
 @pytest.mark.kernel
-def test_run_survives_two_kernel_deaths_and_repeats_no_call(tmp_path):
+def test_run_survives_two_kernel_deaths_and_repeats_no_call(tmp_path, capsys, monkeypatch):
     nb = write(tmp_path, CRASHY)
-    r = nbd("run", nb, "--json", env=_env(tmp_path, DIE_AT="3,6"))
-    assert r.returncode == 0, r.stdout + r.stderr
-    summary = json.loads(r.stdout)
+    monkeypatch.setenv("DIE_AT", "3,6")
+    code, out, err = inproc(capsys, monkeypatch, tmp_path, "run", nb, "--json")
+    assert code == 0, out + err
+    summary = json.loads(out)
     assert summary["status"] == "ok" and summary["kernel_deaths"] == 2, summary
     outcomes = [[(c["label"], c["outcome"]) for c in a["cells"]] for a in summary["attempts"]]
     assert outcomes == [
@@ -131,9 +132,9 @@ def test_run_survives_two_kernel_deaths_and_repeats_no_call(tmp_path):
     assert seen["md"]["nbdurable"] == {"position": 3}
 
     # status reads the same run (the run id matches) and sees both steps recorded.
-    r = nbd("status", nb, "--json", env=_env(tmp_path))
-    assert r.returncode == 0, r.stdout + r.stderr
-    steps = by_key(json.loads(r.stdout))
+    code, out, err = inproc(capsys, monkeypatch, tmp_path, "status", nb, "--json")
+    assert code == 0, out + err
+    steps = by_key(json.loads(out))
     assert steps["name:loop"]["state"] == "recorded" and steps["name:loop"]["substeps"] == 8
     assert steps["name:total"]["state"] == "recorded"
 

@@ -113,11 +113,16 @@ def test_demo_json_matches_the_ledger(tmp_path, clean_env, capsys):
     assert s["kernel_deaths"] == 1
     assert s["notification"]["delivered"] == 1 and s["notification"]["attempts"] == 1
 
-    # A second demo in the same directory starts afresh.
-    code = cli.main(["demo", "--dir", str(work), "--crash-at", "59", "--latency", "0", "--json"])
-    out, err = capsys.readouterr()
-    assert code == 0, out + err
-    assert json.loads(out)["first_attempt"]["by_kind"] == {"plan": 1, "search": 60, "answer": 60}
+
+def test_demo_dir_is_reset_only_when_it_holds_an_earlier_demo(tmp_path):
+    from nbdurable.demo import _workdir
+
+    work = _workdir(tmp_path / "demo")
+    for name in ("ledger.jsonl", "mailbox.sqlite", "research_agent.ipynb"):
+        (work / name).write_text("from an earlier demo")
+    (work / ".nbdurable").mkdir()
+    assert _workdir(work) == work
+    assert sorted(p.name for p in work.iterdir()) == [".nbdurable-demo"]
 
 
 def test_demo_bad_input_is_exit_2(tmp_path, clean_env, capsys):

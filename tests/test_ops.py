@@ -282,3 +282,16 @@ def test_pin_and_unpin(store):
 
     with pytest.raises(UsageProblem, match="has no record to pin yet; run it first"):
         ops.set_pin(store, RUN, "name:never", True)
+
+
+def test_cells_the_magic_refuses_do_not_break_the_listing(store, tmp_path):
+    refused = ['%%step "a b"\nx = 1', "%%step x --nope\nx = 1", "%%step x y\nx = 1"]
+    refused += ["%%step list\nx = 1", "%%step 'unclosed\nx = 1"]
+    path = notebook(tmp_path, [*refused, "%%step ok --force\nx = 1", "%%step -f\nx = 2"])
+    record(store, "name:ok")
+    infos = ops.step_infos(store, RUN, path)
+    assert [(i.label, i.state, i.position) for i in infos] == [
+        ("ok", "recorded", 5),
+        ("cell #7", "pending", 6),
+    ]
+    assert ops.resolve(store, RUN, ["ok"], path) == ["name:ok"]

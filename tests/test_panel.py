@@ -132,6 +132,9 @@ def test_text_fallback_is_the_list_table(every_state):
         assert ops.format_table(p.infos) in text
         assert text.startswith(f"nbdurable run {RUN!r}")
         assert "invalidated" in text and "orphaned" in text
+        # What plain IPython (and nbconvert) shows: the text, not a widget repr.
+        formatted, _ = InteractiveShell.instance().display_formatter.format(p)
+        assert formatted["text/plain"] == text
     finally:
         p.close()
 

@@ -3,6 +3,7 @@ private directory, atomic writes, prefix scans. Fast: tmp_path stores, no kernel
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 from pathlib import Path
@@ -242,3 +243,18 @@ def test_scans_are_index_range_searches(store):
     for sql in issued:
         plan = " ".join(row[-1] for row in store._cache._sql("EXPLAIN QUERY PLAN " + sql))
         assert plan.startswith("SEARCH Cache USING") and "INDEX" in plan, (sql, plan)
+
+
+def test_finding_a_saved_cell_fingerprints_each_cell_once_per_read(tmp_path, monkeypatch):
+    """Per-step cost stays constant: locating a step does not re-hash the whole notebook."""
+    cells = [{"cell_type": "code", "source": f"%%step s{i}\nx = {i}"} for i in range(200)]
+    path = tmp_path / "nb.ipynb"
+    path.write_text(json.dumps({"nbformat": 4, "nbformat_minor": 4, "cells": cells}))
+    hashed = []
+    real = locate.source_fingerprint
+    monkeypatch.setattr(locate, "source_fingerprint", lambda src: hashed.append(src) or real(src))
+    nbf = locate.NotebookFile(path)
+    for i in range(100):
+        assert nbf.refresh()
+        assert nbf.find(f"x = {i}").index == i
+    assert len(hashed) == 200 + 100
