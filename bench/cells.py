@@ -23,9 +23,9 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from bench.peers import disk_usage
 from bench.report import Table
 from bench.stats import Summary, fmt_bytes, fmt_ratio, fmt_us, perf_ns, quiesce
-from bench.peers import disk_usage
 
 
 def _shell() -> Any:
@@ -84,7 +84,9 @@ def _case(
     shell: Any, d: Path, reps: int, body: Any, names: list[str], tag: str
 ) -> dict[str, list[int]]:
     """Time the plain, record and replay runs of ``body(k)`` for k in 0..reps-1."""
-    out: dict[str, list[int]] = {k: [] for k in ("plain", "record", "replay", "empty", "dump", "load")}
+    out: dict[str, list[int]] = {
+        k: [] for k in ("plain", "record", "replay", "empty", "dump", "load")
+    }
     session = _session(shell, d)
     for k in range(reps):
         quiesce()
@@ -127,9 +129,20 @@ def cells(cfg: Any, root: Path) -> tuple[Table, Table, dict[str, float]]:
     shell.run_cell("import numpy as np")
     t = Table(
         "3. Cell-level %%step: overhead against plain pickle.dump/load of the same values",
-        ["cell", "n", "plain cell", "%%step record", "record overhead", "pickle.dump",
-         "overhead/dump", "%%step replay", "empty cell", "replay overhead", "pickle.load",
-         "overhead/load"],
+        [
+            "cell",
+            "n",
+            "plain cell",
+            "%%step record",
+            "record overhead",
+            "pickle.dump",
+            "overhead/dump",
+            "%%step replay",
+            "empty cell",
+            "replay overhead",
+            "pickle.load",
+            "overhead/load",
+        ],
     )
     found: dict[str, float] = {}
     n_big = cfg.big_bytes // 8
@@ -158,10 +171,18 @@ def cells(cfg: Any, root: Path) -> tuple[Table, Table, dict[str, float]]:
         rec_over = _med(r["record"]) - _med(r["plain"])
         rep_over = _med(r["replay"]) - _med(r["empty"])
         t.add(
-            label, reps, fmt_us(_med(r["plain"])), fmt_us(_med(r["record"])), fmt_us(rec_over),
-            fmt_us(_med(r["dump"])), fmt_ratio(rec_over / _med(r["dump"])),
-            fmt_us(_med(r["replay"])), fmt_us(_med(r["empty"])), fmt_us(rep_over),
-            fmt_us(_med(r["load"])), fmt_ratio(rep_over / _med(r["load"])),
+            label,
+            reps,
+            fmt_us(_med(r["plain"])),
+            fmt_us(_med(r["record"])),
+            fmt_us(rec_over),
+            fmt_us(_med(r["dump"])),
+            fmt_ratio(rec_over / _med(r["dump"])),
+            fmt_us(_med(r["replay"])),
+            fmt_us(_med(r["empty"])),
+            fmt_us(rep_over),
+            fmt_us(_med(r["load"])),
+            fmt_ratio(rep_over / _med(r["load"])),
         )
         found[f"{tag}.record_over_dump"] = rec_over / _med(r["dump"])
         found[f"{tag}.replay_over_load"] = rep_over / _med(r["load"])
@@ -201,7 +222,10 @@ def _restored_into_ten(cfg: Any, shell: Any, root: Path) -> Table:
     used = disk_usage(d) - base
     pickled = 10 * len(pickle.dumps(shell.user_ns["data"], protocol=5))
     t.add(
-        "hold0..hold9", fmt_bytes(cfg.big_bytes), fmt_bytes(used), fmt_bytes(used / 10),
+        "hold0..hold9",
+        fmt_bytes(cfg.big_bytes),
+        fmt_bytes(used),
+        fmt_bytes(used / 10),
         fmt_ratio(used / pickled),
     )
     t.notes.append(

@@ -68,7 +68,11 @@ def _notebook(cells: list[str]) -> Any:
     import nbformat
 
     nb = nbformat.v4.new_notebook()
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb.metadata["kernelspec"] = {
+        "name": "python3",
+        "display_name": "Python 3",
+        "language": "python",
+    }
     nb.cells = [nbformat.v4.new_code_cell(c) for c in cells]
     return nb
 
@@ -159,13 +163,29 @@ def e2e(cfg: Any, root: Path) -> tuple[Table, dict[str, float]]:
             raise RuntimeError("the rerun called the simulated model: it did not replay")
     b = statistics.median(bare)
     r = statistics.median(replay)
-    t.add("bare kernel (one `pass` cell)", len(bare), *(fmt_us(x * 1e6) for x in
-          (b, min(bare), max(bare))), "", fmt_us(statistics.median(bare_cells) * 1e6))
-    t.add("first run, all calls recorded", 1, fmt_us(first * 1e6), "", "",
-          fmt_us((first - b) * 1e6), fmt_us(first_cells * 1e6))
-    t.add("rerun after restart, all replayed", len(replay),
-          *(fmt_us(x * 1e6) for x in (r, min(replay), max(replay))), fmt_us((r - b) * 1e6),
-          fmt_us(statistics.median(replay_cells) * 1e6))
+    t.add(
+        "bare kernel (one `pass` cell)",
+        len(bare),
+        *(fmt_us(x * 1e6) for x in (b, min(bare), max(bare))),
+        "",
+        fmt_us(statistics.median(bare_cells) * 1e6),
+    )
+    t.add(
+        "first run, all calls recorded",
+        1,
+        fmt_us(first * 1e6),
+        "",
+        "",
+        fmt_us((first - b) * 1e6),
+        fmt_us(first_cells * 1e6),
+    )
+    t.add(
+        "rerun after restart, all replayed",
+        len(replay),
+        *(fmt_us(x * 1e6) for x in (r, min(replay), max(replay))),
+        fmt_us((r - b) * 1e6),
+        fmt_us(statistics.median(replay_cells) * 1e6),
+    )
     t.notes += [
         f"notebook: {which}; {calls} simulated calls on the first run, none on the reruns",
         "each figure is one whole NotebookClient.execute(): kernel start, all cells, shutdown",
@@ -174,6 +194,9 @@ def e2e(cfg: Any, root: Path) -> tuple[Table, dict[str, float]]:
     ]
     shutil.rmtree(work, ignore_errors=True)
     return t, {
-        "replay_minus_bare_s": r - b, "bare_s": b, "replay_s": r, "first_s": first,
+        "replay_minus_bare_s": r - b,
+        "bare_s": b,
+        "replay_s": r,
+        "first_s": first,
         "replay_cells_s": statistics.median(replay_cells),
     }

@@ -10,8 +10,18 @@ from importlib import metadata
 from pathlib import Path
 
 PACKAGES = (
-    "nbdurable", "diskcache", "cloudpickle", "ipython", "ipykernel", "nbclient", "numpy",
-    "joblib", "dbos", "sqlalchemy", "langgraph", "langgraph-checkpoint",
+    "nbdurable",
+    "diskcache",
+    "cloudpickle",
+    "ipython",
+    "ipykernel",
+    "nbclient",
+    "numpy",
+    "joblib",
+    "dbos",
+    "sqlalchemy",
+    "langgraph",
+    "langgraph-checkpoint",
     "langgraph-checkpoint-sqlite",
 )
 

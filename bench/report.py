@@ -41,7 +41,9 @@ class Table:
     def markdown(self) -> str:
         parts = [f"### {self.title}", ""]
         parts.append("| " + " | ".join(self.columns) + " |")
-        parts.append("|" + "|".join("---" if i == 0 else "---:" for i in range(len(self.columns))) + "|")
+        parts.append(
+            "|" + "|".join("---" if i == 0 else "---:" for i in range(len(self.columns))) + "|"
+        )
         parts += ["| " + " | ".join(r) + " |" for r in self.rows]
         if self.skipped:
             parts.append("")

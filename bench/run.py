@@ -30,9 +30,7 @@ class Config:
 
     quick: bool = False
     sizes: tuple[int, ...] = (100, 10_000, 1_000_000)
-    steps: dict[int, int] = field(
-        default_factory=lambda: {100: 500, 10_000: 500, 1_000_000: 200}
-    )
+    steps: dict[int, int] = field(default_factory=lambda: {100: 500, 10_000: 500, 1_000_000: 200})
     warmup: int = 20
     #: steps for peers whose per-step cost grows with their log (the seed)
     grow_cap: dict[int, int] = field(default_factory=lambda: {1_000_000: 40})
@@ -41,7 +39,10 @@ class Config:
     growth_value: int = 1_000
     growth_budget: float = 300.0
     growth_peers: tuple[str, ...] = (
-        "nbdurable", "raw diskcache set/get", "seed JSON checkpoint", "DBOS (SQLite)",
+        "nbdurable",
+        "raw diskcache set/get",
+        "seed JSON checkpoint",
+        "DBOS (SQLite)",
         "LangGraph (SqliteSaver)",
     )
     cell_reps_small: int = 200
@@ -80,7 +81,7 @@ def _wait_quiet(limit_s: float, threshold: float = 0.5) -> str:
         if load < threshold:
             return f"quiet (1-min load {load:.2f} < {threshold})"
         if time.monotonic() >= t_end:
-            return f"NOT quiet: 1-min load {load:.2f} after waiting {limit_s:.0f} s; figures are noisy"
+            return f"NOT quiet: 1-min load {load:.2f} after {limit_s:.0f} s; figures are noisy"
         print(f"waiting for a quiet machine: 1-min load {load:.2f}", file=sys.stderr, flush=True)
         time.sleep(min(30.0, max(1.0, t_end - time.monotonic())))
 
@@ -102,12 +103,19 @@ def _targets(found: dict) -> Table:
             ok.append((r >= want) if invert else (r <= want))
         if not cells:
             return
-        label = (
-            f"{op}: ≥{want:g}× cheaper per step than {name}" if invert
-            else f"{op} ≤ {want:g}× {name.replace(' set/get', '')} {'set' if op == 'record' else 'get'}"
+        if invert:
+            label = f"{op}: ≥{want:g}× cheaper per step than {name}"
+        else:
+            raw_op = "set" if op == "record" else "get"
+            label = f"{op} ≤ {want:g}× {name.replace(' set/get', '')} {raw_op}"
+        missed = [c.split(":")[0] for c, o in zip(cells, ok, strict=True) if not o]
+        verdict = (
+            "met"
+            if not missed
+            else "missed"
+            if len(missed) == len(ok)
+            else ("missed at " + ", ".join(missed))
         )
-        verdict = "met" if all(ok) else ("missed" if not any(ok) else "missed at " + ", ".join(
-            c.split(":")[0] for c, o in zip(cells, ok) if not o))
         t.add(label, "; ".join(cells), verdict)
 
     if sub:
@@ -124,29 +132,39 @@ def _targets(found: dict) -> Table:
         sd = g.get(("seed JSON checkpoint", mid))
         if sd and mid in nbd:
             r = sd[0].median_us / nbd[mid][0].median_us
-            t.add(f"record at {mid:,} steps: ≥50× cheaper than the seed's JSON checkpoint",
-                  f"{fmt_ratio(r)} ({fmt_us(sd[0].median_us)} vs {fmt_us(nbd[mid][0].median_us)})",
-                  "met" if r >= 50 else "missed")
+            t.add(
+                f"record at {mid:,} steps: ≥50× cheaper than the seed's JSON checkpoint",
+                f"{fmt_ratio(r)} ({fmt_us(sd[0].median_us)} vs {fmt_us(nbd[mid][0].median_us)})",
+                "met" if r >= 50 else "missed",
+            )
         if len(nbd) >= 2:
             lo, hi = min(nbd), max(nbd)
             for op, i in (("record", 0), ("replay", 1)):
                 r = nbd[hi][i].median_us / nbd[lo][i].median_us
-                t.add(f"{op} flat from {lo:,} to {hi:,} steps (≤ 1.25×)",
-                      f"{fmt_ratio(r)} ({fmt_us(nbd[lo][i].median_us)} → {fmt_us(nbd[hi][i].median_us)})",
-                      "met" if r <= 1.25 else "missed")
+                a, b = fmt_us(nbd[lo][i].median_us), fmt_us(nbd[hi][i].median_us)
+                t.add(
+                    f"{op} flat from {lo:,} to {hi:,} steps (≤ 1.25×)",
+                    f"{fmt_ratio(r)} ({a} → {b})",
+                    "met" if r <= 1.25 else "missed",
+                )
     c = found.get("cells")
     if c:
-        for key, what in (("big.record_over_dump", "record overhead ≤ 1.3× pickle.dump"),
-                          ("big.replay_over_load", "restore overhead ≤ 1.3× pickle.load")):
+        for key, what in (
+            ("big.record_over_dump", "record overhead ≤ 1.3× pickle.dump"),
+            ("big.replay_over_load", "restore overhead ≤ 1.3× pickle.load"),
+        ):
             r = c[key]
             t.add(f"large variable: {what}", fmt_ratio(r), "met" if r <= 1.3 else "missed")
     e = found.get("e2e")
     if e:
         x = e["replay_minus_bare_s"]
-        t.add("replaying the whole notebook after a restart < 1 s over a bare kernel start",
-              f"{fmt_us(x * 1e6)} (bare {fmt_us(e['bare_s'] * 1e6)}, rerun {fmt_us(e['replay_s'] * 1e6)})",
-              "met" if x < 1 else "missed")
-    t.notes.append("ratios from medians; 'cheaper' = peer / nbdurable, '≤ N× raw' = nbdurable / raw")
+        bare, rerun = fmt_us(e["bare_s"] * 1e6), fmt_us(e["replay_s"] * 1e6)
+        t.add(
+            "replaying the whole notebook after a restart < 1 s over a bare kernel start",
+            f"{fmt_us(x * 1e6)} (bare {bare}, rerun {rerun})",
+            "met" if x < 1 else "missed",
+        )
+    t.notes.append("ratios of medians; 'cheaper' = peer / nbdurable; '≤ N× raw' = nbdurable / raw")
     return t
 
 
@@ -162,7 +180,8 @@ def _write(blocks: list[str]) -> None:
             return
     BENCHMARKS.write_text(
         "# Benchmarks\n\nReproduce with `python -m bench --write` (see bench/README.md).\n\n"
-        + generated + "\n",
+        + generated
+        + "\n",
         encoding="utf-8",
     )
 
@@ -170,13 +189,21 @@ def _write(blocks: list[str]) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     ap.add_argument("--quick", action="store_true", help="tiny sizes (the smoke test)")
-    ap.add_argument("--only", default=",".join(SECTIONS),
-                    help=f"comma-separated sections to run (default: all of {','.join(SECTIONS)})")
+    ap.add_argument(
+        "--only",
+        default=",".join(SECTIONS),
+        help=f"comma-separated sections to run (default: all of {','.join(SECTIONS)})",
+    )
     ap.add_argument("--write", action="store_true", help="write the results into BENCHMARKS.md")
     ap.add_argument("--dir", help="directory for the stores (default: a new temporary directory)")
     ap.add_argument("--keep", action="store_true", help="keep the stores afterwards")
-    ap.add_argument("--wait-quiet", type=float, default=0, metavar="SECONDS",
-                    help="first wait up to SECONDS for the 1-minute load average to drop below 0.5")
+    ap.add_argument(
+        "--wait-quiet",
+        type=float,
+        default=0,
+        metavar="SECONDS",
+        help="first wait up to SECONDS for the 1-minute load average to drop below 0.5",
+    )
     args = ap.parse_args(argv)
     only = [s.strip() for s in args.only.split(",") if s.strip()]
     unknown = [s for s in only if s not in SECTIONS]
@@ -184,7 +211,10 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"unknown section(s) {', '.join(unknown)}; choose from {', '.join(SECTIONS)}")
     cfg = Config.tiny() if args.quick else Config()
     quiet = _wait_quiet(args.wait_quiet) if args.wait_quiet else "not checked (no --wait-quiet)"
-    root = Path(args.dir).absolute() if args.dir else Path(tempfile.mkdtemp(prefix="nbdurable-bench-"))
+    if args.dir:
+        root = Path(args.dir).absolute()
+    else:
+        root = Path(tempfile.mkdtemp(prefix="nbdurable-bench-"))
     root.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("NBDURABLE_SIM_LATENCY", "0")
 
@@ -260,16 +290,21 @@ def main(argv: list[str] | None = None) -> int:
     load_after = machine.load()
     elapsed = time.monotonic() - t_start
     print(f"\nload average after: {load_after}; took {elapsed:.0f} s")
-    missing_required = [n for n in REQUIRED if "substep" in found
-                        and not any(k[0] == n for k in found["substep"])]
+    missing_required = [
+        n for n in REQUIRED if "substep" in found and not any(k[0] == n for k in found["substep"])
+    ]
     if missing_required:
         print(f"required systems did not run: {missing_required}", file=sys.stderr)
         return 1
     if args.write:
         head.add("load average after", load_after)
-        head.add("run", f"{started:%Y-%m-%d %H:%M} UTC, {elapsed:.0f} s, `python -m bench"
-                 f"{' --quick' if cfg.quick else ''} --only {','.join(only)}`")
-        _write([head.markdown()] + [t.markdown() for t in tables + size_tables]
-               + [targets.markdown()])
+        head.add(
+            "run",
+            f"{started:%Y-%m-%d %H:%M} UTC, {elapsed:.0f} s, `python -m bench"
+            f"{' --quick' if cfg.quick else ''} --only {','.join(only)}`",
+        )
+        _write(
+            [head.markdown()] + [t.markdown() for t in tables + size_tables] + [targets.markdown()]
+        )
         print(f"wrote {BENCHMARKS}")
     return 0

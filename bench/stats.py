@@ -12,9 +12,7 @@ from dataclasses import dataclass
 perf_ns = time.perf_counter_ns
 
 
-def timed_loop(
-    n: int, call: Callable[[int], object], deadline: float | None = None
-) -> list[int]:
+def timed_loop(n: int, call: Callable[[int], object], deadline: float | None = None) -> list[int]:
     """Call ``call(i)`` for i in 0..n-1; return each call's duration in ns.
 
     With ``deadline`` (a ``time.monotonic()`` value) the loop stops early

@@ -98,7 +98,9 @@ def _ordinal_id(session: Session, qual: str, args: tuple, kwargs: dict) -> str:
     return f"{base}#{n}"
 
 
-def _substep(session: Session, sub_id: str, fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+def _substep(
+    session: Session, sub_id: str, fn: Callable[..., Any], args: tuple, kwargs: dict
+) -> Any:
     __tracebackhide__ = True
     ctx = session.current
     scope = ctx.key if ctx is not None else RUN_SCOPE
@@ -130,7 +132,9 @@ def _substep(session: Session, sub_id: str, fn: Callable[..., Any], args: tuple,
     finally:
         _current_sub.reset(token)
     if inspect.isawaitable(result):
-        return _finish_async(session, store_key, scope, sub_id, where, fn, result, args_fp, started, t0)
+        return _finish_async(
+            session, store_key, scope, sub_id, where, fn, result, args_fp, started, t0
+        )
     _save(session, store_key, scope, sub_id, where, fn, result, args_fp, started, t0)
     return result
 
@@ -175,8 +179,16 @@ def _lookup(session: Session, store_key: str, where: str, args_fp: str) -> Any:
 
 
 def _save(
-    session: Session, store_key: str, scope: str, sub_id: str, where: str,
-    fn: Callable[..., Any], result: Any, args_fp: str, started: float, t0: float,
+    session: Session,
+    store_key: str,
+    scope: str,
+    sub_id: str,
+    where: str,
+    fn: Callable[..., Any],
+    result: Any,
+    args_fp: str,
+    started: float,
+    t0: float,
 ) -> None:
     duration = time.perf_counter() - t0
     try:
@@ -189,17 +201,20 @@ def _save(
         )
         return
     rec = SubRecord(
-        run=session.run_id, scope=scope, id=sub_id,
+        run=session.run_id,
+        scope=scope,
+        id=sub_id,
         fn=f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}",
-        args_fp=args_fp, started=started, duration=duration, size=len(body),
+        args_fp=args_fp,
+        started=started,
+        duration=duration,
+        size=len(body),
         type=values.type_name(result),
     )
     try:
         session.store.put(store_key, rec.to_header(), body)
     except StoreError as exc:
-        raise StoreError(
-            f"{where} returned but its result was NOT recorded: {exc}"
-        ) from exc
+        raise StoreError(f"{where} returned but its result was NOT recorded: {exc}") from exc
     ctx = session.current
     if ctx is not None:
         with ctx.lock:
@@ -213,8 +228,15 @@ async def _ready(value: Any) -> Any:
 
 
 async def _call_async(
-    session: Session, store_key: str, scope: str, sub_id: str, where: str,
-    fn: Callable[..., Any], args: tuple, kwargs: dict, args_fp: str,
+    session: Session,
+    store_key: str,
+    scope: str,
+    sub_id: str,
+    where: str,
+    fn: Callable[..., Any],
+    args: tuple,
+    kwargs: dict,
+    args_fp: str,
 ) -> Any:
     token = _current_sub.set(sub_id)
     started, t0 = time.time(), time.perf_counter()
@@ -227,8 +249,16 @@ async def _call_async(
 
 
 async def _finish_async(
-    session: Session, store_key: str, scope: str, sub_id: str, where: str,
-    fn: Callable[..., Any], awaitable: Any, args_fp: str, started: float, t0: float,
+    session: Session,
+    store_key: str,
+    scope: str,
+    sub_id: str,
+    where: str,
+    fn: Callable[..., Any],
+    awaitable: Any,
+    args_fp: str,
+    started: float,
+    t0: float,
 ) -> Any:
     result = await awaitable
     _save(session, store_key, scope, sub_id, where, fn, result, args_fp, started, t0)

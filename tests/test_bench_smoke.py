@@ -1,0 +1,84 @@
+"""The benchmark runs at tiny sizes, so it cannot rot. No timing is asserted.
+
+``python -m bench --quick`` runs in a subprocess (the peers bring their own
+threads, loggers and warnings, none of which belong in this process), and
+every section must print its table with a row for each system, or say why a
+system could not run. nbdurable and the raw floors must always run; only the
+optional peers of the ``bench`` extra may be reported as not installed.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+pytestmark = pytest.mark.kernel  # section 4 starts real kernels
+
+ALWAYS = [
+    "nbdurable",
+    "raw diskcache set/get",
+    "raw SQLite WAL insert/select",
+    "seed JSON checkpoint",
+    "diskcache memoize",
+]
+OPTIONAL = ["joblib.Memory", "DBOS (SQLite)", "LangGraph (SqliteSaver)"]
+SECTIONS = [
+    "1. Sub-steps",
+    "2. Growth",
+    "3. Cell-level %%step",
+    "4. Restart and replay",
+    "5a. Store size",
+    "5b. Store size",
+    "Targets (issue #6)",
+]
+
+
+def _section(out: str, title: str) -> str:
+    start = out.index("== " + title)
+    end = out.find("\n== ", start + 1)
+    return out[start:] if end < 0 else out[start:end]
+
+
+def test_bench_quick_runs_every_section_and_system(tmp_path):
+    env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONWARNINGS="default")
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench", "--quick", "--dir", str(tmp_path)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    out = proc.stdout
+    assert proc.returncode == 0, out[-4000:] + "\n--- stderr ---\n" + proc.stderr[-4000:]
+    for title in SECTIONS:
+        assert "== " + title in out, f"section {title!r} missing:\n{out[-4000:]}"
+
+    substeps = _section(out, "1. Sub-steps")
+    rows = [line for line in substeps.splitlines()]
+    for name in ALWAYS:
+        assert any(r.startswith(name + " ") for r in rows), f"no row for {name}:\n{substeps}"
+    for name in OPTIONAL:
+        ran = any(r.startswith(name + " ") for r in rows)
+        told = any(r.startswith(f"could not run: {name}: ") for r in rows)
+        assert ran or told, f"{name} neither ran nor said why:\n{substeps}"
+        if not ran:
+            print(f"optional peer skipped: {[r for r in rows if name in r]}")
+
+    growth = _section(out, "2. Growth")
+    for name in ("nbdurable", "seed JSON checkpoint"):
+        assert sum(1 for r in growth.splitlines() if r.startswith(name + " ")) == 3, growth
+
+    cells = _section(out, "3. Cell-level %%step")
+    assert "small variables" in cells and "numpy array" in cells, cells
+
+    e2e = _section(out, "4. Restart and replay")
+    for row in ("bare kernel", "first run", "rerun after restart"):
+        assert row in e2e, e2e
+    assert "none on the reruns" in e2e, e2e
