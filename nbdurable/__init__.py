@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from .config import configure
 from .errors import (
     CorruptRecord,
     DivergenceError,
@@ -18,7 +17,26 @@ from .errors import (
     StoreError,
     UsageProblem,
 )
-from .substeps import idempotency_key, recorded, step
+
+_LAZY = {
+    "configure": "config",
+    "idempotency_key": "substeps",
+    "recorded": "substeps",
+    "step": "substeps",
+}
+
+
+def __getattr__(name: str) -> Any:
+    # Imported on first use: the engine pulls in IPython, which the CLI
+    # (`nbdurable status`, `ls`, ...) should not pay for.
+    if name in _LAZY:
+        from importlib import import_module
+
+        value = getattr(import_module(f".{_LAZY[name]}", __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'nbdurable' has no attribute {name!r}")
+
 
 __all__ = [
     "CorruptRecord",

@@ -41,7 +41,7 @@ def configure(**changes: object) -> Settings:
     """Change settings, e.g. ``configure(on_divergence="error")``; returns the new settings."""
     global _settings
     known = {f.name for f in fields(Settings)}
-    for key, value in changes.items():
+    for key in changes:
         if key not in known:
             raise UsageProblem(
                 f"unknown setting {key!r}; known settings: {', '.join(sorted(known))}"

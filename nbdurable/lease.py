@@ -89,7 +89,7 @@ def read(store: Store, run_id: str) -> Holder | None:
 
 
 class Lease:
-    """This process's lease on one run; :meth:`release` gives it back."""
+    """A lease on one run held by this process; :meth:`release` gives it back."""
 
     def __init__(self, store: Store, run_id: str, what: str = "") -> None:
         self.store, self.run_id, self.what = store, run_id, what
@@ -104,8 +104,15 @@ class Lease:
         ``takeover`` is false.
         """
         now = time.time()
-        mine = Holder(socket.gethostname(), os.getpid(), _start_time(os.getpid()),
-                      self.token, now, now, self.what)
+        mine = Holder(
+            socket.gethostname(),
+            os.getpid(),
+            _start_time(os.getpid()),
+            self.token,
+            now,
+            now,
+            self.what,
+        )
         key = lease_key(self.run_id)
         with self.store.transaction():
             current = read(self.store, self.run_id)

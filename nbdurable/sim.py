@@ -141,9 +141,7 @@ class MailProvider:
         """Send once per key; a repeated key returns the original receipt."""
         with closing(sqlite3.connect(self.path)) as con, con:
             con.execute("INSERT INTO attempts VALUES (?, ?)", (idempotency_key, time.time()))
-            row = con.execute(
-                "SELECT id FROM sent WHERE key = ?", (idempotency_key,)
-            ).fetchone()
+            row = con.execute("SELECT id FROM sent WHERE key = ?", (idempotency_key,)).fetchone()
             if row:
                 return {"id": row[0], "duplicate": True}
             msg_id = "msg-" + uuid.uuid4().hex[:12]

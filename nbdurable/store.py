@@ -117,21 +117,29 @@ def _load_secret(directory: Path) -> bytes:
     if env:
         return env.encode("utf-8")
     path = directory / "key"
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
-        data = path.read_bytes()
-        if len(data) < 16:
-            raise StoreError(
-                f"the store key {path} is shorter than 16 bytes; it was damaged. "
-                "Restore it, or delete the store directory to start afresh."
-            ) from None
-        return data
-    with os.fdopen(fd, "wb") as f:
-        f.write(secrets.token_hex(32).encode("ascii"))
-        f.flush()
-        os.fsync(f.fileno())
-    return path.read_bytes()
+    if not path.exists():
+        # Write the key to a private temp file, then link it into place: a
+        # link either creates the name or fails, so two processes opening a
+        # new store at once never see a half-written key.
+        tmp = directory / f".key-{os.getpid()}-{secrets.token_hex(4)}"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(secrets.token_hex(32).encode("ascii"))
+            f.flush()
+            os.fsync(f.fileno())
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            pass  # another process won the race; use its key
+        finally:
+            tmp.unlink()
+    data = path.read_bytes()
+    if len(data) < 16:
+        raise StoreError(
+            f"the store key {path} is shorter than 16 bytes; it was damaged. "
+            "Restore it, or delete the store directory to start afresh."
+        )
+    return data
 
 
 class Store:

@@ -11,10 +11,10 @@ import json
 from collections import Counter
 
 import pytest
+from kernel_util import make_notebook, outputs_of, run_notebook
 from nbclient.exceptions import DeadKernelError
 
 from nbdurable.sim import digest, ledger_calls
-from kernel_util import make_notebook, outputs_of, run_notebook
 
 pytestmark = pytest.mark.kernel
 
@@ -86,10 +86,10 @@ def test_crash_in_the_loop_then_resume_then_replay_everything(story):
     # Attempt 2: a new kernel, run all. Only the unfinished work calls the model.
     second = run_notebook(make_notebook(CELLS), cwd=tmp_path, env=env)
     after = ledger_calls(ledger)
-    made_again = Counter((c["kind"], c["arg"]) for c in after[len(before):])
+    made_again = Counter((c["kind"], c["arg"]) for c in after[len(before) :])
     for c in returned:
         assert (c["kind"], c["arg"]) not in made_again, f"repeated a recorded call: {c}"
-    assert Counter(c["kind"] for c in after[len(before):]) == {
+    assert Counter(c["kind"] for c in after[len(before) :]) == {
         "answer": 20,  # 40 (the one that crashed, never recorded) .. 59
         "search": 19,  # 41 .. 59 (search 40 had returned before the crash)
         "synthesize": 1,
@@ -103,7 +103,7 @@ def test_crash_in_the_loop_then_resume_then_replay_everything(story):
     hashes = json.loads(printed[0])
     first_answers = [c["out"] for c in returned if c["kind"] == "answer"]
     assert hashes[:40] == first_answers
-    resumed_answers = [c["out"] for c in after[len(before):] if c["kind"] == "answer"]
+    resumed_answers = [c["out"] for c in after[len(before) :] if c["kind"] == "answer"]
     assert hashes[40:] == resumed_answers
     synth = [c for c in after if c["kind"] == "synthesize"]
     assert digest(json.loads(printed[1]).split(": ", 1)[1]) == synth[0]["out"]
