@@ -91,16 +91,27 @@ def _targets(found: dict) -> Table:
     sub = found.get("substep")
 
     def per_size(name: str, op: str, want: float, invert: bool) -> None:
-        """Ratios per value size: peer/nbdurable (``invert``) or nbdurable/peer."""
+        """Ratios per value size: peer/nbdurable (``invert``) or nbdurable/peer.
+
+        Against a peer both the median per call and the wall time per step
+        must clear the bar (LangGraph defers its writes and loads its whole
+        log up front, so the per-call median alone would flatter it).
+        """
         cells, ok = [], []
         for s in sorted({k[1] for k in sub}):
             a, b = sub.get(("nbdurable", s)), sub.get((name, s))
             if a is None or b is None:
                 continue
             x, y = getattr(a, op).median_us, getattr(b, op).median_us
-            r = y / x if invert else x / y
-            cells.append(f"{size_label(s)}: {fmt_ratio(r)}")
-            ok.append((r >= want) if invert else (r <= want))
+            if invert:
+                wall = getattr(b, f"{op}_wall_us") / getattr(a, f"{op}_wall_us")
+                r = y / x
+                cells.append(f"{size_label(s)}: {fmt_ratio(r)} (wall {fmt_ratio(wall)})")
+                ok.append(r >= want and wall >= want)
+            else:
+                r = x / y
+                cells.append(f"{size_label(s)}: {fmt_ratio(r)}")
+                ok.append(r <= want)
         if not cells:
             return
         if invert:
@@ -164,7 +175,10 @@ def _targets(found: dict) -> Table:
             f"{fmt_us(x * 1e6)} (bare {bare}, rerun {rerun})",
             "met" if x < 1 else "missed",
         )
-    t.notes.append("ratios of medians; 'cheaper' = peer / nbdurable; '≤ N× raw' = nbdurable / raw")
+    t.notes.append(
+        "ratios of medians ('wall': of wall time per step, section 1); 'cheaper' = "
+        "peer / nbdurable; '≤ N× raw' = nbdurable / raw"
+    )
     return t
 
 
