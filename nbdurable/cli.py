@@ -117,6 +117,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--kernel", metavar="NAME", help="kernel spec to use (default: the notebook's)"
     )
+    run.add_argument(
+        "--takeover",
+        action="store_true",
+        help="take the run's lease even if another live kernel holds it",
+    )
     run.set_defaults(func=cmd_run)
 
     status = sub.add_parser(
@@ -351,6 +356,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         kernel=args.kernel,
         store=args.store,
         progress=Progress() if quiet else ConsoleProgress(),
+        takeover=args.takeover,
     )
     if args.json:
         _emit(result.to_json())

@@ -19,6 +19,8 @@ class Settings:
       again), ``"rerun"`` (call again silently), ``"replay"`` (return the
       recorded value anyway), ``"error"`` (raise ``DivergenceError``).
     - ``replay_note``: show the one-line "replayed" note under replayed steps.
+    - ``warn_size_mb``: warn when one recorded value is larger than this
+      (default 100 MB); it is still recorded, and stored once by content.
     - ``durability``: ``"crash"`` (default; a record survives a kernel crash)
       or ``"power"`` (also survives power loss; slower writes). Takes effect
       when the store is next opened.
@@ -27,6 +29,7 @@ class Settings:
     on_divergence: str = "warn"
     replay_note: bool = True
     durability: str = "crash"
+    warn_size_mb: float = 100.0
 
 
 _settings = Settings()
@@ -57,5 +60,8 @@ def configure(**changes: object) -> Settings:
         )
     if "replay_note" in changes and not isinstance(changes["replay_note"], bool):
         raise UsageProblem(f"replay_note must be True or False (got {changes['replay_note']!r})")
+    size = changes.get("warn_size_mb", 1)
+    if isinstance(size, bool) or not isinstance(size, (int, float)) or size <= 0:
+        raise UsageProblem(f"warn_size_mb must be a positive number (got {size!r})")
     _settings = replace(_settings, **changes)  # type: ignore[arg-type]
     return _settings

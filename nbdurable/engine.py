@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import atexit
 import contextlib
 import hashlib
+import os
 import re
 import sys
 import threading
@@ -23,10 +25,10 @@ from typing import Any
 
 from IPython.core.displayhook import DisplayHook
 
-from . import config, events, keys, locate, values
+from . import config, events, faults, keys, lease, locate, recording, redact, values
 from .capture import Capture, replay, show_last_expr
-from .errors import CorruptRecord, NbdurableError, StoreError, UsageProblem
-from .records import StepRecord, StepState, VarRecord
+from .errors import CorruptRecord, LeaseHeld, NbdurableError, StoreError, UsageProblem
+from .records import StepRecord, StepState
 from .store import RunKeys, Store
 
 _HIDDEN = re.compile(r"^(_+|_\d+|_i+|_i\d+|_ih|_oh|_dh|In|Out|get_ipython|exit|quit)$")
@@ -84,6 +86,11 @@ class Session:
         self._warned_no_notebook = False
         self._warned_unsaved: set[str] = set()
         self._warned_names: set[str] = set()
+        self._lease: lease.Lease | None = None
+        self._atexit = False
+        env_run = os.environ.get("NBDURABLE_RUN", "").strip()
+        if env_run:  # set by `nbdurable run --run NAME`
+            self._run_name = keys.validate_name(env_run, "run name (NBDURABLE_RUN)")
 
     # -- run context ---------------------------------------------------------
     @property
@@ -130,12 +137,49 @@ class Session:
 
     def set_run(self, name: str | None) -> str:
         """Switch to a named run (None: back to the notebook's run)."""
+        self.release()
         self._run_name = name
         self.status.clear()
         self.producers.clear()
         self.origins.clear()
         events.emit("run-changed", self.run_id)
         return self.run_id
+
+    def claim(self, *, takeover: bool = False) -> lease.Holder | None:
+        """Hold this run's lease before executing anything in it (see :mod:`lease`).
+
+        Raises :class:`LeaseHeld` when another live process holds it; with
+        ``takeover`` (or ``NBDURABLE_TAKEOVER=1``) takes it anyway. Returns
+        the previous holder when one was replaced.
+        """
+        run = self.run_id
+        held = self._lease
+        if held is not None and held.run_id == run and not takeover:
+            if held.holds():
+                return None
+            self._lease = None
+            who = lease.read(self.store, run)
+            raise LeaseHeld(
+                f"run {run!r} was taken over by "
+                f"{who.describe() if who else 'another process'}; this kernel stopped "
+                "recording into it. Run `%step takeover` to take it back."
+            )
+        if held is not None:
+            held.release()
+            self._lease = None
+        mine = lease.Lease(self.store, run, _holder_description(self.shell))
+        previous = mine.acquire(takeover=takeover or os.environ.get("NBDURABLE_TAKEOVER") == "1")
+        self._lease = mine
+        if not self._atexit:
+            self._atexit = True
+            atexit.register(self.release)
+        return previous
+
+    def release(self) -> None:
+        """Give back the run's lease, if held."""
+        if self._lease is not None:
+            self._lease.release()
+            self._lease = None
 
     def set_store(self, store: Store, run_id: str | None = None) -> None:
         """Use an already-open store (tests, the CLI)."""
@@ -230,10 +274,13 @@ class Session:
         source_fp = keys.source_fingerprint(py)
         ns = self.user_ns
         self.origins = {n: o for n, o in self.origins.items() if ns.get(n) is o[0]}
+        # A name this very step produced earlier in this kernel is not an input:
+        # it did not exist when the step was first recorded, and counting it
+        # would make every rerun in the same kernel look like a change.
         inputs = {
-            n: self._input_fp(n, ns[n])
+            n: self._input_fp(n, ns[n], label)
             for n in sorted(analysis.reads)
-            if n in ns and not _HIDDEN.match(n)
+            if n in ns and not _HIDDEN.match(n) and self.producers.get(n) != key
         }
         rec = self.load_record(key, label)
         # Whatever nbdurable printed so far (warnings) reaches the frontend before
@@ -244,12 +291,13 @@ class Session:
         if rec is not None and not force and (reason is None or state.pinned):
             if rec.replayable and self._replay(rec, label, reason):
                 return
+        self.claim()
         if rec is not None and reason is not None and not force:
             self.status[key] = ("invalidated", reason)
             events.emit("step-invalidated", self.run_id, key, reason=reason, label=label)
         self._execute(py, key, label, position, source_fp, inputs, analysis, state)
 
-    def _input_fp(self, name: str, value: Any) -> str:
+    def _input_fp(self, name: str, value: Any, label: str = "") -> str:
         """Fingerprint of an input; for a value a step saved, also its saved bytes.
 
         :func:`keys.fingerprint` sees some objects by type only (instances of
@@ -258,7 +306,7 @@ class Session:
         one recording from another, so a dependant of a re-executed step does
         not replay a result computed from the old value.
         """
-        fp = keys.fingerprint(value)
+        fp = _fingerprint(value, f"input {name!r} of step {label!r}")
         origin = self.origins.get(name)
         if origin is None or origin[0] is not value:
             return fp
@@ -270,6 +318,7 @@ class Session:
         ns = self.user_ns
         try:
             for var in rec.variables:
+                faults.point("replay")
                 if var.kind == "module":
                     restored[var.name] = values.import_module(var.ref)
                     continue
@@ -361,6 +410,7 @@ class Session:
         self, key: str, label: str, position: int | None, state: StepState, exc: BaseException
     ) -> None:
         what = (f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)[:500]
+        what = redact.redact_text(what)[0]
         self.status[key] = ("failed", what)
         failed = StepState(state.pinned, what, time.time(), state.stale, label, position)
         try:
@@ -388,48 +438,23 @@ class Session:
         ns = self.user_ns
         changed = _changed_names(before, ns, analysis)
         deleted = tuple(sorted(n for n in before if n not in ns and not _HIDDEN.match(n)))
-        variables: list[VarRecord] = []
-        unsaved: list[str] = []
-        origins: dict[str, tuple[Any, str]] = {}
-        for name in changed:
-            value = ns[name]
-            if values.is_module(value):
-                ref = values.module_ref(value, _dotted_imports(py))
-                variables.append(VarRecord(name, "module", ref, keys.fingerprint(value)))
-                continue
-            try:
-                data = values.dumps(value)
-            except values.Unsaveable as exc:
-                unsaved.append(f"{name} ({values.type_name(value)}: {exc})")
-                variables.append(
-                    VarRecord(
-                        name,
-                        "unsaved",
-                        str(exc)[:200],
-                        keys.fingerprint(value),
-                        0,
-                        values.type_name(value),
-                    )
-                )
-                continue
-            sha, _written = self.store.put_blob(data)
-            origins[name] = (value, sha)
-            variables.append(
-                VarRecord(
-                    name, "value", sha, keys.fingerprint(value), len(data), values.type_name(value)
-                )
-            )
+        secrets = redact.secrets_in_env()
+        saved = recording.save_variables(
+            self.store, ns, changed, _dotted_imports(py), _fingerprint, secrets
+        )
+        outputs, leaked = recording.scrub_outputs(outputs, secrets)
+        source, in_source = redact.redact_text(py, secrets)
         input_from = {n: self.producers[n] for n in inputs if n in self.producers}
         rec = StepRecord(
             run=self.run_id,
             key=key,
             name=label,
             position=position,
-            source=py,
+            source=source,
             source_fp=source_fp,
             inputs=inputs,
             input_from=input_from,
-            variables=tuple(variables),
+            variables=tuple(saved.variables),
             deleted=deleted,
             outputs=tuple(outputs),
             started=started,
@@ -448,18 +473,42 @@ class Session:
             self.store.apply(puts=puts, deletes=deletes)
         except StoreError as exc:
             raise StoreError(f"step {label!r} ran but was NOT recorded: {exc}") from exc
+        faults.point("step-written")
         for name in changed:
             self.producers[name] = key
             self.origins.pop(name, None)
-        self.origins.update(origins)
+        self.origins.update(saved.origins)
         self.status[key] = ("recorded", "")
         events.emit("step-recorded", self.run_id, key, label=label, record=rec)
-        if unsaved and key not in self._warned_unsaved:
+        self._warn_recorded(key, label, saved, sorted(set(leaked) | set(in_source)))
+
+    def _warn_recorded(
+        self, key: str, label: str, saved: recording.Saved, leaked: list[str]
+    ) -> None:
+        """One loud warning for each kind of thing a recorded step did not write."""
+        if saved.unsaved and key not in self._warned_unsaved:
             self._warned_unsaved.add(key)
             warn(
                 f"step {label!r} was recorded, but these variables cannot be saved: "
-                f"{'; '.join(unsaved)}. On replay this step's body runs again (its "
+                f"{'; '.join(saved.unsaved)}. On replay this step's body runs again (its "
                 "sub-steps still replay, so no recorded call repeats)."
+            )
+        if saved.secrets:
+            warn(
+                f"step {label!r}: these variables hold a secret from the environment and "
+                f"were NOT written to the store: {'; '.join(saved.secrets)}. On replay "
+                "this step's body runs again (its sub-steps still replay)."
+            )
+        if leaked:
+            warn(
+                f"step {label!r}: its outputs or source showed the value of "
+                f"${', $'.join(leaked)}; it was recorded as [redacted] instead."
+            )
+        if saved.large:
+            warn(
+                f"step {label!r}: large values recorded: {'; '.join(saved.large)} "
+                f"(over warn_size_mb={config.get().warn_size_mb:g}). They are stored "
+                "once by content; clear old runs with `nbdurable gc` if space runs short."
             )
 
 
@@ -490,8 +539,21 @@ def _changed_names(
             out.add(name)
     for name in analysis.binds | analysis.mutates:
         if name in after and not _HIDDEN.match(name):
+            # `time.sleep(1)` looks like a method call on `time`; a module the
+            # step did not rebind is not something it produced.
+            if name not in analysis.binds and values.is_module(after[name]):
+                continue
             out.add(name)
     return sorted(out)
+
+
+def _fingerprint(value: Any, what: str) -> str:
+    """:func:`keys.fingerprint`, falling back to the type when a custom hook fails."""
+    try:
+        return keys.fingerprint(value)
+    except Exception as exc:  # a user's __nbdurable_fingerprint__ may raise
+        warn(f"{what}: cannot fingerprint it ({exc!r}); comparing it by type only.")
+        return "type:" + values.type_name(value)
 
 
 _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)
@@ -599,6 +661,21 @@ def _run_coroutine(coro: Any) -> Any:
     return box.get("value")
 
 
+def _holder_description(shell: Any) -> str:
+    """What holds a lease, for the message a second runner sees."""
+    runner = os.environ.get("NBDURABLE_HOLDER")
+    if runner:
+        return runner
+    if getattr(shell, "kernel", None) is not None:
+        try:
+            from ipykernel.connect import get_connection_file
+
+            return "kernel " + Path(get_connection_file()).stem.removeprefix("kernel-")
+        except Exception:  # not started from a connection file
+            return "kernel"
+    return "python " + " ".join(sys.argv[:1])
+
+
 def _escape(text: str) -> str:
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
@@ -629,6 +706,8 @@ def reset_session() -> None:
     """Forget the process-wide session (tests; ``%reload_ext``)."""
     global _session
     with _session_lock:
+        if _session is not None:
+            _session.release()
         if _session is not None and _session._store is not None:
             _session._store.close()
         _session = None

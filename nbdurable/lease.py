@@ -118,7 +118,8 @@ class Lease:
             current = read(self.store, self.run_id)
             previous = None
             if current is not None and current.token != self.token:
-                if _alive(current, now) and not takeover:
+                ours = current.host == mine.host and current.pid == mine.pid
+                if not ours and _alive(current, now) and not takeover:
                     raise LeaseHeld(
                         f"run {self.run_id!r} is being recorded by {current.describe()}. "
                         "Two runners would execute the same steps twice: stop the other "

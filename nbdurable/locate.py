@@ -29,7 +29,7 @@ from .keys import source_fingerprint, validate_name
 
 DEFAULT_RUN = "default"
 #: ``%step`` commands: never a step name.
-STEP_COMMANDS = ("list", "clear", "pin", "unpin", "run", "panel")
+STEP_COMMANDS = ("list", "clear", "pin", "unpin", "run", "panel", "takeover")
 _STEP_LINE = re.compile(r"^\s*%%step\b(.*)$")
 
 

@@ -17,7 +17,8 @@ USAGE = """\
 %step clear NAME [NAME ...]  forget steps (and their sub-steps); --all for the whole run
 %step pin NAME | unpin NAME  replay a step even when invalidated / stop doing so
 %step run [NAME]             switch to a named run (no NAME: the notebook's own run)
-%step panel                  show the step panel"""
+%step panel                  show the step panel
+%step takeover               take the run's lease from another (stuck) runner"""
 
 _SUBCOMMANDS = locate.STEP_COMMANDS
 
@@ -69,6 +70,11 @@ class StepMagics(Magics):
                 raise UsageProblem(f"%step run takes one NAME, got {len(rest)}")
             name = keys.validate_name(rest[0], "run name") if rest else None
             print(f"nbdurable run: {session.set_run(name)!r}")
+        elif cmd == "takeover":
+            _no_args(cmd, rest)
+            previous = session.claim(takeover=True)
+            who = f" from {previous.describe()}" if previous else ""
+            print(f"this kernel now holds run {session.run_id!r}{who}")
         elif cmd == "panel":
             _no_args(cmd, rest)
             from IPython.display import display

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import re
+from typing import Any
 
 _SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD", re.IGNORECASE)
 #: Shorter values are too likely to occur by chance ("1", "true") to hunt for.
@@ -21,15 +22,34 @@ _OURS = {"NBDURABLE_KEY"}
 
 
 def secrets_in_env(environ: dict[str, str] | None = None) -> dict[str, bytes]:
-    """``{variable name: value as UTF-8}`` for secret-looking environment variables."""
-    env = os.environ if environ is None else environ
-    return {
-        name: value.encode("utf-8")
-        for name, value in env.items()
-        if _SECRET_NAME.search(name)
-        and name not in _OURS
-        and len(value.strip()) >= MIN_SECRET_LENGTH
-    }
+    """``{variable name: value as UTF-8}`` for secret-looking environment variables.
+
+    Called before every write, so it reads ``os.environ``'s raw storage and
+    remembers which names look secret, instead of decoding every variable
+    each time (a few microseconds, not a hundred).
+    """
+    if environ is not None:
+        items: Any = ((k.encode(), v.encode("utf-8")) for k, v in environ.items())
+    else:
+        raw = getattr(os.environ, "_data", None)
+        if raw is None:  # pragma: no cover - every CPython has it
+            return secrets_in_env(dict(os.environ))
+        items = raw.items()
+    out: dict[str, bytes] = {}
+    for key, value in items:
+        looks = _looks_secret.get(key)
+        if looks is None:
+            name = key.decode("utf-8", "replace") if isinstance(key, bytes) else key
+            looks = _looks_secret[key] = bool(_SECRET_NAME.search(name)) and name not in _OURS
+        if looks:
+            val = value if isinstance(value, bytes) else value.encode("utf-8")
+            if len(val.strip()) >= MIN_SECRET_LENGTH:
+                name = key.decode("utf-8", "replace") if isinstance(key, bytes) else key
+                out[name] = val
+    return out
+
+
+_looks_secret: dict[Any, bool] = {}
 
 
 def find_secrets(data: bytes | str, secrets: dict[str, bytes] | None = None) -> list[str]:

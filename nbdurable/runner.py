@@ -454,6 +454,10 @@ class _Run:
         run_id = run_name or locate.run_id_for(notebook, self.store_dir)
         self.rk = RunKeys(run_id)
         self.kernel_env = {**os.environ, **env, "NBDURABLE_NOTEBOOK": str(notebook)}
+        # Who holds the run's lease, as a second runner is told (see nbdurable.lease).
+        self.kernel_env.setdefault("NBDURABLE_HOLDER", f"nbdurable run (pid {os.getpid()})")
+        if run_name:
+            self.kernel_env["NBDURABLE_RUN"] = run_name
         if store is not None:
             self.kernel_env["NBDURABLE_DIR"] = str(store)
         if kernel:
@@ -562,8 +566,6 @@ class _Run:
                 ):
                     self._trap_signals()
                     await self._kernel_info(client)
-                    if self.run_name:
-                        await self._set_run(client)
                     try:
                         for index, cell in enumerate(nb.cells):
                             await self._cell(client, att, pre, index, cell)
@@ -656,20 +658,6 @@ class _Run:
         )
         reply = await client.async_wait_for_reply(msg_id)
         return None if reply is None else reply["content"]
-
-    async def _set_run(self, client: Any) -> None:
-        code = f"__import__('nbdurable.engine').engine.get_session().set_run({self.run_name!r})"
-        content = await self._silent(client, code)
-        if content is None or content.get("status") != "ok":
-            why = (
-                "no reply"
-                if content is None
-                else f"{content.get('ename')}: {content.get('evalue')}"
-            )
-            raise UsageProblem(
-                f"the kernel could not switch to run {self.run_name!r} ({why}); "
-                "is nbdurable installed in the kernel's environment?"
-            )
 
     async def _savings(self, client: Any) -> dict[str, Any] | None:
         """What the kernel replayed (None if the notebook never used nbdurable)."""
@@ -828,6 +816,7 @@ def run_notebook(
     env: Mapping[str, str] | None = None,
     progress: Progress | None = None,
     startup_timeout: int = 60,
+    takeover: bool = False,
 ) -> RunResult:
     """Execute ``notebook`` durably; restart its kernel up to ``retries`` times.
 
@@ -837,8 +826,10 @@ def run_notebook(
     no limit). ``cwd`` is the kernel's working directory (default: the
     notebook's). ``store`` is the store directory (default: ``NBDURABLE_DIR``
     or ``.nbdurable`` beside the notebook). ``env`` is added to the kernel's
-    environment. Bad input raises :class:`UsageProblem`; everything else is
-    in the returned :class:`RunResult` (see its ``exit_code``).
+    environment. ``takeover`` takes the run's lease even from a live holder
+    (another kernel recording into the same run). Bad input raises
+    :class:`UsageProblem`; everything else is in the returned
+    :class:`RunResult` (see its ``exit_code``).
     """
     if retries < 0:
         raise UsageProblem(f"retries must be 0 or more, got {retries}")
@@ -848,6 +839,8 @@ def run_notebook(
     if not path.is_file():
         raise UsageProblem(f"no notebook at {path}: check the path (expected an .ipynb file)")
     env = dict(env or {})
+    if takeover:
+        env["NBDURABLE_TAKEOVER"] = "1"
     if store is None and env.get("NBDURABLE_DIR"):
         store = env["NBDURABLE_DIR"]
     store_path = Path(store).expanduser().absolute() if store is not None else None

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from . import config, events, keys, values
+from . import config, events, faults, keys, redact, values
 from .engine import Session, get_session, warn
 from .errors import CorruptRecord, DivergenceError, StoreError, UsageProblem
 from .records import SubRecord
@@ -123,6 +123,8 @@ def _substep(
                 ctx.subs_replayed += 1
         events.emit("sub-replayed", session.run_id, scope, id=sub_id)
         return _ready(value) if is_async else value
+    if ctx is None:
+        session.claim()  # inside a step, the step already holds the run's lease
     if is_async:
         return _call_async(session, store_key, scope, sub_id, where, fn, args, kwargs, args_fp)
     token = _current_sub.set(sub_id)
@@ -200,6 +202,20 @@ def _save(
             "data (e.g. the text or a dict) from the function given to step()."
         )
         return
+    faults.point("sub-returned")
+    found = redact.find_secrets(body, redact.secrets_in_env())
+    if found:
+        warn(
+            f"{where} returned a value holding the value of ${', $'.join(found)}; secrets "
+            "are never written to the store, so it was NOT recorded and will be called "
+            "again on the next run."
+        )
+        return
+    if len(body) > config.get().warn_size_mb * 1024 * 1024:
+        warn(
+            f"{where} returned {len(body) / 1e6:.1f} MB (over warn_size_mb="
+            f"{config.get().warn_size_mb:g}); it is recorded, but consider returning less."
+        )
     rec = SubRecord(
         run=session.run_id,
         scope=scope,
@@ -215,6 +231,7 @@ def _save(
         session.store.put(store_key, rec.to_header(), body)
     except StoreError as exc:
         raise StoreError(f"{where} returned but its result was NOT recorded: {exc}") from exc
+    faults.point("sub-written")
     ctx = session.current
     if ctx is not None:
         with ctx.lock:

@@ -1,0 +1,96 @@
+"""Turning a finished step's variables and outputs into what the store keeps.
+
+Each variable is pickled and stored once by content (a blob); modules are
+kept by name; a value that cannot be pickled, or that holds a secret from
+the environment, is kept as *unsaved* with the reason, never silently
+dropped. Outputs and the source are scrubbed of secrets before they are
+written. Everything that was not written is returned for one loud warning.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import config, faults, redact, values
+from .records import VarRecord
+from .store import Store
+
+
+@dataclass
+class Saved:
+    """What :func:`save_variables` wrote, and what it could not."""
+
+    variables: list[VarRecord] = field(default_factory=list)
+    origins: dict[str, tuple[Any, str]] = field(default_factory=dict)  # name -> (value, blob sha)
+    unsaved: list[str] = field(default_factory=list)  # "name (why)" for the warning
+    secrets: list[str] = field(default_factory=list)  # "name ($VAR)" for the warning
+    large: list[str] = field(default_factory=list)  # "name (123.4 MB)" for the warning
+
+
+def save_variables(
+    store: Store,
+    ns: dict[str, Any],
+    names: list[str],
+    imported: set[str],
+    fingerprint: Callable[[Any, str], str],
+    secrets: dict[str, bytes],
+) -> Saved:
+    """Write a blob per variable of ``names`` (once by content); return the records."""
+    out = Saved()
+    limit = config.get().warn_size_mb * 1024 * 1024
+    for name in names:
+        value = ns[name]
+        tname = values.type_name(value)
+        if values.is_module(value):
+            ref = values.module_ref(value, imported)
+            out.variables.append(VarRecord(name, "module", ref, fingerprint(value, name)))
+            continue
+        try:
+            data = values.dumps(value)
+        except values.Unsaveable as exc:
+            out.unsaved.append(f"{name} ({tname}: {exc})")
+            out.variables.append(
+                VarRecord(name, "unsaved", str(exc)[:200], fingerprint(value, name), 0, tname)
+            )
+            continue
+        found = redact.find_secrets(data, secrets)
+        if found:
+            out.secrets.append(f"{name} (${', $'.join(found)})")
+            why = "holds the value of $" + ", $".join(found)
+            out.variables.append(
+                VarRecord(name, "unsaved", why, fingerprint(value, name), 0, tname)
+            )
+            continue
+        if len(data) > limit:
+            out.large.append(f"{name} ({len(data) / 1e6:.1f} MB)")
+        sha, _written = store.put_blob(data)
+        faults.point("blob-written")
+        out.origins[name] = (value, sha)
+        out.variables.append(
+            VarRecord(name, "value", sha, fingerprint(value, name), len(data), tname)
+        )
+    return out
+
+
+def scrub_outputs(
+    outputs: list[dict[str, Any]], secrets: dict[str, bytes]
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """Outputs with every secret replaced by ``[redacted $NAME]``; and the names found."""
+    if not secrets:
+        return outputs, []
+    found: set[str] = set()
+
+    def scrub(value: Any) -> Any:
+        if isinstance(value, str):
+            text, names = redact.redact_text(value, secrets)
+            found.update(names)
+            return text
+        if isinstance(value, list):
+            return [scrub(v) for v in value]
+        if isinstance(value, dict):
+            return {k: scrub(v) for k, v in value.items()}
+        return value
+
+    return [scrub(o) for o in outputs], sorted(found)
