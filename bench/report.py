@@ -15,6 +15,8 @@ class Table:
     notes: list[str] = field(default_factory=list)
     #: peers or parts that could not run, with the reason
     skipped: list[str] = field(default_factory=list)
+    #: how many leading columns are text (left-aligned); the rest are figures
+    text_columns: int = 1
 
     def add(self, *cells: object) -> None:
         self.rows.append([str(c) for c in cells])
@@ -29,7 +31,7 @@ class Table:
             out = []
             for i, c in enumerate(cells):
                 # first column left-aligned, figures right-aligned
-                out.append(c.ljust(widths[i]) if i == 0 else c.rjust(widths[i]))
+                out.append(c.ljust(widths[i]) if i < self.text_columns else c.rjust(widths[i]))
             return "  ".join(out).rstrip()
 
         parts = [f"== {self.title} ==", line(self.columns), line(["-" * w for w in widths])]
@@ -41,9 +43,8 @@ class Table:
     def markdown(self) -> str:
         parts = [f"### {self.title}", ""]
         parts.append("| " + " | ".join(self.columns) + " |")
-        parts.append(
-            "|" + "|".join("---" if i == 0 else "---:" for i in range(len(self.columns))) + "|"
-        )
+        rule = ["---" if i < self.text_columns else "---:" for i in range(len(self.columns))]
+        parts.append("|" + "|".join(rule) + "|")
         parts += ["| " + " | ".join(r) + " |" for r in self.rows]
         if self.skipped:
             parts.append("")

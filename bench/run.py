@@ -87,7 +87,7 @@ def _wait_quiet(limit_s: float, threshold: float = 0.5) -> str:
 
 
 def _targets(found: dict) -> Table:
-    t = Table("Targets (issue #6)", ["target", "measured", "verdict"])
+    t = Table("Targets (issue #6)", ["target", "measured", "verdict"], text_columns=3)
     sub = found.get("substep")
 
     def per_size(name: str, op: str, want: float, invert: bool) -> None:
@@ -234,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
 
     started = datetime.now(timezone.utc)
     load_before = machine.load()
-    head = Table("Machine", ["what", "value"])
+    head = Table("Machine", ["what", "value"], text_columns=2)
     for k, v in machine.describe(root):
         head.add(k, v)
     head.add("load average before (1, 5, 15 min)", load_before)
@@ -249,9 +249,12 @@ def main(argv: list[str] | None = None) -> int:
     t_start = time.monotonic()
     timings: dict[str, float] = {}
 
+    loads: list[str] = []
+
     def took(name: str, t0: float) -> None:
         timings[name] = time.monotonic() - t0
-        print(f"({name}: {timings[name]:.0f} s)", flush=True)
+        loads.append(f"{name} {os.getloadavg()[0]:.2f}")
+        print(f"({name}: {timings[name]:.0f} s; 1-min load {os.getloadavg()[0]:.2f})", flush=True)
 
     try:
         if "substep" in only:
@@ -310,8 +313,16 @@ def main(argv: list[str] | None = None) -> int:
     if missing_required:
         print(f"required systems did not run: {missing_required}", file=sys.stderr)
         return 1
+    busy = os.getloadavg()[0] >= 0.5 or any(float(x.split()[-1]) >= 1.0 for x in loads)
+    if busy:
+        print(
+            "WARNING: the machine was not quiet during the run (1-min load at section ends: "
+            f"{', '.join(loads)}); these figures are noisy",
+            file=sys.stderr,
+        )
     if args.write:
         head.add("load average after", load_after)
+        head.add("1-min load at the end of each section", ", ".join(loads))
         head.add(
             "run",
             f"{started:%Y-%m-%d %H:%M} UTC, {elapsed:.0f} s, `python -m bench"

@@ -296,7 +296,9 @@ def _store_dir(args: argparse.Namespace, notebook: Path | None) -> Path:
 
 def _open(directory: Path, must_exist: bool = True) -> Any:
     """The store at ``directory``; None if it does not exist and ``must_exist`` is false."""
-    if not (directory / "cache.db").exists():
+    from .store import Store
+
+    if not Store.exists(directory):
         if must_exist:
             raise _usage(
                 f"no nbdurable store at {directory}; pass --store DIR or set "

@@ -34,6 +34,14 @@ def _load() -> tuple[str, int] | None:
     return name, int(n or 1)
 
 
+def armed(name: str) -> bool:
+    """True if ``NBDURABLE_FAULT`` names this point (a write then takes the slow path)."""
+    global _spec, _loaded
+    if not _loaded:
+        _spec, _loaded = _load(), True
+    return _spec is not None and _spec[0] == name
+
+
 def point(name: str) -> None:
     """Die here if ``NBDURABLE_FAULT`` names this point and its count is reached."""
     global _spec, _loaded

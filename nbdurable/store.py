@@ -12,6 +12,9 @@ Layout (every key is a plain string, every value is signed bytes)::
 
 ``<run>`` is the first 16 hex digits of the SHA-256 of the run id.
 
+On disk: ``<store>/key`` (the signing secret, 0600) and ``<store>/log/``
+(the diskcache directory: its SQLite database and value files).
+
 Every value is ``MAGIC + HMAC-SHA256(secret, key + NUL + payload) + payload``
 where payload is a 4-byte header length, a JSON header and an optional body.
 A value whose signature does not verify is refused *before* anything is
@@ -36,6 +39,7 @@ from typing import Any
 
 import diskcache
 
+from . import faults
 from .errors import CorruptRecord, FormatVersionError, StoreError
 from .records import FORMAT_VERSION
 
@@ -43,6 +47,9 @@ MAGIC = b"NBD\x01"
 _SIG = 32
 _HDR = struct.Struct(">I")
 RUN_SCOPE = "~run"
+#: diskcache lives in this subdirectory: its check(fix=True) deletes every file
+#: it does not know in its directory, which would include our key file.
+CACHE_DIR = "log"
 
 
 class SafeDisk(diskcache.Disk):
@@ -150,6 +157,16 @@ class Store:
     (``synchronous=FULL``: it also survives power loss, at a cost per write).
     """
 
+    @staticmethod
+    def exists(directory: str | os.PathLike[str]) -> bool:
+        """True if ``directory`` holds an nbdurable store."""
+        return (Path(directory) / CACHE_DIR / "cache.db").exists()
+
+    @property
+    def cache_dir(self) -> Path:
+        """The diskcache directory inside the store (diskcache owns every file in it)."""
+        return self.path / CACHE_DIR
+
     def __init__(self, directory: str | os.PathLike[str], *, durability: str = "crash") -> None:
         if durability not in ("crash", "power"):
             raise ValueError(f"durability must be 'crash' or 'power', got {durability!r}")
@@ -160,8 +177,9 @@ class Store:
             if created:
                 os.chmod(self.path, 0o700)
             self._secret = _load_secret(self.path)
+            self.cache_dir.mkdir(mode=0o700, exist_ok=True)
             self._cache = diskcache.Cache(
-                str(self.path),
+                str(self.cache_dir),
                 disk=SafeDisk,
                 eviction_policy="none",
                 cull_limit=0,
@@ -259,7 +277,7 @@ class Store:
 
     def _write(self, values: dict[str, bytes], deletes: list[str] = ()) -> None:  # type: ignore[assignment]
         try:
-            if len(values) == 1 and not deletes:
+            if len(values) == 1 and not deletes and not faults.armed("store-write"):
                 ((k, v),) = values.items()
                 self._cache.set(k, v, retry=True)
                 return
@@ -268,6 +286,7 @@ class Store:
                     self._cache.set(k, v)
                 for k in deletes:
                     self._cache.delete(k)
+                faults.point("store-write")
         except OSError as exc:
             raise StoreError(
                 f"could not write to the nbdurable store at {self.path}: "

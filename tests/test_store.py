@@ -42,7 +42,7 @@ class Planted:
 
 def plant(store: Store, key: str, value: object) -> None:
     """Write a row the way plain diskcache would (MODE_PICKLE), bypassing nbdurable."""
-    with diskcache.Cache(str(store.path)) as raw:
+    with diskcache.Cache(str(store.cache_dir)) as raw:
         raw.set(key, value)
 
 
@@ -123,7 +123,7 @@ def test_a_planted_pickle_is_refused_without_unpickling(store, tmp_path, padding
     key = RunKeys("nb.ipynb").step("name:plan")
     plant(store, key, Planted(target, padding))
     plant(store, "b/" + "0" * 64, Planted(target, padding))
-    with diskcache.Cache(str(store.path)) as raw:  # the row really is a pickle
+    with diskcache.Cache(str(store.cache_dir)) as raw:  # the row really is a pickle
         (mode,) = raw._sql("SELECT mode FROM Cache WHERE key = ?", (key,)).fetchone()
     assert mode == diskcache.core.MODE_PICKLE
     assert not target.exists()
@@ -174,7 +174,7 @@ def test_a_record_of_a_newer_format_is_refused(store):
 def test_eviction_policy_is_none_and_stays_none(store):
     assert store._cache.eviction_policy == "none"
     assert store._cache.cull_limit == 0
-    with diskcache.Cache(str(store.path)) as plain:  # opened with diskcache's defaults
+    with diskcache.Cache(str(store.cache_dir)) as plain:  # opened with diskcache's defaults
         assert plain.eviction_policy == "none"
 
 

@@ -1,0 +1,710 @@
+"""Bad input, property-tested (issue #5): one clear line, and the store untouched.
+
+Properties, each checked by hypothesis (derandomized and without an example
+database, so every CI run sees the same examples):
+
+1. ``%step LINE`` / ``%%step LINE``: any line either works or raises one
+   ``UsageError`` whose message is a single short line. A refused line leaves
+   the store byte for byte as it was; afterwards the store passes its
+   integrity check and the step recorded beforehand replays in a fresh session.
+2. ``step(id, fn)``: a non-str id raises ``TypeError``; an empty, overlong
+   or control-character id raises ``UsageProblem``; both are one line, come
+   before ``fn`` runs and write nothing. Every other id is kept exactly:
+   recorded, replayed by a fresh session without calling ``fn``, and distinct
+   from ids that differ only by Unicode normalization, case or trailing white
+   space, and from the same text in another scope.
+3. ``nbdurable ARGV``: bad usage exits 2 with exactly one line on stderr and
+   never a traceback; a refused command (and any read-only one) leaves the
+   store byte for byte as it was and creates no file. No test here starts a
+   kernel: ``run`` and ``demo`` are stubbed to fail loudly if they would.
+
+Everything runs in this process on a plain ``InteractiveShell``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import itertools
+import json
+import os
+import re
+import shlex
+import shutil
+import tempfile
+import unicodedata
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import nbformat
+import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+from IPython.core.error import UsageError
+from IPython.core.interactiveshell import InteractiveShell
+from kernel_util import make_notebook
+
+import nbdurable
+from nbdurable import cli, engine, locate
+from nbdurable.store import RUN_SCOPE, Store
+
+PROPERTY = settings(
+    max_examples=80,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    # Each example opens a store and runs a step: slow by hypothesis' measure, on purpose.
+    suppress_health_check=[HealthCheck.too_slow],
+)
+
+# -- the one-line rule ------------------------------------------------------------
+
+#: Never in a one-line message: line breaks as ``str.splitlines`` knows them, and
+#: other control characters, which move the cursor or start ANSI sequences in a
+#: terminal and in Jupyter's output area (user text must be shown with repr()).
+_NOT_IN_A_LINE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+MAX_MESSAGE = 300
+
+
+def assert_one_line(message: str, *, limit: int | None = MAX_MESSAGE) -> None:
+    assert message.strip(), "an empty error message"
+    bad = _NOT_IN_A_LINE.search(message)
+    assert bad is None, f"{bad.group()!r} at index {bad.start()} of the message: {message[:400]!r}"
+    if limit is not None:
+        assert len(message) < limit, f"a {len(message)}-character message: {message[:400]!r}…"
+
+
+# -- a notebook with a recorded run, and a copy of its store ----------------------------
+
+KEEP_BODY = "kept = 42\nkept_sub = step('a/b', str, 7)"
+PLAIN_BODY = "plain = kept + 1"
+CELLS = [
+    "%load_ext nbdurable\nfrom nbdurable import step",
+    f"%%step keep\n{KEEP_BODY}",
+    f"%%step\n{PLAIN_BODY}",
+]
+#: Relative to the working directory of every test (``<root>/cwd``).
+NOTEBOOK = "../nb.ipynb"
+STORE = "../store"
+
+
+def _no_kernel(*args: Any, **kwargs: Any) -> Any:
+    raise AssertionError("a bad-input test would have started a kernel")
+
+
+@dataclass
+class Env:
+    root: Path
+    shell: InteractiveShell
+    before: dict[str, tuple[Any, Any]]  # the pristine store: key -> (raw bytes, verified record)
+
+    @property
+    def store(self) -> Path:
+        return self.root / "store"
+
+    @property
+    def pristine(self) -> Path:
+        return self.root / "pristine"
+
+    def restore(self) -> None:
+        """Close the session and put the pristine store back."""
+        engine.reset_session()
+        _close_panel()
+        shutil.rmtree(self.store)
+        shutil.copytree(self.pristine, self.store)
+
+    def files(self) -> list[str]:
+        """Every file outside the store (none may appear)."""
+        return sorted(
+            str(p.relative_to(self.root))
+            for p in self.root.rglob("*")
+            if not p.is_relative_to(self.store) and not p.is_relative_to(self.pristine)
+        )
+
+
+def _close_panel() -> None:
+    # `%step panel` leaves a live panel listening to the engine; close it with its session.
+    from nbdurable import steppanel
+
+    if steppanel._panel is not None:
+        steppanel._panel.close()
+
+
+def snapshot(directory: Path) -> dict[str, tuple[Any, Any]]:
+    """Every key of the store with its raw bytes and its verified record; checks integrity."""
+    with Store(directory) as s:
+        assert s.check(fix=False) == [], "the store fails diskcache's integrity check"
+        keys = [k for prefix in ("meta/", "r/", "b/") for k in s.scan(prefix)]
+        assert len(keys) == len(s._cache), "a key outside the store's layout"
+        return {k: (s._cache.get(k), s.get(k)) for k in keys}
+
+
+@contextlib.contextmanager
+def durable_env() -> Iterator[Env]:
+    """A notebook with a recorded, pinned step ``keep``, a cell-id step and a run-scope call."""
+    with tempfile.TemporaryDirectory() as tmp, pytest.MonkeyPatch.context() as mp:
+        root = Path(tmp)
+        for sub in ("cwd", "home"):
+            (root / sub).mkdir()
+        mp.setenv("NBDURABLE_DIR", str(root / "store"))
+        mp.setenv("NBDURABLE_NOTEBOOK", str(root / "nb.ipynb"))
+        mp.setenv("HOME", str(root / "home"))  # `~` in a generated path lands here
+        for name in ("JPY_SESSION_NAME", "NBDURABLE_RUN", "NBDURABLE_TAKEOVER"):
+            mp.delenv(name, raising=False)
+        mp.chdir(root / "cwd")
+        mp.setattr("nbdurable.runner._Run", _no_kernel)
+        mp.setattr("nbdurable.demo.run_demo", _no_kernel)
+        nbformat.write(make_notebook(CELLS), root / "nb.ipynb")
+
+        shell = InteractiveShell.instance()
+        engine.reset_session()
+        nbdurable.load_ipython_extension(shell)
+        names = ("step", "kept", "kept_sub", "plain", "x", "got", "SUB_ID", "FN")
+        saved = {n: shell.user_ns[n] for n in names if n in shell.user_ns}
+        try:
+            shell.user_ns["step"] = nbdurable.step
+            shell.run_cell_magic("step", "keep", KEEP_BODY)
+            shell.run_cell_magic("step", "", PLAIN_BODY)
+            nbdurable.step("outside", str, 1)
+            shell.run_line_magic("step", "pin keep")
+            engine.reset_session()
+            shutil.copytree(root / "store", root / "pristine")
+            yield Env(root, shell, snapshot(root / "store"))
+        finally:
+            engine.reset_session()
+            _close_panel()
+            nbdurable.unload_ipython_extension(shell)
+            for n in names:
+                shell.user_ns.pop(n, None)
+            shell.user_ns.update(saved)
+
+
+def assert_keep_replays(env: Env) -> None:
+    """A fresh session replays ``keep`` from the store, sub-step included."""
+    engine.reset_session()
+    ns = env.shell.user_ns
+    ns.pop("kept", None)
+    ns.pop("kept_sub", None)
+    env.shell.run_cell_magic("step", "keep", KEEP_BODY)
+    assert engine.get_session().status.get("name:keep") == ("replayed", "")
+    assert (ns["kept"], ns["kept_sub"]) == (42, "7")
+
+
+def magic(env: Env, kind: str, line: str) -> bool:
+    """Run ``%step line`` or ``%%step line`` (body ``x = 1``); False if it raised UsageError.
+
+    Any other exception propagates and fails the test; IPython's
+    ``run_*_magic`` lets a magic's exception through, as a frontend would show it.
+    """
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            if kind == "line":
+                env.shell.run_line_magic("step", line)
+            else:
+                env.shell.run_cell_magic("step", line, "x = 1")
+    except UsageError as exc:
+        assert_one_line(str(exc))
+        return False
+    return True
+
+
+def check_magic(env: Env, kind: str, line: str) -> None:
+    env.restore()
+    ok = magic(env, kind, line)
+    ran_keep = "name:keep" in engine.get_session().status  # `%%step keep` re-recorded it
+    engine.reset_session()
+    after = snapshot(env.store)
+    if not ok:
+        assert after == env.before, "a refused line changed the store"
+    cleared = kind == "line" and _first_word(line) == "clear"
+    if not (ok and (cleared or ran_keep)):
+        assert_keep_replays(env)
+    assert env.files() == ["cwd", "home", "nb.ipynb"]
+
+
+def _first_word(line: str) -> str | None:
+    try:
+        words = shlex.split(line)
+    except ValueError:
+        return None
+    return words[0] if words else None
+
+
+# -- strategies for magic lines --------------------------------------------------------
+
+#: Any character a line can hold: control characters and lone surrogates (JSON
+#: from a frontend can carry both) included, a newline not.
+LINE_CHAR = st.characters(exclude_categories=(), exclude_characters="\n")
+NASTY = [
+    "", " ", "~", ".", "..", "../../x", "a/b", "/", "/etc/passwd", "~/x", "nb.ipynb",
+    "-", "--", "-x", "--all", "--force", "-f", "--help", "'", '"', "\\", "'unclosed",
+    '"a b"', "keep", "name:keep", "~run", "é", "e\u0301", "\U0001f642", "\x00",
+    "\x1b[2J", "\r", "\x0b", "\x85", "\u2028", "\ud800", "a" * 129, "x" * 600,
+    "%step", "%%step", "None", "0",
+]  # fmt: skip
+HUGE = st.builds(
+    lambda unit, n: (unit * n)[:n],
+    st.text(LINE_CHAR, min_size=1, max_size=8),
+    st.integers(300, 10_000),
+)
+TOKEN = st.one_of(st.sampled_from(NASTY), st.text(LINE_CHAR, max_size=12), HUGE)
+TOKENS = st.lists(TOKEN, max_size=4)
+COMMAND_LINES = st.tuples(st.sampled_from(locate.STEP_COMMANDS), TOKENS)
+#: Step names, valid (at most 128 characters) and just too long.
+NAMES = st.from_regex(r"[A-Za-z_][A-Za-z0-9_.:-]{0,140}", fullmatch=True)
+VALID_NAMES = st.from_regex(r"[A-Za-z_][A-Za-z0-9_.:-]{0,127}", fullmatch=True).filter(
+    lambda n: n not in locate.STEP_COMMANDS
+)
+LINES = st.one_of(
+    st.text(LINE_CHAR, max_size=40),
+    TOKENS.map(" ".join),
+    TOKENS.map(lambda ts: " ".join(map(shlex.quote, ts))),
+    COMMAND_LINES.map(lambda t: " ".join((t[0], *t[1]))),
+    COMMAND_LINES.map(lambda t: " ".join(map(shlex.quote, (t[0], *t[1])))),
+    HUGE,
+)
+HEADERS = st.one_of(
+    LINES,
+    st.tuples(NAMES, st.sampled_from(["", " --force", " -f", " --force x", " --bogus"])).map(
+        "".join
+    ),
+)
+
+
+# -- 1. magic arguments ------------------------------------------------------------------
+
+
+@PROPERTY
+@given(line=LINES)
+@example(line="pin " + "x" * 10_000)  # echoes the whole name
+@example(line="bogus" * 2_000)  # echoes the whole command
+@example(line="list a\x0bb")  # echoes the raw argument
+@example(line="list '\x1b[2J'")
+@example(line="clear nope\u2028x")
+def test_step_line_magic_refuses_bad_lines_in_one_line_and_keeps_the_store(line):
+    with durable_env() as env:
+        check_magic(env, "line", line)
+
+
+@PROPERTY
+@given(line=HEADERS)
+@example(line="a " + "b" * 10_000)  # echoes every name
+@example(line="--" + "x" * 10_000)  # echoes the whole option
+@example(line="a '\x1b[2J'")
+def test_step_cell_magic_refuses_bad_headers_in_one_line_and_keeps_the_store(line):
+    with durable_env() as env:
+        check_magic(env, "cell", line)
+
+
+def test_good_magic_lines_work_and_keep_the_recorded_step():
+    with durable_env() as env:
+        for kind, line in [
+            ("line", "list"),
+            ("line", "pin keep"),
+            ("line", "unpin keep"),
+            ("line", "run other"),
+            ("line", "run"),
+            ("line", "takeover"),
+            ("cell", "other"),
+            ("cell", "other --force"),
+            ("cell", ""),
+        ]:
+            env.restore()
+            assert magic(env, kind, line), (kind, line)
+            assert_keep_replays(env)
+
+
+# -- 2. sub-step ids -------------------------------------------------------------------------
+
+_runs = itertools.count()
+
+
+def _must_not_run(*args: Any, **kwargs: Any) -> Any:
+    raise AssertionError("a recorded sub-step ran again instead of replaying")
+
+
+def fresh_session(env: Env, run: str) -> engine.Session:
+    engine.reset_session()
+    session = engine.get_session(env.shell)
+    session.set_run(run)
+    return session
+
+
+def record(env: Env, run: str, ids_values: dict[str, Any], *, in_step: str | None) -> None:
+    """In a fresh session, call ``step(id, fn)`` for each id; ``fn`` returns its value."""
+    session = fresh_session(env, run)
+    for sub_id, value in ids_values.items():
+        if in_step is None:
+            assert nbdurable.step(sub_id, lambda v=value: v) == value
+        else:
+            env.shell.user_ns.update(SUB_ID=sub_id, FN=lambda v=value: v)
+            session.run_step("got = step(SUB_ID, FN)", name=in_step, force=True)
+            assert env.shell.user_ns["got"] == value
+
+
+def replayed(env: Env, run: str, ids: list[str], *, in_step: str | None) -> list[Any]:
+    """What a fresh session's ``step(id, ...)`` returns for each id, never calling ``fn``."""
+    session = fresh_session(env, run)
+    out = []
+    for sub_id in ids:
+        if in_step is None:
+            out.append(nbdurable.step(sub_id, _must_not_run))
+        else:
+            env.shell.user_ns.update(SUB_ID=sub_id, FN=_must_not_run)
+            session.run_step("got = step(SUB_ID, FN)", name=in_step, force=True)
+            out.append(env.shell.user_ns["got"])
+    return out
+
+
+NON_STR_IDS = st.one_of(
+    st.none(),
+    st.integers(),
+    st.floats(allow_nan=True),
+    st.binary(max_size=20),
+    st.tuples(st.text(max_size=5), st.integers()),
+    st.lists(st.text(max_size=5), max_size=3),
+    st.builds(Path, st.text(max_size=10)),
+)
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+CONTROL = st.sampled_from([chr(c) for c in range(0x20)] + ["\x7f"])
+VALID_CHAR = st.characters(exclude_characters="".join(chr(c) for c in range(0x20)) + "\x7f")
+BAD_STR_IDS = st.one_of(
+    st.just(""),
+    st.builds(
+        lambda unit, n: (unit * n)[:n], st.text(min_size=1, max_size=6), st.integers(513, 20_000)
+    ),
+    st.tuples(st.text(max_size=20), CONTROL, st.text(max_size=20)).map("".join),
+)
+PATHLIKE_IDS = [
+    "../x", "../../etc/passwd", "a/b", "/", "//", "a//b", "/a/", "~", "~/x", "~run",
+    "~run/x", "name:keep", "name:keep/a/b", "u/x", "s/x", "b/" + "0" * 64, "r/", "meta/format",
+    ".", "..", " ", "\u00a0", "\ufeff", "\u200b", "\u202e", "\x85", "\u2028", "é", "e\u0301",
+    "\U0001f642", "x" * 512, "%s", "{}", "\\", "*", "?", "'", '"', "C:\\x", "nul",
+]  # fmt: skip
+VALID_IDS = st.one_of(
+    st.sampled_from(PATHLIKE_IDS),
+    st.text(VALID_CHAR, min_size=1, max_size=40),
+    st.builds(lambda unit, n: (unit * n)[:n], st.text(VALID_CHAR, min_size=1), st.integers(1, 512)),
+)
+
+
+def test_non_str_ids_raise_a_one_line_type_error_and_write_nothing():
+    with durable_env() as env:
+
+        @PROPERTY
+        @given(bad=NON_STR_IDS)
+        def check(bad):
+            fresh_session(env, "ids")
+            with pytest.raises(TypeError) as err:
+                nbdurable.step(bad, _must_not_run)
+            assert not isinstance(err.value, ValueError)
+            assert_one_line(str(err.value))
+
+        check()
+        engine.reset_session()
+        assert snapshot(env.store) == env.before
+
+
+def test_bad_str_ids_raise_a_one_line_usage_problem_and_write_nothing():
+    with durable_env() as env:
+
+        @PROPERTY
+        @given(bad=BAD_STR_IDS)
+        def check(bad):
+            fresh_session(env, "ids")
+            with pytest.raises(nbdurable.UsageProblem) as err:
+                nbdurable.step(bad, _must_not_run)
+            assert isinstance(err.value, ValueError)
+            assert_one_line(str(err.value))
+
+        check()
+        engine.reset_session()
+        assert snapshot(env.store) == env.before
+
+
+def test_every_other_id_is_recorded_and_replayed_exactly_in_both_scopes():
+    with durable_env() as env:
+
+        @PROPERTY
+        @given(sub_id=VALID_IDS)
+        def check(sub_id):
+            run = f"ids-{next(_runs)}"
+            record(env, run, {sub_id: ["outside", sub_id]}, in_step=None)
+            record(env, run, {sub_id: ["inside", sub_id]}, in_step="ids")
+            assert replayed(env, run, [sub_id], in_step=None) == [["outside", sub_id]]
+            assert replayed(env, run, [sub_id], in_step="ids") == [["inside", sub_id]]
+            session = engine.get_session()
+            for scope in (RUN_SCOPE, "name:ids"):  # the id is kept exactly
+                assert session.store.has(session.keys.sub(scope, sub_id)), scope
+
+        check()
+        engine.reset_session()
+        assert_keep_replays(env)
+
+
+def _variants(base: str) -> list[str]:
+    """``base`` as other spellings a human might call "the same id"."""
+    forms = [base, base.lower(), base.upper(), base.casefold(), base.swapcase()]
+    forms += [unicodedata.normalize(f, base) for f in ("NFC", "NFD", "NFKC", "NFKD")]
+    forms += [base + " ", base + "  ", base + "\u00a0", base + "\u3000", " " + base]
+    return [f for f in dict.fromkeys(forms) if 0 < len(f) <= 512 and not _CONTROL.search(f)]
+
+
+@PROPERTY
+@given(base=st.text(VALID_CHAR, min_size=1, max_size=20))
+@example(base="é")  # NFC "é" vs NFD "e\u0301"
+@example(base="Search")
+@example(base="ﬁle")  # NFKC folds the ligature
+@example(base="\u212a")  # KELVIN SIGN: NFC is "K"
+@example(base="straße")  # upper() is "STRASSE"
+def test_ids_differing_by_normalization_case_or_trailing_space_never_collide(base):
+    forms = _variants(base)
+    with durable_env() as env:
+        for in_step in (None, "ids"):
+            run = f"forms-{next(_runs)}"
+            record(env, run, {f: ["value of", f] for f in forms}, in_step=in_step)
+            assert replayed(env, run, forms, in_step=in_step) == [["value of", f] for f in forms]
+
+
+@PROPERTY
+@given(name=VALID_NAMES, tail=VALID_IDS)
+@example(name="x", tail="y")
+def test_a_run_scope_id_never_collides_with_a_step_scoped_one(name, tail):
+    """``r/<run>/u/~run/name:x/y`` (outside steps) vs ``r/<run>/u/name:x/y`` (in step x)."""
+    outside = f"name:{name}/{tail}"
+    if len(outside) > 512:
+        outside = outside[:512]
+    with durable_env() as env:
+        run = f"scopes-{next(_runs)}"
+        record(env, run, {outside: "outside"}, in_step=None)
+        record(env, run, {tail: "in the step"}, in_step=name)
+        assert replayed(env, run, [outside], in_step=None) == ["outside"]
+        assert replayed(env, run, [tail], in_step=name) == ["in the step"]
+        # Clearing the step leaves the run-scope call alone.
+        fresh_session(env, run)
+        assert magic(env, "line", f"clear {name}")
+        assert replayed(env, run, [outside], in_step=None) == ["outside"]
+
+
+def _notebook_json(cells: list[tuple[str, str]]) -> str:
+    """nbformat 4.5 JSON written by hand (so nbformat does not check the cell ids)."""
+    return json.dumps(
+        {
+            "nbformat": 4,
+            "nbformat_minor": 5,
+            "metadata": {},
+            "cells": [
+                {
+                    "cell_type": "code",
+                    "id": cid,
+                    "metadata": {},
+                    "outputs": [],
+                    "execution_count": None,
+                    "source": source,
+                }
+                for cid, source in cells
+            ],
+        }
+    )
+
+
+def test_sub_steps_of_cells_whose_ids_share_a_slash_prefix_never_collide():
+    """Unnamed steps are keyed by the saved cell id: ``id:a`` and ``id:a/b``.
+
+    Sub-step ``b/c`` of cell ``a`` and sub-step ``c`` of cell ``a/b`` would
+    both be ``r/<run>/u/id:a/b/c`` if the cell id went into the key as it is.
+    """
+    first = "r1 = step('b/c', lambda: 'from cell a')"
+    second = "r2 = step('c', lambda: 'from cell a/b')"
+    with durable_env() as env:
+        (env.root / "nb.ipynb").write_text(
+            _notebook_json([("a", f"%%step\n{first}"), ("a/b", f"%%step\n{second}")])
+        )
+        engine.reset_session()
+        env.shell.run_cell_magic("step", "", first)
+        env.shell.run_cell_magic("step", "", second)
+        assert env.shell.user_ns["r1"] == "from cell a"
+        assert env.shell.user_ns["r2"] == "from cell a/b"
+
+
+# -- ids and paths that are not UTF-8 -------------------------------------------------------
+
+
+def test_an_id_with_a_lone_surrogate_is_refused_in_one_line_or_kept_exactly():
+    """``os.listdir`` gives ``'\\udcff.txt'`` for a file named ``b'\\xff.txt'``."""
+    with durable_env() as env:
+        for sub_id in ("\udcff.txt", "\ud800"):
+            run = f"surrogates-{next(_runs)}"
+            fresh_session(env, run)
+            try:
+                value = nbdurable.step(sub_id, lambda: "value")
+            except nbdurable.UsageProblem as exc:
+                assert_one_line(str(exc))
+                continue
+            assert value == "value"
+            assert replayed(env, run, [sub_id], in_step=None) == ["value"]
+
+
+def test_a_notebook_path_that_is_not_utf8_still_records_and_replays():
+    with durable_env() as env, pytest.MonkeyPatch.context() as mp:
+        mp.setenv("NBDURABLE_NOTEBOOK", os.fsdecode(bytes(env.root) + b"/\xff.ipynb"))
+        engine.reset_session()
+        env.shell.run_cell_magic("step", "odd", "odd = 1")
+        engine.reset_session()
+        env.shell.run_cell_magic("step", "odd", "odd = 1")
+        assert engine.get_session().status.get("name:odd") == ("replayed", "")
+
+
+# -- 3. CLI arguments ----------------------------------------------------------------------------
+
+#: argv strings hold no NUL; lone surrogates they may (undecodable bytes).
+ARG_CHAR = st.characters(exclude_categories=(), exclude_characters="\x00")
+ARG = st.text(ARG_CHAR, max_size=16)
+PATH_SAMPLES = [
+    "", ".", "..", "/", "~", "~/nb.ipynb", "../../x", "a/b", "missing.ipynb",
+    "/dev/null", "/proc/self", STORE, "x" * 300, "a/" * 2_100,
+    "a\nb.ipynb", "\x1b[2J.ipynb", "é.ipynb", "\udcff.ipynb", "-", "--", "-x.ipynb",
+]  # fmt: skip
+PATHS = st.one_of(st.sampled_from(PATH_SAMPLES), ARG)
+NOTEBOOKS = st.one_of(st.just(NOTEBOOK), PATHS)
+NUMBER_SAMPLES = [
+    "-1", "0", "1", "x", "", " ", "1.5", "1e309", "nan", "inf", "-inf", "0x10",
+    "\u0663", "1_000", "9" * 30, "3 ", "1e-9",
+]  # fmt: skip
+NUMBERS = st.one_of(
+    st.sampled_from(NUMBER_SAMPLES),
+    st.integers().map(str),
+    st.floats().map(str),
+    ARG,
+)
+AGES = st.one_of(
+    st.sampled_from(["30d", "0", "0s", "-1d", "1e309d", "nan", "infd", "d", "", " ", "2w", "12x"]),
+    st.tuples(NUMBERS, st.sampled_from(["", "s", "m", "h", "d", "w", "y"])).map("".join),
+    ARG,
+)
+STEPS = st.one_of(st.sampled_from(["keep", "name:keep", "nope", "~run", "cell #3"]), ARG, HUGE)
+RUNS = st.one_of(st.sampled_from(["nb.ipynb", "other", "../x", "a b", "x" * 129]), ARG)
+UNKNOWN = st.one_of(st.sampled_from(["--bogus", "-z", "--run=", "--=x", "---", "-"]), ARG)
+
+
+def _opt(flag: str, values: st.SearchStrategy[str]) -> st.SearchStrategy[list[str]]:
+    return st.one_of(values.map(lambda v: [flag, v]), values.map(lambda v: [f"{flag}={v}"]))
+
+
+COMMON = [_opt("--run", RUNS), _opt("--store", PATHS), st.just(["--json"]), UNKNOWN.map(list)]
+OPTIONS = {
+    "run": COMMON
+    + [
+        _opt("--retries", NUMBERS),
+        _opt("--timeout", NUMBERS),
+        _opt("--cwd", PATHS),
+        _opt("-o", PATHS),
+        _opt("--kernel", ARG),
+        st.just(["--takeover"]),
+        st.just(["-q"]),
+    ],
+    "status": COMMON,
+    "clear": [*COMMON, STEPS.map(lambda s: [s]), st.just(["--all"])],
+    "pin": [*COMMON, STEPS.map(lambda s: [s])],
+    "unpin": [*COMMON, STEPS.map(lambda s: [s])],
+    "export": [*COMMON, _opt("--format", st.one_of(st.sampled_from(["json", "jsonl"]), ARG))]
+    + [st.just(["--values"])],
+    "ls": [_opt("--store", PATHS), st.just(["--json"]), UNKNOWN.map(list)],
+    "gc": [
+        _opt("--store", PATHS),
+        _opt("--older-than", AGES),
+        st.just(["--dry-run"]),
+        st.just(["--json"]),
+        UNKNOWN.map(list),
+    ],
+    # Always with a bad value: `demo` with good arguments would start kernels.
+    "demo": [_opt("--crash-at", NUMBERS), _opt("--dir", PATHS), UNKNOWN.map(list)],
+}
+BAD_LATENCY = st.sampled_from(["-1", "11", "nan", "inf", "x", "", "1e309", "10.000001"])
+MUTATING = {"clear", "pin", "unpin", "gc"}
+
+
+def _argv(command: str) -> st.SearchStrategy[list[str]]:
+    pieces = st.lists(st.one_of(*OPTIONS[command]), max_size=4)
+    if command == "run":  # a notebook that does not exist: the run must fail before any kernel
+        head = PATHS.map(lambda p: [p])
+    elif command in ("ls", "gc"):
+        head = st.just([])
+    elif command == "demo":
+        head = _opt("--latency", BAD_LATENCY)
+    else:
+        head = NOTEBOOKS.map(lambda p: [p])
+    return st.tuples(head, pieces).map(lambda t: [command, *t[0], *(a for p in t[1] for a in p)])
+
+
+def nbd(argv: list[str]) -> tuple[int, str, str]:
+    """``nbdurable ARGV`` in this process: (exit code, stdout, stderr)."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = cli.main(argv)
+        except SystemExit as exc:  # argparse exits on bad usage, --help and --version
+            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    return code, out.getvalue(), err.getvalue()
+
+
+def check_cli(env: Env, argv: list[str]) -> None:
+    env.restore()
+    code, out, err = nbd(argv)
+    assert "Traceback" not in out + err, err
+    assert code in (0, 2), (code, out, err)
+    if code == 2:
+        assert err.endswith("\n") and err.count("\n") == 1, f"not one line: {err!r}"
+        assert_one_line(err[:-1], limit=None)
+    after = snapshot(env.store)
+    if code != 0 or not argv or argv[0] not in MUTATING or "--dry-run" in argv:
+        assert after == env.before, "the store changed"
+    assert env.files() == ["cwd", "home", "nb.ipynb"], "a file appeared"
+
+
+@pytest.mark.parametrize("command", list(OPTIONS))
+def test_cli_bad_arguments_exit_2_with_one_line_and_keep_the_store(command):
+    with durable_env() as env:
+
+        @settings(PROPERTY, max_examples=40)
+        @given(argv=_argv(command))
+        def check(argv):
+            check_cli(env, argv)
+
+        check()
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["status", "x" * 300 + ".ipynb"],  # a file name too long for the file system
+        ["run", "x" * 300 + ".ipynb"],
+        ["ls", "--store", "y" * 300],
+        ["status", "a\nb.ipynb"],  # echoed into the message as it is
+        ["status", NOTEBOOK, "--run", "\x1b[2J"],
+        ["bogus\x1b[2J"],
+        ["status", NOTEBOOK, "extra\u2028arg"],
+        [],
+        ["--bogus"],
+        ["demo", "--latency", "11"],
+    ],
+    ids=lambda a: repr(a)[:40],
+)
+def test_cli_known_bad_arguments(argv):
+    with durable_env() as env:
+        check_cli(env, argv)
+
+
+def test_cli_top_level_arguments():
+    with durable_env() as env:
+
+        @settings(PROPERTY, max_examples=60)
+        @given(argv=st.lists(st.one_of(UNKNOWN, st.sampled_from(["--version", "-h"])), max_size=3))
+        def check(argv):
+            if argv and argv[0] in OPTIONS:
+                return  # a real command: covered above, per command
+            check_cli(env, argv)
+
+        check()
