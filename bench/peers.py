@@ -144,9 +144,20 @@ class SimplePeer(Peer):
 
 
 class Nbdurable(SimplePeer):
-    def __init__(self, durability: str = "crash") -> None:
+    """nbdurable's ``step()``, outside any ``%%step`` (scope: the run) or inside one.
+
+    Inside a ``%%step`` (``in_step``) is how the research notebook calls it;
+    there the enclosing step holds the run's lease, so a call does not
+    re-check it. The bench stands in for the cell by setting the session's
+    current step context, which is what the engine does while a body runs.
+    """
+
+    def __init__(self, durability: str = "crash", in_step: bool = False) -> None:
         self.durability = durability
-        self.name = "nbdurable" if durability == "crash" else f"nbdurable ({durability})"
+        self.in_step = in_step
+        extra = [durability] if durability != "crash" else []
+        extra += ["in %%step"] if in_step else []
+        self.name = "nbdurable" + (f" ({', '.join(extra)})" if extra else "")
 
     def _open(self, d: Path) -> Any:
         from nbdurable import engine
@@ -154,7 +165,10 @@ class Nbdurable(SimplePeer):
 
         engine.reset_session()
         store = Store(d, durability=self.durability)
-        engine.get_session().set_store(store, RUN_ID)
+        session = engine.get_session()
+        session.set_store(store, RUN_ID)
+        if self.in_step:
+            session.current = engine.StepContext("bench-step", "bench-step")
         import nbdurable
 
         return nbdurable.step
@@ -165,6 +179,7 @@ class Nbdurable(SimplePeer):
     def _close(self, h: Any) -> None:
         from nbdurable import engine
 
+        engine.get_session().current = None
         engine.reset_session()
 
 
@@ -437,6 +452,7 @@ def all_peers() -> list[Peer]:
     """Every system, nbdurable first (ratios are taken against it)."""
     return [
         Nbdurable(),
+        Nbdurable(in_step=True),
         Nbdurable("power"),
         RawDiskcache(),
         RawSqlite(),

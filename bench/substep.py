@@ -38,7 +38,7 @@ def _slug(name: str) -> str:
 
 
 def _run_peer(
-    p: peers.Peer, d: Path, n: int, warmup: int, deadline: float | None
+    p: peers.Peer, d: Path, n: int, deadline: float | None
 ) -> tuple[peers.Phase, peers.Phase, float]:
     quiesce()
     rec = p.record(d, n, deadline)
@@ -95,7 +95,7 @@ def substeps(cfg: Any, root: Path, chosen: list[peers.Peer]) -> tuple[Table, Tab
                 n = min(n, cfg.grow_cap.get(size, n))
             d = root / f"sub-{_slug(p.name)}-{size}"
             try:
-                rec, rep, per_step = _run_peer(p, d, n, cfg.warmup, time.monotonic() + cfg.budget)
+                rec, rep, per_step = _run_peer(p, d, n, time.monotonic() + cfg.budget)
             except Exception as exc:
                 if p.name in REQUIRED:
                     raise

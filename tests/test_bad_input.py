@@ -33,6 +33,7 @@ import shlex
 import shutil
 import tempfile
 import unicodedata
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,6 +50,15 @@ from kernel_util import make_notebook
 import nbdurable
 from nbdurable import cli, engine, locate
 from nbdurable.store import RUN_SCOPE, Store
+
+# When a property fails, hypothesis' pytest plugin imports its patch writer
+# (libcst), whose import raises mypy_extensions' DeprecationWarning; under
+# `filterwarnings = error` that turns the failure report into a pytest
+# INTERNALERROR. Import it once here, with that warning ignored.
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore", DeprecationWarning)
+    with contextlib.suppress(ImportError):
+        import hypothesis.extra._patching  # noqa: F401
 
 PROPERTY = settings(
     max_examples=80,
@@ -144,6 +154,8 @@ def snapshot(directory: Path) -> dict[str, tuple[Any, Any]]:
 @contextlib.contextmanager
 def durable_env() -> Iterator[Env]:
     """A notebook with a recorded, pinned step ``keep``, a cell-id step and a run-scope call."""
+    # The shell (and its history database under ~/.ipython) exists before HOME moves.
+    shell = InteractiveShell.instance()
     with tempfile.TemporaryDirectory() as tmp, pytest.MonkeyPatch.context() as mp:
         root = Path(tmp)
         for sub in ("cwd", "home"):
@@ -158,7 +170,6 @@ def durable_env() -> Iterator[Env]:
         mp.setattr("nbdurable.demo.run_demo", _no_kernel)
         nbformat.write(make_notebook(CELLS), root / "nb.ipynb")
 
-        shell = InteractiveShell.instance()
         engine.reset_session()
         nbdurable.load_ipython_extension(shell)
         names = ("step", "kept", "kept_sub", "plain", "x", "got", "SUB_ID", "FN")

@@ -1,0 +1,76 @@
+"""Secrets from the environment never reach the store (real kernels).
+
+An API key lives in ``OPENAI_API_KEY``; a step holds it in a variable, a
+model response echoes it, and a cell prints it. After the run not one byte
+of the store directory contains it; the warnings name the step, the
+variable and the environment variable, never the secret; the sub-step whose
+response held the key is called again next time, the clean one replays.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from kernel_util import make_notebook, outputs_of, run_notebook, stream_text
+
+pytestmark = pytest.mark.kernel
+
+SECRET = "sk-test-0123456789abcdefSECRET"
+
+CELLS = [
+    "%load_ext nbdurable\n"
+    "import os\n"
+    "from nbdurable import step\n"
+    "def _count(what):\n"
+    "    with open(os.environ['CALLS'], 'a') as f:\n"
+    "        f.write(what + '\\n')\n"
+    "def leaky_model(prompt):\n"
+    "    _count('leaky')\n"
+    "    return f\"echo {prompt} (auth {os.environ['OPENAI_API_KEY']})\"\n"
+    "def clean_model(prompt):\n"
+    "    _count('clean')\n"
+    "    return f'answer to {prompt}'",
+    "%%step creds\napi_key = os.environ['OPENAI_API_KEY']\nsettings = {'model': 'small'}",
+    "%%step ask\n"
+    "r1 = step('leaky', leaky_model, 'hi')\n"
+    "r2 = step('clean', clean_model, 'hi')\n"
+    "print(r2)",
+    "%%step show\nprint('token:', os.environ['OPENAI_API_KEY'])",
+]
+
+
+def _store_bytes(store: Path) -> bytes:
+    return b"".join(p.read_bytes() for p in store.rglob("*") if p.is_file())
+
+
+def test_secrets_are_never_written(tmp_path):
+    calls = tmp_path / "calls.log"
+    env = {
+        "NBDURABLE_DIR": str(tmp_path / "store"),
+        "NBDURABLE_NOTEBOOK": str(tmp_path / "secrets.ipynb"),
+        "OPENAI_API_KEY": SECRET,
+        "CALLS": str(calls),
+    }
+    first = run_notebook(make_notebook(CELLS), cwd=tmp_path, env=env)
+    store = tmp_path / "store"
+    data = _store_bytes(store)
+    assert data, "the store was written"
+    assert SECRET.encode() not in data, "the secret reached the store"
+
+    warnings = "".join(stream_text(outputs_of(first, i), "stderr") for i in range(1, 4))
+    assert SECRET not in warnings, "a warning showed the secret"
+    assert "step 'creds'" in warnings and "api_key ($OPENAI_API_KEY)" in warnings
+    assert "sub-step 'leaky' of step 'ask'" in warnings and "$OPENAI_API_KEY" in warnings
+    assert "step 'show': its outputs or source showed the value of $OPENAI_API_KEY" in warnings
+    assert calls.read_text().split() == ["leaky", "clean"]
+
+    second = run_notebook(make_notebook(CELLS), cwd=tmp_path, env=env)
+    assert SECRET.encode() not in _store_bytes(store)
+    # The call whose result held the key was not recorded: it runs again.
+    # The clean call replays.
+    assert calls.read_text().split() == ["leaky", "clean", "leaky"]
+    # `settings` beside the secret was recorded and restored; `show` replays
+    # its output with the secret redacted.
+    shown = stream_text(outputs_of(second, 3))
+    assert "[redacted $OPENAI_API_KEY]" in shown and SECRET not in shown
