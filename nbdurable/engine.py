@@ -58,6 +58,21 @@ class StepContext:
 
 
 @dataclass
+class Plan:
+    """Everything known about a ``%%step`` cell before it runs."""
+
+    key: str
+    label: str
+    position: int | None
+    py: str  # the cell body as Python (IPython syntax transformed)
+    source_fp: str
+    analysis: keys.CellAnalysis
+    inputs: dict[str, str]  # name -> fingerprint compared with the record
+    raw_fps: dict[str, str]  # name -> plain content fingerprint, to spot in-place mutation
+    state: StepState
+
+
+@dataclass
 class Savings:
     """What replay saved in this kernel."""
 
@@ -277,11 +292,12 @@ class Session:
         # A name this very step produced earlier in this kernel is not an input:
         # it did not exist when the step was first recorded, and counting it
         # would make every rerun in the same kernel look like a change.
-        inputs = {
-            n: self._input_fp(n, ns[n], label)
+        raw_fps = {
+            n: _fingerprint(ns[n], f"input {n!r} of step {label!r}")
             for n in sorted(analysis.reads)
             if n in ns and not _HIDDEN.match(n) and self.producers.get(n) != key
         }
+        inputs = {n: self._input_fp(n, ns[n], fp) for n, fp in raw_fps.items()}
         rec = self.load_record(key, label)
         # Whatever nbdurable printed so far (warnings) reaches the frontend before
         # the step's own outputs: ipykernel buffers stdout and stderr apart.
@@ -295,9 +311,10 @@ class Session:
         if rec is not None and reason is not None and not force:
             self.status[key] = ("invalidated", reason)
             events.emit("step-invalidated", self.run_id, key, reason=reason, label=label)
-        self._execute(py, key, label, position, source_fp, inputs, analysis, state)
+        plan = Plan(key, label, position, py, source_fp, analysis, inputs, raw_fps, state)
+        self._execute(plan)
 
-    def _input_fp(self, name: str, value: Any, label: str = "") -> str:
+    def _input_fp(self, name: str, value: Any, fp: str) -> str:
         """Fingerprint of an input; for a value a step saved, also its saved bytes.
 
         :func:`keys.fingerprint` sees some objects by type only (instances of
@@ -306,7 +323,6 @@ class Session:
         one recording from another, so a dependant of a re-executed step does
         not replay a result computed from the old value.
         """
-        fp = _fingerprint(value, f"input {name!r} of step {label!r}")
         origin = self.origins.get(name)
         if origin is None or origin[0] is not value:
             return fp
@@ -361,50 +377,24 @@ class Session:
             metadata={"nbdurable": {"note": "replayed", "step": rec.key}},
         )
 
-    def _execute(
-        self,
-        py: str,
-        key: str,
-        label: str,
-        position: int | None,
-        source_fp: str,
-        inputs: dict[str, str],
-        analysis: keys.CellAnalysis,
-        state: StepState,
-    ) -> None:
+    def _execute(self, plan: Plan) -> None:
         __tracebackhide__ = True
-        ns = self.user_ns
-        before = dict(ns)
-        ctx = StepContext(key, label)
-        self.status[key] = ("running", "")
-        events.emit("step-start", self.run_id, key, label=label)
+        before = dict(self.user_ns)
+        ctx = StepContext(plan.key, plan.label)
+        self.status[plan.key] = ("running", "")
+        events.emit("step-start", self.run_id, plan.key, label=plan.label)
         started = time.time()
         t0 = time.perf_counter()
         self.current = ctx
         try:
             with Capture(self.shell) as cap:
-                _run_body(self.shell, py, analysis.has_await)
+                _run_body(self.shell, plan.py, plan.analysis.has_await)
         except BaseException as exc:
             self.current = None
-            self._record_failure(key, label, position, state, exc)
+            self._record_failure(plan.key, plan.label, plan.position, plan.state, exc)
             raise
         self.current = None
-        duration = time.perf_counter() - t0
-        self._record(
-            key,
-            label,
-            position,
-            py,
-            source_fp,
-            inputs,
-            analysis,
-            before,
-            cap.outputs,
-            started,
-            duration,
-            ctx,
-            state,
-        )
+        self._record(plan, before, cap.outputs, started, time.perf_counter() - t0, ctx)
 
     def _record_failure(
         self, key: str, label: str, position: int | None, state: StepState, exc: BaseException
@@ -421,22 +411,17 @@ class Session:
 
     def _record(
         self,
-        key: str,
-        label: str,
-        position: int | None,
-        py: str,
-        source_fp: str,
-        inputs: dict[str, str],
-        analysis: keys.CellAnalysis,
+        plan: Plan,
         before: dict[str, Any],
         outputs: list[dict[str, Any]],
         started: float,
         duration: float,
         ctx: StepContext,
-        state: StepState,
     ) -> None:
         ns = self.user_ns
-        changed = _changed_names(before, ns, analysis)
+        key, label, position, py, state = plan.key, plan.label, plan.position, plan.py, plan.state
+        changed = _changed_names(before, ns, plan.analysis)
+        changed += _mutated_inputs(plan.raw_fps, before, ns, set(changed))
         deleted = tuple(sorted(n for n in before if n not in ns and not _HIDDEN.match(n)))
         secrets = redact.secrets_in_env()
         saved = recording.save_variables(
@@ -444,15 +429,15 @@ class Session:
         )
         outputs, leaked = recording.scrub_outputs(outputs, secrets)
         source, in_source = redact.redact_text(py, secrets)
-        input_from = {n: self.producers[n] for n in inputs if n in self.producers}
+        input_from = {n: self.producers[n] for n in plan.inputs if n in self.producers}
         rec = StepRecord(
             run=self.run_id,
             key=key,
             name=label,
             position=position,
             source=source,
-            source_fp=source_fp,
-            inputs=inputs,
+            source_fp=plan.source_fp,
+            inputs=plan.inputs,
             input_from=input_from,
             variables=tuple(saved.variables),
             deleted=deleted,
@@ -544,6 +529,26 @@ def _changed_names(
             if name not in analysis.binds and values.is_module(after[name]):
                 continue
             out.add(name)
+    return sorted(out)
+
+
+def _mutated_inputs(
+    raw_fps: dict[str, str], before: dict[str, Any], after: dict[str, Any], known: set[str]
+) -> list[str]:
+    """Inputs changed in place by calls the syntax cannot see (``random.shuffle(xs)``).
+
+    Each input still bound to the same object is fingerprinted again; a
+    different fingerprint means the step mutated it, so it is recorded too.
+    """
+    out = []
+    for name, fp in raw_fps.items():
+        if name in known or name not in after or after[name] is not before.get(name):
+            continue
+        value = after[name]
+        if values.is_module(value) or callable(value):
+            continue
+        if _fingerprint(value, name) != fp:
+            out.append(name)
     return sorted(out)
 
 
