@@ -457,14 +457,19 @@ def analyse(source: str) -> CellAnalysis:
     ``has_await``: top-level ``await``, ``async for`` or ``async with``.
 
     A cell that does not parse gets an empty analysis (running it raises the
-    SyntaxError, so nothing is recorded). A cell nested too deeply to walk
-    gets a rough one: every name it loads is read, every name it mentions may
-    be mutated.
+    SyntaxError, so nothing is recorded). A cell nested too deeply to parse
+    or walk gets a rough one: every name it loads (or, if it cannot even be
+    parsed, every identifier in it) is read, and every name may be mutated.
     """
     try:
         tree = _parse(source)
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
+    except (SyntaxError, ValueError):
         return CellAnalysis(frozenset(), frozenset(), frozenset(), False)
+    except (RecursionError, MemoryError):
+        # Too deep for the compiler here: every identifier may be read, bound
+        # and mutated. Over-inclusive, never missing an input.
+        names = frozenset(_identifiers(source))
+        return CellAnalysis(names, names, names, "await" in names)
     try:
         flow = _Flow()
         flow.block(tree.body, set())
@@ -481,3 +486,19 @@ def analyse(source: str) -> CellAnalysis:
                 binds.update(_import_names(n))
         mutates = {n.id for n in named}
     return CellAnalysis(frozenset(reads), frozenset(binds), frozenset(mutates), _has_await(tree))
+
+
+def _identifiers(source: str) -> set[str]:
+    """Every NAME token of ``source`` (no parsing, so no recursion)."""
+    import io
+    import keyword
+    import tokenize
+
+    out: set[str] = set()
+    try:
+        for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+            if tok.type == tokenize.NAME and not keyword.iskeyword(tok.string):
+                out.add(tok.string)
+    except (tokenize.TokenError, SyntaxError):
+        pass  # what was read so far still counts
+    return out

@@ -516,3 +516,10 @@ def replay(shell: Any, outputs: Iterable[Mapping[str, Any]]) -> None:
                     transient=dict(output.get("transient") or {}),
                     update=kind == "update_display_data",
                 )
+
+
+def underlying(stream: Any) -> Any:
+    """The real stream beneath any :class:`Capture` tees (for text that must not be recorded)."""
+    while isinstance(stream, _Tee):
+        stream = stream._stream
+    return stream

@@ -26,7 +26,7 @@ from typing import Any
 from IPython.core.displayhook import DisplayHook
 
 from . import config, events, faults, keys, lease, locate, recording, redact, values
-from .capture import Capture, replay, show_last_expr
+from .capture import Capture, replay, show_last_expr, underlying
 from .errors import CorruptRecord, LeaseHeld, NbdurableError, StoreError, UsageProblem
 from .records import StepRecord, StepState
 from .store import RunKeys, Store
@@ -39,8 +39,22 @@ class NbdurableWarning(UserWarning):
 
 
 def warn(message: str) -> None:
-    """Warn loudly; every nbdurable warning goes through here."""
-    warnings.warn(message, NbdurableWarning, stacklevel=3)
+    """Warn loudly; every nbdurable warning goes through here.
+
+    A warning raised while a step runs is about this execution, not part of
+    the step's output: it goes past the capture, so it is shown now and not
+    replayed with the step's outputs on every later run.
+    """
+    err = sys.stderr
+    real = underlying(err)
+    if real is err:
+        warnings.warn(message, NbdurableWarning, stacklevel=3)
+        return
+    sys.stderr = real
+    try:
+        warnings.warn(message, NbdurableWarning, stacklevel=3)
+    finally:
+        sys.stderr = err
 
 
 @dataclass
@@ -102,6 +116,7 @@ class Session:
         self._warned_unsaved: set[str] = set()
         self._warned_names: set[str] = set()
         self._lease: lease.Lease | None = None
+        self._lease_seen = 0.0  # when the store last confirmed we hold it
         self._atexit = False
         env_run = os.environ.get("NBDURABLE_RUN", "").strip()
         if env_run:  # set by `nbdurable run --run NAME`
@@ -160,7 +175,7 @@ class Session:
         events.emit("run-changed", self.run_id)
         return self.run_id
 
-    def claim(self, *, takeover: bool = False) -> lease.Holder | None:
+    def claim(self, *, takeover: bool = False, verify: bool = True) -> lease.Holder | None:
         """Hold this run's lease before executing anything in it (see :mod:`lease`).
 
         Raises :class:`LeaseHeld` when another live process holds it; with
@@ -169,8 +184,22 @@ class Session:
         """
         run = self.run_id
         held = self._lease
+        if held is not None and held.generation != self.store.generation:
+            # The store was deleted or replaced and reopened: its lease went with it.
+            held._stop.set()
+            self._lease = held = None
+            warn(
+                f"the store at {self.store.path} was deleted or replaced while this kernel "
+                "ran; recording into a new store there."
+            )
         if held is not None and held.run_id == run and not takeover:
+            # Sub-steps outside any step call this on every call (verify=False):
+            # they look at the store at most once a second; a step always looks.
+            now = time.monotonic()
+            if not verify and now - self._lease_seen < 1.0:
+                return None
             if held.holds():
+                self._lease_seen = now
                 return None
             self._lease = None
             who = lease.read(self.store, run)
@@ -184,7 +213,9 @@ class Session:
             self._lease = None
         mine = lease.Lease(self.store, run, _holder_description(self.shell))
         previous = mine.acquire(takeover=takeover or os.environ.get("NBDURABLE_TAKEOVER") == "1")
+        mine.generation = self.store.generation
         self._lease = mine
+        self._lease_seen = time.monotonic()
         if not self._atexit:
             self._atexit = True
             atexit.register(self.release)
@@ -193,7 +224,10 @@ class Session:
     def release(self) -> None:
         """Give back the run's lease, if held."""
         if self._lease is not None:
-            self._lease.release()
+            # A deleted store is not recreated just to give its lease back.
+            if self._store is not None and not self._store.replaced():
+                self._lease.release()
+            self._lease._stop.set()
             self._lease = None
 
     def set_store(self, store: Store, run_id: str | None = None) -> None:
@@ -424,9 +458,12 @@ class Session:
         changed += _mutated_inputs(plan.raw_fps, before, ns, set(changed))
         deleted = tuple(sorted(n for n in before if n not in ns and not _HIDDEN.match(n)))
         secrets = redact.secrets_in_env()
-        saved = recording.save_variables(
-            self.store, ns, changed, _dotted_imports(py), _fingerprint, secrets
-        )
+        try:
+            saved = recording.save_variables(
+                self.store, ns, changed, _dotted_imports(py), _fingerprint, secrets
+            )
+        except StoreError as exc:
+            raise StoreError(f"step {label!r} ran but was NOT recorded: {exc}") from exc
         outputs, leaked = recording.scrub_outputs(outputs, secrets)
         source, in_source = redact.redact_text(py, secrets)
         input_from = {n: self.producers[n] for n in plan.inputs if n in self.producers}

@@ -94,6 +94,7 @@ class Lease:
     def __init__(self, store: Store, run_id: str, what: str = "") -> None:
         self.store, self.run_id, self.what = store, run_id, what
         self.token = secrets.token_hex(8)
+        self.generation = 0  # the store generation it was taken in (see Store.reopen)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 

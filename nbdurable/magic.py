@@ -9,7 +9,7 @@ from IPython.core.magic import Magics, line_cell_magic, magics_class
 
 from . import events, keys, locate, ops
 from .engine import get_session
-from .errors import UsageProblem
+from .errors import LeaseHeld, StoreError, UsageProblem
 
 USAGE = """\
 %%step [NAME] [--force]     record this cell as a step (replayed on rerun)
@@ -36,8 +36,9 @@ class StepMagics(Magics):
                 self._line(line)
             else:
                 self._cell(line, cell)
-        except UsageProblem as exc:
-            raise UsageError(str(exc)) from None
+        except (UsageProblem, StoreError, LeaseHeld) as exc:
+            # One line, no traceback: each message already says what to do.
+            raise UsageError(" ".join(str(exc).split())) from None
 
     def _cell(self, line: str, cell: str) -> None:
         __tracebackhide__ = True

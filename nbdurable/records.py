@@ -95,7 +95,8 @@ class SubRecord:
 
     def to_header(self) -> dict[str, Any]:
         """Encode as a JSON-able dict."""
-        d = dataclasses.asdict(self)
+        # Written once per sub-step: a flat dict, not dataclasses.asdict's deep copy.
+        d = {name: getattr(self, name) for name in _SUB_FIELDS}
         d["kind"] = "sub"
         return d
 
@@ -105,6 +106,9 @@ class SubRecord:
         d = dict(d)
         d.pop("kind", None)
         return cls(**d)
+
+
+_SUB_FIELDS = tuple(f.name for f in dataclasses.fields(SubRecord))
 
 
 @dataclass(frozen=True)

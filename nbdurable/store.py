@@ -26,14 +26,18 @@ unpickle keys or values, so a planted pickle in the directory never runs
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
 import hmac
 import json
 import os
+import re
 import secrets
+import sqlite3
 import struct
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +51,14 @@ MAGIC = b"NBD\x01"
 _SIG = 32
 _HDR = struct.Struct(">I")
 RUN_SCOPE = "~run"
+DBNAME = diskcache.core.DBNAME
+# The only value-file names diskcache makes (Disk.filename): "ab/cd/<28 hex>.val".
+_VALUE_FILE = re.compile(r"[0-9a-f]{2}[/\\][0-9a-f]{2}[/\\][0-9a-f]{28}\.val")
+# The files of the cache directory that no record points to.
+_DB_FILES = frozenset({DBNAME, DBNAME + "-wal", DBNAME + "-shm"})
+# check() leaves younger unreferenced value files alone: diskcache writes a value
+# file before its row, and may wait out its 60 s lock timeout in between.
+ORPHAN_GRACE = 300.0
 #: diskcache lives in this subdirectory: its check(fix=True) deletes every file
 #: it does not know in its directory, which would include our key file.
 CACHE_DIR = "log"
@@ -77,7 +89,14 @@ class SafeDisk(diskcache.Disk):
         """Refuse any value diskcache would unpickle (or decode as text)."""
         if mode not in (diskcache.core.MODE_RAW, diskcache.core.MODE_BINARY):
             raise CorruptRecord(f"refusing a store value of diskcache mode {mode} (not bytes)")
+        if filename is not None and not _VALUE_FILE.fullmatch(filename):
+            raise CorruptRecord(f"refusing a store value kept outside the store ({filename!r})")
         return super().fetch(mode, filename, value, read)
+
+    def remove(self, file_path: str) -> None:
+        """Remove a value file, never a file a planted row names outside the store."""
+        if _VALUE_FILE.fullmatch(file_path):
+            super().remove(file_path)
 
 
 def run_hash(run_id: str) -> str:
@@ -149,18 +168,53 @@ def _load_secret(directory: Path) -> bytes:
     return data
 
 
+def _one_line(text: object) -> str:
+    return " ".join(str(text).split())
+
+
+def _reason(exc: BaseException) -> str:
+    """The OS's or SQLite's own words for a failure, on one line."""
+    if isinstance(exc, OSError) and exc.strerror:
+        where = f" ({exc.filename})" if exc.filename else ""
+        return _one_line(exc.strerror + where)
+    return _one_line(exc) or type(exc).__name__
+
+
+def _advice(exc: BaseException) -> str:
+    """What the user can do about ``exc``, judged by its errno or SQLite's message."""
+    code = getattr(exc, "errno", None)
+    text = str(exc).lower()
+    if code in (errno.ENOSPC, errno.EDQUOT) or "full" in text:
+        return "free disk space, or set NBDURABLE_DIR to a directory on another disk"
+    if (
+        isinstance(exc, PermissionError)
+        or code in (errno.EACCES, errno.EPERM, errno.EROFS)
+        or "readonly" in text
+        or "read-only" in text
+    ):
+        return "make the directory writable by you, or set NBDURABLE_DIR to one that is"
+    return "check the directory (free space, permissions), or set NBDURABLE_DIR to another one"
+
+
 class Store:
     """A narrow interface over one diskcache directory.
 
     ``durability`` is ``"crash"`` (SQLite ``synchronous=NORMAL`` in WAL mode:
     a record survives a kernel or process crash) or ``"power"``
     (``synchronous=FULL``: it also survives power loss, at a cost per write).
+
+    Every failure of the disk or of SQLite (no space, read-only, no permission,
+    a damaged database) is raised as :class:`StoreError`, one line naming the
+    store and what to do. If the directory is deleted or replaced while open
+    (diskcache would go on writing into the unlinked database: silent loss),
+    the next read or write raises :class:`StoreError` and the one after opens
+    the store now at that path (a new, empty one if it is gone).
     """
 
     @staticmethod
     def exists(directory: str | os.PathLike[str]) -> bool:
         """True if ``directory`` holds an nbdurable store."""
-        return (Path(directory) / CACHE_DIR / "cache.db").exists()
+        return (Path(directory) / CACHE_DIR / DBNAME).exists()
 
     @property
     def cache_dir(self) -> Path:
@@ -171,6 +225,17 @@ class Store:
         if durability not in ("crash", "power"):
             raise ValueError(f"durability must be 'crash' or 'power', got {durability!r}")
         self.path = Path(directory).expanduser().absolute()
+        self._durability = durability
+        self._cache: diskcache.Cache | None = None
+        #: How many times the store was reopened (see :meth:`reopen`): a lease or
+        #: anything else held in the store before the reopen is gone.
+        self.generation = 0
+        self._open()
+
+    def _open(self) -> None:
+        self._replaced = False
+        # Keys that failed to verify, or blobs found missing: put_blob rewrites them.
+        self._suspect: set[str] = set()
         try:
             created = not self.path.exists()
             self.path.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -185,14 +250,75 @@ class Store:
                 cull_limit=0,
                 statistics=0,
                 timeout=60,
-                sqlite_synchronous=2 if durability == "power" else 1,
+                sqlite_synchronous=2 if self._durability == "power" else 1,
             )
-        except OSError as exc:
+            self._db_file = os.path.join(self.cache_dir, DBNAME)  # a str: stat() per write
+            st = os.stat(self._db_file)
+            self._identity = (st.st_dev, st.st_ino)
+            self._check_format()
+        except StoreError:
+            raise
+        except (OSError, sqlite3.Error) as exc:
             raise StoreError(
-                f"cannot open the nbdurable store at {self.path}: {exc.strerror or exc}. "
-                "Check that the directory is writable, or set NBDURABLE_DIR to another one."
+                f"cannot open the nbdurable store at {self.path}: {_reason(exc)}. "
+                f"Nothing was read or recorded; {_advice(exc)}."
             ) from exc
-        self._check_format()
+
+    @property
+    def _db(self) -> diskcache.Cache:
+        """The open cache; reopened first if it was found deleted or replaced."""
+        if self._replaced:
+            self.reopen()
+        assert self._cache is not None
+        return self._cache
+
+    @contextlib.contextmanager
+    def _guard(self, doing: str) -> Iterator[None]:
+        """Turn a disk or SQLite failure into a one-line :class:`StoreError`."""
+        try:
+            yield
+        except StoreError:
+            raise
+        except (OSError, sqlite3.Error) as exc:
+            raise self._failure(doing, exc) from exc
+
+    def _failure(self, doing: str, exc: BaseException) -> StoreError:
+        if doing == "write":
+            return StoreError(
+                f"could not write to the nbdurable store at {self.path}: {_reason(exc)}. "
+                f"Nothing was recorded for this write; {_advice(exc)}, then run the cell again."
+            )
+        return StoreError(
+            f"could not {doing} the nbdurable store at {self.path}: {_reason(exc)}; {_advice(exc)}."
+        )
+
+    # -- deleted or replaced while open ----------------------------------------------
+    def replaced(self) -> bool:
+        """True if the directory no longer holds the database this object opened (one stat)."""
+        try:
+            st = os.stat(self._db_file)
+        except FileNotFoundError:
+            return True
+        return (st.st_dev, st.st_ino) != self._identity
+
+    def _ensure_same(self, doing: str) -> None:
+        if not self._replaced and self.replaced():
+            self._replaced = True  # the next operation reopens (see _db)
+            raise StoreError(
+                f"the nbdurable store at {self.path} was deleted or replaced while in use; "
+                f"nothing was {doing}. Run the cell again to open the store now there (a new, "
+                "empty one if it is gone), or set NBDURABLE_DIR to another directory and "
+                "restart the kernel."
+            )
+
+    def reopen(self) -> None:
+        """Close, and open the store now at :attr:`path` (creating it if it is gone)."""
+        with contextlib.suppress(Exception):  # a connection to an unlinked file
+            if self._cache is not None:
+                self._cache.close()
+        self._cache = None
+        self.generation += 1
+        self._open()
 
     # -- encoding -----------------------------------------------------------
     def _sign(self, key: str, payload: bytes) -> bytes:
@@ -233,8 +359,18 @@ class Store:
     def _check_format(self) -> None:
         # Read past the per-record format check: a newer store must be reported as
         # such (FormatVersionError), not as one unreadable record.
-        raw = self._cache.get("meta/format", default=None, retry=True)
-        found = None if raw is None else self._decode("meta/format", raw, newer_ok=True)
+        assert self._cache is not None
+        try:
+            raw = self._cache.get("meta/format", default=None, retry=True)
+            found = None if raw is None else self._decode("meta/format", raw, newer_ok=True)
+        except CorruptRecord as exc:
+            raise StoreError(
+                f"the nbdurable store at {self.path} cannot be verified: its format record "
+                "fails its signature check. Either it was written with another store key "
+                "(NBDURABLE_KEY, or the key file, differs from the one it was written with) or "
+                "that record was damaged. Restore the key, or set NBDURABLE_DIR to a new "
+                "directory."
+            ) from exc
         if found is None:
             self.put("meta/format", {"format": FORMAT_VERSION, "created": time.time()})
             return
@@ -251,13 +387,20 @@ class Store:
 
         Raises :class:`CorruptRecord` if the record is present but does not verify.
         """
+        # The hot path of replay: inline, not through _guard.
         try:
-            raw = self._cache.get(key, default=None, retry=True)
-        except OSError as exc:
-            raise StoreError(f"cannot read {key!r} from {self.path}: {exc}") from exc
-        if raw is None:
-            return None
-        return self._decode(key, raw)
+            if self._replaced:
+                self.reopen()
+            self._ensure_same("read")
+            raw = self._cache.get(key, default=None, retry=True)  # SafeDisk refuses pickles
+            return None if raw is None else self._decode(key, raw)
+        except CorruptRecord:
+            self._suspect.add(key)
+            raise
+        except StoreError:
+            raise
+        except (OSError, sqlite3.Error) as exc:
+            raise self._failure("read", exc) from exc
 
     def put(self, key: str, header: dict[str, Any], body: bytes = b"") -> int:
         """Write one record atomically; return its size in bytes."""
@@ -276,101 +419,185 @@ class Store:
         return sum(len(v) for v in values.values())
 
     def _write(self, values: dict[str, bytes], deletes: list[str] = ()) -> None:  # type: ignore[assignment]
-        try:
+        with self._guard("write"):
+            db = self._db
+            self._ensure_same("recorded for this write")
             if len(values) == 1 and not deletes and not faults.armed("store-write"):
                 ((k, v),) = values.items()
-                self._cache.set(k, v, retry=True)
-                return
-            with self._cache.transact(retry=True):
-                for k, v in values.items():
-                    self._cache.set(k, v)
-                for k in deletes:
-                    self._cache.delete(k)
-                faults.point("store-write")
-        except OSError as exc:
-            raise StoreError(
-                f"could not write to the nbdurable store at {self.path}: "
-                f"{exc.strerror or exc}. Nothing was recorded for this write; free disk "
-                "space or fix permissions, then run the cell again."
-            ) from exc
+                db.set(k, v, retry=True)
+            else:
+                with db.transact(retry=True):
+                    for k, v in values.items():
+                        db.set(k, v)
+                    for k in deletes:
+                        db.delete(k)
+                    faults.point("store-write")
+        self._suspect.difference_update(values)
 
-    def transaction(self) -> Any:
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[None]:
         """A context manager: reads and writes inside it are one SQLite transaction."""
-        return self._cache.transact(retry=True)
+        with self._guard("write"), self._db.transact(retry=True):
+            yield
 
     def delete(self, key: str) -> bool:
         """Delete one key; True if it existed."""
-        return bool(self._cache.delete(key, retry=True))
+        with self._guard("write"):
+            db = self._db
+            self._ensure_same("deleted")
+            return bool(db.delete(key, retry=True))
 
     def delete_many(self, keys: Iterable[str]) -> int:
         """Delete several keys in one transaction."""
         n = 0
-        with self._cache.transact(retry=True):
-            for k in keys:
-                n += bool(self._cache.delete(k))
+        with self._guard("write"):
+            db = self._db
+            self._ensure_same("deleted")
+            with db.transact(retry=True):
+                for k in keys:
+                    n += bool(db.delete(k))
         return n
 
     def scan(self, prefix: str) -> list[str]:
-        """All keys that start with ``prefix``, in key order (an index range scan)."""
+        """All keys that start with ``prefix``, in key order (an index range scan).
+
+        Only plain-text keys are seen: a row whose key diskcache pickled
+        (``raw = 0``, planted by plain diskcache) is never read, let alone unpickled.
+        """
         # diskcache has no prefix scan; its Cache table has a unique index on
         # (key, raw), so a range query on it is O(log n + matches).
-        rows = self._cache._sql(
-            "SELECT key FROM Cache WHERE raw = 1 AND key >= ? AND key < ? ORDER BY key",
-            (prefix, _upper(prefix)),
-        ).fetchall()
+        with self._guard("read"):
+            rows = self._db._sql(
+                "SELECT key FROM Cache WHERE raw = 1 AND key >= ? AND key < ? ORDER BY key",
+                (prefix, _upper(prefix)),
+            ).fetchall()
         return [r[0] for r in rows]
 
     def stats(self, prefix: str) -> tuple[int, int]:
         """``(count, bytes)`` of the keys under ``prefix``."""
-        row = self._cache._sql(
-            "SELECT COUNT(*), COALESCE(SUM(size + COALESCE(LENGTH(value), 0)), 0) FROM Cache "
-            "WHERE raw = 1 AND key >= ? AND key < ?",
-            (prefix, _upper(prefix)),
-        ).fetchone()
+        with self._guard("read"):
+            row = self._db._sql(
+                "SELECT COUNT(*), COALESCE(SUM(size + COALESCE(LENGTH(value), 0)), 0) "
+                "FROM Cache WHERE raw = 1 AND key >= ? AND key < ?",
+                (prefix, _upper(prefix)),
+            ).fetchone()
         return int(row[0]), int(row[1])
 
     def size_of(self, key: str) -> int:
         """Bytes stored for ``key`` (0 if absent)."""
-        row = self._cache._sql(
-            "SELECT size + COALESCE(LENGTH(value), 0) FROM Cache WHERE raw = 1 AND key = ?", (key,)
-        ).fetchone()
+        with self._guard("read"):
+            row = self._db._sql(
+                "SELECT size + COALESCE(LENGTH(value), 0) FROM Cache WHERE raw = 1 AND key = ?",
+                (key,),
+            ).fetchone()
         return int(row[0]) if row else 0
 
     def has(self, key: str) -> bool:
         """True if ``key`` is present (not verified)."""
-        return key in self._cache
+        with self._guard("read"):
+            return key in self._db
 
     # -- blobs: variables stored once by content --------------------------------
     def put_blob(self, data: bytes) -> tuple[str, int]:
-        """Store ``data`` under its SHA-256 unless there; return ``(sha, bytes written)``."""
+        """Store ``data`` under its SHA-256 unless there; return ``(sha, bytes written)``.
+
+        A blob this process found damaged or missing is written again, so the
+        step that re-ran because of it replays next time.
+        """
         sha = hashlib.sha256(data).hexdigest()
         key = "b/" + sha
-        if key in self._cache:
+        if key not in self._suspect and self.has(key):
             return sha, 0
         return sha, self.put(key, {"kind": "blob"}, data)
 
     def get_blob(self, sha: str) -> bytes | None:
         """The verified bytes of blob ``sha``, None if absent."""
         got = self.get("b/" + sha)
-        return None if got is None else got[1]
+        if got is None:
+            # Its row may still be there with its value file gone: rewrite it on put_blob.
+            self._suspect.add("b/" + sha)
+            return None
+        return got[1]
 
     # -- housekeeping ---------------------------------------------------------
     def check(self, fix: bool = True) -> list[str]:
-        """Run diskcache's integrity check; with ``fix`` remove orphan files."""
-        import warnings
+        """Check the database and the value files; with ``fix``, repair what can be.
 
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            self._cache.check(fix=fix, retry=True)
-        return [str(w.message) for w in caught]
+        Returns one line per problem (empty: the store is sound). Repairs: a
+        value file no record points to (left by an interrupted write, e.g. on
+        a full disk) is removed unless younger than :data:`ORPHAN_GRACE`
+        seconds (it may be a write in progress); a record whose value file is
+        missing, of the wrong size, or outside the store is deleted (it could
+        not be verified anyway: its step runs again); empty value directories
+        are removed. The key file and the database files are never touched,
+        and no key or value is unpickled.
+        """
+        problems: list[str] = []
+        done = "; removed" if fix else ""
+        with self._guard("check"):
+            db = self._db
+            rows = db._sql("PRAGMA integrity_check").fetchall()
+            if rows != [("ok",)]:
+                problems += [f"database {self.cache_dir / DBNAME}: {m}" for (m,) in rows]
+            with db.transact(retry=True):
+                known: set[Path] = set()
+                for rowid, key, size, filename in db._sql(
+                    "SELECT rowid, key, size, filename FROM Cache WHERE filename IS NOT NULL"
+                ).fetchall():
+                    name = repr(key) if isinstance(key, str) else "with a non-text key"
+                    full = self.cache_dir / filename
+                    if not _VALUE_FILE.fullmatch(filename):
+                        bad = f"names a value file outside the store ({filename!r})"
+                        full = None
+                    else:
+                        known.add(full)
+                        try:
+                            real = full.stat().st_size
+                            bad = (
+                                None
+                                if real == size
+                                else f"has a value file of {real} bytes, not {size} (truncated?)"
+                            )
+                        except FileNotFoundError:
+                            bad = "has lost its value file"
+                    if bad is None:
+                        continue
+                    problems.append(f"record {name} {bad}{done}")
+                    if fix:
+                        db._sql("DELETE FROM Cache WHERE rowid = ?", (rowid,))
+                        if full is not None:
+                            full.unlink(missing_ok=True)
+                now = time.time()
+                for dirpath, _dirs, files in os.walk(self.cache_dir):
+                    top = Path(dirpath) == self.cache_dir
+                    for f in files:
+                        full = Path(dirpath) / f
+                        if full in known or (top and f in _DB_FILES):
+                            continue
+                        try:
+                            if now - full.stat().st_mtime < ORPHAN_GRACE:
+                                continue
+                        except FileNotFoundError:
+                            continue
+                        problems.append(f"file {full} belongs to no record{done}")
+                        if fix:
+                            full.unlink(missing_ok=True)
+                if fix:
+                    for dirpath, _dirs, _files in os.walk(self.cache_dir, topdown=False):
+                        if Path(dirpath) != self.cache_dir:
+                            with contextlib.suppress(OSError):  # not empty
+                                os.rmdir(dirpath)
+        return problems
 
     def volume(self) -> int:
         """Bytes used on disk."""
-        return int(self._cache.volume())
+        with self._guard("read"):
+            return int(self._db.volume())
 
     def close(self) -> None:
         """Close the underlying connections."""
-        self._cache.close()
+        if self._cache is not None:
+            self._cache.close()
 
     def __enter__(self) -> Store:
         return self
