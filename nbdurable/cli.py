@@ -26,6 +26,9 @@ class _Parser(argparse.ArgumentParser):
     """An ArgumentParser whose errors are one line, naming the way to get help."""
 
     def error(self, message: str) -> NoReturn:
+        from .keys import one_line
+
+        message = one_line(message)
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
@@ -268,8 +271,8 @@ def _latency(text: str) -> float:
 
 def _notebook(args: argparse.Namespace) -> Path:
     """The notebook argument, checked: it exists and is notebook JSON."""
-    path = args.notebook.expanduser().absolute()
-    if not path.is_file():
+    path = _path(args.notebook)
+    if not _is(path.is_file):
         raise _usage(f"no notebook at {path}: check the path (expected an .ipynb file)")
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
@@ -280,6 +283,20 @@ def _notebook(args: argparse.Namespace) -> Path:
     return path
 
 
+def _path(path: Path) -> Path:
+    try:
+        return path.expanduser().absolute()
+    except RuntimeError:  # `~user` of no such user
+        raise _usage(f"cannot expand {str(path)!r}: no such user's home directory") from None
+
+
+def _is(test: Any) -> bool:
+    try:
+        return bool(test())
+    except OSError:  # e.g. a name too long for the file system: no such file
+        return False
+
+
 def _usage(message: str) -> Exception:
     from .errors import UsageProblem
 
@@ -288,7 +305,7 @@ def _usage(message: str) -> Exception:
 
 def _store_dir(args: argparse.Namespace, notebook: Path | None) -> Path:
     if getattr(args, "store", None) is not None:
-        return args.store.expanduser().absolute()
+        return _path(args.store)
     from .locate import store_dir
 
     return store_dir(notebook)
@@ -298,15 +315,13 @@ def _open(directory: Path, must_exist: bool = True) -> Any:
     """The store at ``directory``; None if it does not exist and ``must_exist`` is false."""
     from .store import Store
 
-    if not Store.exists(directory):
+    if not _is(lambda: Store.exists(directory)):
         if must_exist:
             raise _usage(
                 f"no nbdurable store at {directory}; pass --store DIR or set "
                 "NBDURABLE_DIR to the directory that holds the runs"
             )
         return None
-    from .store import Store
-
     return Store(directory)
 
 
@@ -568,12 +583,15 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``nbdurable`` console script; returns the exit code."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    if any(v == [] for k, v in vars(args).items() if k != "steps"):
+        parser.error("an option's value is '--'; give the value itself")  # argparse gives []
     from .errors import NbdurableError
+    from .keys import one_line
 
     try:
         return int(args.func(args))
     except NbdurableError as exc:
-        print(f"nbdurable {args.command}: error: {exc}", file=sys.stderr)
+        print(f"nbdurable {args.command}: error: {one_line(str(exc))}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         print(f"nbdurable {args.command}: interrupted", file=sys.stderr)

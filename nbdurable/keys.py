@@ -91,12 +91,21 @@ def source_fingerprint(source: str) -> str:
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.:-]{0,127}")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_CELL_ID = re.compile(r"[a-zA-Z0-9_-]{1,64}")  # nbformat 4.5's cell id pattern
 _NAME_RULE = "use letters, digits, _ . : - (at most 128, starting with a letter or _)"
 
 
 def _shown(value: str) -> str:
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+_UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def one_line(text: str) -> str:
+    """``text`` with line breaks and control characters escaped (for one-line messages)."""
+    return _UNPRINTABLE.sub(lambda m: repr(m.group())[1:-1], text)
 
 
 def validate_name(name: str, what: str = "step name") -> str:
@@ -130,6 +139,14 @@ def validate_sub_id(sub_id: object) -> str:
             f"sub-step id {_shown(sub_id)} contains the control character {bad.group()!r} "
             f"at index {bad.start()}: ids may not contain \\x00-\\x1f or \\x7f"
         )
+    try:
+        sub_id.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise UsageProblem(
+            f"sub-step id {_shown(sub_id)} contains the lone surrogate {sub_id[exc.start]!r} "
+            f"at index {exc.start}, which the store cannot hold; decode names read as bytes "
+            "with errors='backslashreplace'"
+        ) from None
     return str.__str__(sub_id)  # a plain str, also for str subclasses
 
 
@@ -144,7 +161,7 @@ def step_key(
     """
     if name is not None:
         return f"name:{validate_name(name)}", name
-    if cell_id:
+    if cell_id and _CELL_ID.fullmatch(cell_id):
         return f"id:{cell_id}", f"cell {cell_id[:8]}"
     if position is not None:
         return f"pos:{position}", f"cell #{position + 1}"

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import UsageProblem
-from .keys import source_fingerprint, validate_name
+from .keys import _shown, source_fingerprint, validate_name
 
 DEFAULT_RUN = "default"
 #: ``%step`` commands: never a step name.
@@ -73,9 +73,9 @@ def run_id_for(notebook: Path | None, store: Path) -> str:
     """The run id of ``notebook`` in the store at ``store``."""
     if notebook is None:
         return DEFAULT_RUN
-    nb = notebook.absolute()
+    nb = Path(os.path.abspath(notebook))
     try:
-        return nb.relative_to(store.parent).as_posix()
+        return nb.relative_to(Path(os.path.abspath(store)).parent).as_posix()
     except ValueError:
         return nb.as_posix()
 
@@ -94,9 +94,11 @@ def parse_step_line(line: str) -> tuple[str | None, bool]:
     rest = [a for a in args if a not in ("--force", "-f")]
     bad = [a for a in rest if a.startswith("-")]
     if bad:
-        raise UsageProblem(f"%%step: unknown option {bad[0]!r}; usage: %%step [NAME] [--force]")
+        raise UsageProblem(
+            f"%%step: unknown option {_shown(bad[0])}; usage: %%step [NAME] [--force]"
+        )
     if len(rest) > 1:
-        raise UsageProblem(f"%%step takes one NAME, got {len(rest)}: {' '.join(rest)}")
+        raise UsageProblem(f"%%step takes one NAME, got {len(rest)}: {_shown(' '.join(rest))}")
     if rest and rest[0] in STEP_COMMANDS:
         raise UsageProblem(
             f"%%step {rest[0]}: {rest[0]!r} is a %step command; use %step {rest[0]} on one line"

@@ -38,7 +38,7 @@ class StepMagics(Magics):
                 self._cell(line, cell)
         except (UsageProblem, StoreError, LeaseHeld) as exc:
             # One line, no traceback: each message already says what to do.
-            raise UsageError(" ".join(str(exc).split())) from None
+            raise UsageError(keys.one_line(" ".join(str(exc).split()))) from None
 
     def _cell(self, line: str, cell: str) -> None:
         __tracebackhide__ = True
@@ -85,7 +85,7 @@ class StepMagics(Magics):
             display(panel())
         else:
             commands = ", ".join(_SUBCOMMANDS)
-            raise UsageProblem(f"%step: unknown command {cmd!r}; commands: {commands}")
+            raise UsageProblem(f"%step: unknown command {keys._shown(cmd)}; commands: {commands}")
 
     def _clear(self, session, rest: list[str]) -> None:  # noqa: ANN001
         if rest == ["--all"]:
@@ -117,7 +117,7 @@ def _split(line: str) -> list[str]:
 
 def _no_args(cmd: str, rest: list[str]) -> None:
     if rest:
-        raise UsageProblem(f"%step {cmd} takes no arguments, got: {' '.join(rest)}")
+        raise UsageProblem(f"%step {cmd} takes no arguments, got {keys._shown(' '.join(rest))}")
 
 
 def load(ipython) -> None:  # noqa: ANN001

@@ -13,7 +13,7 @@ from typing import Any
 
 from . import locate
 from .errors import CorruptRecord, UsageProblem
-from .keys import source_fingerprint
+from .keys import _shown, source_fingerprint
 from .records import StepRecord, StepState
 from .store import RUN_SCOPE, RunKeys, Store
 
@@ -236,7 +236,7 @@ def resolve(store: Store, run_id: str, names: list[str], notebook: Path | None =
         match = [i.key for i in infos if name in (i.key, i.label) or i.key == f"name:{name}"]
         if not match:
             known = ", ".join(i.label for i in infos if i.key != RUN_SCOPE) or "none yet"
-            raise UsageProblem(f"no step {name!r} in run {run_id!r} (known steps: {known})")
+            raise UsageProblem(f"no step {_shown(name)} in run {run_id!r} (known steps: {known})")
         out.append(match[0])
     return out
 

@@ -835,8 +835,12 @@ def run_notebook(
         raise UsageProblem(f"retries must be 0 or more, got {retries}")
     if timeout is not None and timeout <= 0:
         raise UsageProblem(f"timeout must be a positive number of seconds, got {timeout}")
-    path = Path(notebook).expanduser().absolute()
-    if not path.is_file():
+    try:
+        path = Path(notebook).expanduser().absolute()
+        found = path.is_file()
+    except (OSError, RuntimeError):  # too long a name; `~user` of no user
+        path, found = Path(notebook), False
+    if not found:
         raise UsageProblem(f"no notebook at {path}: check the path (expected an .ipynb file)")
     env = dict(env or {})
     if takeover:

@@ -327,7 +327,7 @@ def parse_age(text: str) -> float:
         value = float(number)
     except ValueError:
         value = -1.0
-    if not value >= 0 or value == float("inf"):
+    if not 0 <= value * units[unit] <= 100 * 366 * 86400:
         raise UsageProblem(
             f"--older-than {text!r} is not an age: expected a number and a unit, "
             "e.g. 30d, 12h, 90m, 45s or 2w"

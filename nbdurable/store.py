@@ -101,7 +101,7 @@ class SafeDisk(diskcache.Disk):
 
 def run_hash(run_id: str) -> str:
     """The short, fixed-length form of a run id used in keys."""
-    return hashlib.sha256(run_id.encode("utf-8")).hexdigest()[:16]
+    return hashlib.sha256(run_id.encode("utf-8", "surrogatepass")).hexdigest()[:16]
 
 
 class RunKeys:
