@@ -184,7 +184,7 @@ def _advice(exc: BaseException) -> str:
     """What the user can do about ``exc``, judged by its errno or SQLite's message."""
     code = getattr(exc, "errno", None)
     # The error's own words, never its file name: a path may contain "full".
-    text = (exc.strerror or "" if isinstance(exc, OSError) else str(exc)).lower()
+    text = (getattr(exc, "strerror", None) or str(exc)).lower()
     if code in (errno.ENOSPC, errno.EDQUOT) or "disk is full" in text or "no space" in text:
         return "free disk space, or set NBDURABLE_DIR to a directory on another disk"
     if (
