@@ -38,6 +38,8 @@ class Config:
     growth_marks: tuple[int, ...] = (100, 1_000, 10_000)
     growth_value: int = 1_000
     growth_budget: float = 300.0
+    growth_repeats: int = 3
+    growth_repeat_peers: tuple[str, ...] = ("nbdurable", "raw diskcache set/get")
     growth_peers: tuple[str, ...] = (
         "nbdurable",
         "raw diskcache set/get",
@@ -65,6 +67,7 @@ class Config:
             budget=30.0,
             growth_marks=(10, 30, 100),
             growth_budget=30.0,
+            growth_repeats=2,
             growth_peers=("nbdurable", "raw diskcache set/get", "seed JSON checkpoint"),
             cell_reps_small=3,
             cell_reps_big=1,

@@ -247,22 +247,37 @@ def growth(cfg: Any, root: Path, chosen: list[peers.Peer]) -> tuple[Table, dict]
                     rec_s, rep_s, opens[m] = _seed_at(d, m)
                     out[(p.name, m)] = (rec_s, rep_s)
             else:
-                quiesce()
-                rec = p.record(d, top, time.monotonic() + cfg.growth_budget)
-                quiesce()
-                rep = p.replay(d, len(rec.times))
-                if rep.calls:
-                    raise RuntimeError(f"did not replay: {rep.calls} calls made again")
-                opens[len(rec.times)] = rep.open_ns / 1e3
+                # Runs whose figures the targets judge are repeated and their windows
+                # pooled, so a burst of load from elsewhere during one run's window
+                # cannot decide "flat" or "not flat" on its own.
+                runs = cfg.growth_repeats if p.name in cfg.growth_repeat_peers else 1
+                recs: dict[int, list[int]] = {m: [] for m in marks}
+                reps: dict[int, list[int]] = {m: [] for m in marks}
+                reached = top
+                for _ in range(runs):
+                    shutil.rmtree(d, ignore_errors=True)
+                    quiesce()
+                    rec = p.record(d, top, time.monotonic() + cfg.growth_budget)
+                    quiesce()
+                    rep = p.replay(d, len(rec.times))
+                    p.close()
+                    if rep.calls:
+                        raise RuntimeError(f"did not replay: {rep.calls} calls made again")
+                    reached = min(reached, len(rec.times))
+                    opens[len(rec.times)] = rep.open_ns / 1e3
+                    for m in marks:
+                        lo, hi = _window(m)
+                        if len(rec.times) >= hi:
+                            recs[m] += rec.times[lo:hi]
+                            reps[m] += rep.times[lo:hi]
                 for m in marks:
-                    lo, hi = _window(m)
-                    if len(rec.times) < hi:
+                    if reached < m:
                         t.notes.append(
-                            f"{p.name} reached {len(rec.times):,} steps within the "
+                            f"{p.name} reached {reached:,} steps within the "
                             f"{cfg.growth_budget:.0f} s budget, not {m:,}"
                         )
                         break
-                    out[(p.name, m)] = (Summary.of(rec.times[lo:hi]), Summary.of(rep.times[lo:hi]))
+                    out[(p.name, m)] = (Summary.of(recs[m]), Summary.of(reps[m]))
         except Exception as exc:
             if p.name in REQUIRED:
                 raise
@@ -289,7 +304,10 @@ def growth(cfg: Any, root: Path, chosen: list[peers.Peer]) -> tuple[Table, dict]
                 fmt_us(op) if op is not None else "",
             )
     t.notes += [
-        "'at step N' = the last 100 steps before step N (steps 20-99 for N=100)",
+        "'at step N' = the last 100 steps before step N (for small N, the last 80%: steps "
+        "20-99 for N=100); "
+        f"{' and '.join(cfg.growth_repeat_peers)} run {cfg.growth_repeats} times, their "
+        "windows pooled",
         "nbdurable and the others record every step in one run, then replay the whole run "
         "from a fresh instance; 'open log' is opening the store before that replay",
         "the seed's per-step cost depends only on how much its log holds, so for each N its log "

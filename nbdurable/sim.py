@@ -22,6 +22,7 @@ import json
 import os
 import random
 import sqlite3
+import threading
 import time
 import uuid
 from contextlib import closing
@@ -67,11 +68,12 @@ def _text(n_words: int) -> str:
     return " ".join(rnd.choice(_WORDS) for _ in range(n_words)) + f" [{uuid.uuid4().hex[:8]}]"
 
 
-def _call(kind: str, arg: str, words: int) -> tuple[str, int]:
+def _call(kind: str, arg: str, words: int, sleep: bool = True) -> tuple[str, int]:
     tokens = words * 4 // 3 + len(arg) // 4 + 20
     text = _text(words)
     _log(kind, arg, tokens, digest(text))
-    time.sleep(_latency())
+    if sleep:
+        time.sleep(_latency())
     return text, tokens
 
 
@@ -88,17 +90,26 @@ def search_web(query: str) -> list[str]:
     return [text[:60], text[60:120], text[120:]]
 
 
+_answer_lock = threading.Lock()
+
+
 def llm_answer(question: str, docs: list[str]) -> str:
     """Answer ``question`` from ``docs``; may crash the kernel (see module docstring)."""
     crash_at = os.environ.get("NBDURABLE_SIM_CRASH_AT")
     ledger = _ledger()
     if crash_at and ledger is not None:
-        answers = _count(ledger, "answer")
-        marker = ledger.with_suffix(".crashed")
-        if answers + 1 == int(crash_at) and not marker.exists():
-            _log("answer", question, 0)  # the call was made; its result never returns
-            marker.write_text("crashed\n")
-            os._exit(137)
+        # Counting and logging under one lock: answers made from several
+        # threads at once (asyncio.to_thread, a pool) must not both see N-1.
+        with _answer_lock:
+            answers = _count(ledger, "answer")
+            marker = ledger.with_suffix(".crashed")
+            if answers + 1 == int(crash_at) and not marker.exists():
+                _log("answer", question, 0)  # the call was made; its result never returns
+                marker.write_text("crashed\n")
+                os._exit(137)
+            text, _tokens = _call("answer", question, 60, sleep=False)
+        time.sleep(_latency())
+        return text
     text, _ = _call("answer", question, 60)
     return text
 
