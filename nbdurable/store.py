@@ -322,13 +322,18 @@ class Store:
         self._open()
 
     # -- encoding -----------------------------------------------------------
-    def _sign(self, key: str, payload: bytes) -> bytes:
-        return hmac.new(self._secret, key.encode("utf-8") + b"\0" + payload, "sha256").digest()
+    def _sign(self, key: str, *parts: bytes | memoryview) -> bytes:
+        # HMAC of key + NUL + the parts, fed piece by piece: a 100 MB value is
+        # hashed where it lies, never concatenated into a copy first.
+        mac = hmac.new(self._secret, key.encode("utf-8", "surrogatepass") + b"\0", "sha256")
+        for part in parts:
+            mac.update(part)
+        return mac.digest()
 
     def _encode(self, key: str, header: dict[str, Any], body: bytes) -> bytes:
         head = json.dumps(header, separators=(",", ":"), default=str).encode("utf-8")
-        payload = _HDR.pack(len(head)) + head + body
-        return MAGIC + self._sign(key, payload) + payload
+        prefix = _HDR.pack(len(head)) + head
+        return b"".join((MAGIC, self._sign(key, prefix, body), prefix, body))
 
     def _decode(
         self, key: str, raw: Any, *, newer_ok: bool = False
@@ -339,7 +344,7 @@ class Store:
             raise CorruptRecord(f"record {key!r} does not start with the nbdurable marker")
         sig = raw[len(MAGIC) : len(MAGIC) + _SIG]
         payload = memoryview(raw)[len(MAGIC) + _SIG :]
-        if not hmac.compare_digest(sig, self._sign(key, payload.tobytes())):
+        if not hmac.compare_digest(sig, self._sign(key, payload)):
             raise CorruptRecord(
                 f"record {key!r} failed its signature check (damaged, planted, or written "
                 "with another store key); it is ignored"
