@@ -327,6 +327,10 @@ def main(argv: list[str] | None = None) -> int:
         head.add("load average after", load_after)
         head.add("1-min load at the end of each section", ", ".join(loads))
         head.add(
+            "quiet during the run",
+            "NO: other processes loaded the machine; treat the figures as noisy" if busy else "yes",
+        )
+        head.add(
             "run",
             f"{started:%Y-%m-%d %H:%M} UTC, {elapsed:.0f} s, `python -m bench"
             f"{' --quick' if cfg.quick else ''} --only {','.join(only)}`",

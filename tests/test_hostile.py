@@ -41,18 +41,6 @@ from nbdurable.store import RUN_SCOPE, RunKeys, Store
 BIG = b"v" * 50_000  # diskcache keeps values of 32 KB and more in files
 
 
-@pytest.fixture(autouse=True)
-def _no_env_key(monkeypatch):
-    monkeypatch.delenv("NBDURABLE_KEY", raising=False)
-
-
-@pytest.fixture
-def store(tmp_path):
-    s = Store(tmp_path / "store")
-    yield s
-    s.close()
-
-
 class Planted:
     """Unpickling this creates ``path``: how a planted pickle would run code."""
 

@@ -17,18 +17,6 @@ RUN = "nb.ipynb"
 RK = RunKeys(RUN)
 
 
-@pytest.fixture(autouse=True)
-def _no_env_key(monkeypatch):
-    monkeypatch.delenv("NBDURABLE_KEY", raising=False)
-
-
-@pytest.fixture
-def store(tmp_path):
-    s = Store(tmp_path / "store")
-    yield s
-    s.close()
-
-
 def record(
     store: Store,
     key: str,

@@ -18,18 +18,6 @@ from nbdurable.records import FORMAT_VERSION
 from nbdurable.store import RunKeys, Store
 
 
-@pytest.fixture(autouse=True)
-def _no_env_key(monkeypatch):
-    monkeypatch.delenv("NBDURABLE_KEY", raising=False)
-
-
-@pytest.fixture
-def store(tmp_path):
-    s = Store(tmp_path / "store")
-    yield s
-    s.close()
-
-
 class Planted:
     """Unpickling this creates ``path``: how a planted pickle would run code."""
 
