@@ -95,7 +95,10 @@ def _case(
         quiesce()
         out["record"].append(_run(shell, f"%%step {tag}{k}\n{body(k)}"))
         value = {n: shell.user_ns[n] for n in names} if len(names) > 1 else shell.user_ns[names[0]]
-        dump, load = _pickle_times(value, d.parent / f"{tag}.pickle")
+        # A new file per run, kept until the case ends, as nbdurable keeps each record:
+        # rewriting one file would reuse the page cache the last run freed, which a
+        # store that keeps its records never can (on this VM, ~4 ms/MB when it grows).
+        dump, load = _pickle_times(value, d.parent / f"{tag}-{k}.pickle")
         out["dump"].append(dump)
         out["load"].append(load)
         del value
@@ -113,7 +116,8 @@ def _case(
             raise RuntimeError(f"{tag}{k}: replay did not restore {missing}")
     if session.saved.steps != reps:
         raise RuntimeError(f"{tag}: {session.saved.steps} of {reps} steps replayed (want all)")
-    os.unlink(d.parent / f"{tag}.pickle")
+    for k in range(reps):
+        os.unlink(d.parent / f"{tag}-{k}.pickle")
     return out
 
 
@@ -196,8 +200,9 @@ def cells(cfg: Any, root: Path) -> tuple[Table, Table, dict[str, float]]:
         "%%step record − plain cell; replay overhead = %%step replay − empty cell",
         "replay = a fresh session on the same store (as after a kernel restart); the body "
         "does not run, its variables are restored",
-        "pickle.dump/load: protocol 5, to and from a file on the same disk, no fsync "
-        "(nbdurable's default durability does not fsync either)",
+        "pickle.dump/load: protocol 5, to and from a new file on the same disk per run, kept "
+        "until the case ends as nbdurable keeps its records; no fsync (nbdurable's default "
+        "durability does not fsync either)",
     ]
     size = _restored_into_ten(cfg, shell, root)
     return t, size, found

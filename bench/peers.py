@@ -144,19 +144,21 @@ class SimplePeer(Peer):
 
 
 class Nbdurable(SimplePeer):
-    """nbdurable's ``step()``, outside any ``%%step`` (scope: the run) or inside one.
+    """nbdurable's ``step()`` inside a ``%%step`` (the default) or outside any.
 
-    Inside a ``%%step`` (``in_step``) is how the research notebook calls it;
-    there the enclosing step holds the run's lease, so a call does not
-    re-check it. The bench stands in for the cell by setting the session's
-    current step context, which is what the engine does while a body runs.
+    Inside a ``%%step`` is how the issue and the research notebook use it:
+    the enclosing step holds the run's lease (no per-call lease check) and
+    its sub-step records are read in one range read on its first lookup.
+    The bench stands in for the cell by setting the session's current step
+    context, which is what the engine does while a body runs. Outside a
+    step (scope: the run), every call reads its own record.
     """
 
-    def __init__(self, durability: str = "crash", in_step: bool = False) -> None:
+    def __init__(self, durability: str = "crash", in_step: bool = True) -> None:
         self.durability = durability
         self.in_step = in_step
         extra = [durability] if durability != "crash" else []
-        extra += ["in %%step"] if in_step else []
+        extra += [] if in_step else ["outside %%step"]
         self.name = "nbdurable" + (f" ({', '.join(extra)})" if extra else "")
 
     def _open(self, d: Path) -> Any:
@@ -452,7 +454,7 @@ def all_peers() -> list[Peer]:
     """Every system, nbdurable first (ratios are taken against it)."""
     return [
         Nbdurable(),
-        Nbdurable(in_step=True),
+        Nbdurable(in_step=False),
         Nbdurable("power"),
         RawDiskcache(),
         RawSqlite(),

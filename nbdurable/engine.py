@@ -69,6 +69,9 @@ class StepContext:
     subs_replayed: int = 0
     sub_seconds: float = 0.0
     lock: threading.Lock = field(default_factory=threading.Lock)
+    #: The step's sub-step records as stored when its first sub-step looked one
+    #: up (one range read, see Store.load_prefix); an entry is dropped when used.
+    sub_index: dict[str, bytes | None] | None = None
 
 
 @dataclass
@@ -118,6 +121,8 @@ class Session:
         self._lease: lease.Lease | None = None
         self._lease_seen = 0.0  # when the store last confirmed we hold it
         self._atexit = False
+        self._run_id_for: tuple[tuple[Path | None, Path], str] | None = None
+        self._keys: RunKeys | None = None
         env_run = os.environ.get("NBDURABLE_RUN", "").strip()
         if env_run:  # set by `nbdurable run --run NAME`
             self._run_name = keys.validate_name(env_run, "run name (NBDURABLE_RUN)")
@@ -158,12 +163,19 @@ class Session:
         if self._run_name is not None:
             return self._run_name
         assert self._store is not None
-        return locate.run_id_for(self.notebook, self._store.path)
+        # Read on every sub-step: computed once per (notebook, store), not per call.
+        where = (self.notebook, self._store.path)
+        if self._run_id_for is None or self._run_id_for[0] != where:
+            self._run_id_for = (where, locate.run_id_for(*where))
+        return self._run_id_for[1]
 
     @property
     def keys(self) -> RunKeys:
         """Store keys of this run."""
-        return RunKeys(self.run_id)
+        run_id = self.run_id
+        if self._keys is None or self._keys.run_id != run_id:
+            self._keys = RunKeys(run_id)
+        return self._keys
 
     def set_run(self, name: str | None) -> str:
         """Switch to a named run (None: back to the notebook's run)."""
@@ -372,10 +384,11 @@ class Session:
                 if var.kind == "module":
                     restored[var.name] = values.import_module(var.ref)
                     continue
-                data = self.store.get_blob(var.ref)
-                if data is None:
+                blob = self.store.get_blob(var.ref)
+                if blob is None:
                     raise CorruptRecord(f"the saved value of {var.name!r} is missing")
-                restored[var.name] = values.adopt(values.loads(data, ns), ns)
+                value = values.loads(blob.stream, ns, blob.buffers)
+                restored[var.name] = values.adopt(value, ns)
         except Exception as exc:  # a damaged blob, a module gone, a failing __setstate__
             warn(f"step {label!r}: cannot restore its variables ({exc}); the step runs again.")
             return False

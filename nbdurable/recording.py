@@ -1,6 +1,7 @@
 """Turning a finished step's variables and outputs into what the store keeps.
 
-Each variable is pickled and stored once by content (a blob); modules are
+Each variable is pickled and stored once by content (a blob, see
+:mod:`nbdurable.blobs`); modules are
 kept by name; a value that cannot be pickled, or that holds a secret from
 the environment, is kept as *unsaved* with the reason, never silently
 dropped. Outputs and the source are scrubbed of secrets before they are
@@ -48,29 +49,31 @@ def save_variables(
             out.variables.append(VarRecord(name, "module", ref, fingerprint(value, name)))
             continue
         try:
-            data = values.dumps(value)
+            stream, buffers = values.dumps_parts(value)
         except values.Unsaveable as exc:
             out.unsaved.append(f"{name} ({tname}: {exc})")
             out.variables.append(
                 VarRecord(name, "unsaved", str(exc)[:200], fingerprint(value, name), 0, tname)
             )
             continue
-        found = redact.find_secrets(data, secrets)
+        found = redact.find_secrets(stream, secrets) + redact.find_secrets_in(buffers, secrets)
         if found:
+            found = sorted(set(found))
             out.secrets.append(f"{name} (${', $'.join(found)})")
             why = "holds the value of $" + ", $".join(found)
             out.variables.append(
                 VarRecord(name, "unsaved", why, fingerprint(value, name), 0, tname)
             )
             continue
-        if len(data) > limit:
-            out.large.append(f"{name} ({len(data) / 1e6:.1f} MB)")
-        sha, _written = store.put_blob(data)
+        size = len(stream) + sum(b.nbytes for b in buffers)
+        if size > limit:
+            out.large.append(f"{name} ({size / 1e6:.1f} MB)")
+        sha, _written = store.put_blob(stream, buffers)
         faults.point("blob-written")
         out.origins[name] = (value, sha)
-        out.variables.append(
-            VarRecord(name, "value", sha, fingerprint(value, name), len(data), tname)
-        )
+        # A saved value's fingerprint is its blob's SHA-256 (already computed:
+        # a second pass over a 100 MB array would cost as much as writing it).
+        out.variables.append(VarRecord(name, "value", sha, "blob:" + sha[:32], size, tname))
     return out
 
 

@@ -174,11 +174,11 @@ def _jsonable(value: Any) -> Any:
         return {"type": type_name(value), "repr": text if len(text) <= 500 else text[:500] + "…"}
 
 
-def _load_value(data: bytes, type_name: str) -> Any:
+def _load_value(data: bytes | memoryview, type_name: str, buffers: Any = None) -> Any:
     from . import values
 
     try:
-        return _jsonable(values.loads(data))
+        return _jsonable(values.loads(data, None, buffers))
     except Exception as exc:  # unpickling imports modules; they may be missing here
         return {"type": type_name, "error": f"cannot load here: {type(exc).__name__}: {exc}"}
 
@@ -248,11 +248,11 @@ def _variable(store: Store, var: dict[str, Any], with_values: bool) -> dict[str,
             out["value"] = {"module": var["ref"]}
         elif var.get("kind") == "value":
             try:
-                data = store.get_blob(var["ref"])
+                blob = store.get_blob(var["ref"])
             except CorruptRecord as exc:
-                data, out["error"] = None, str(exc)
-            if data is not None:
-                out["value"] = _load_value(data, var.get("type", ""))
+                blob, out["error"] = None, str(exc)
+            if blob is not None:
+                out["value"] = _load_value(blob.stream, var.get("type", ""), blob.buffers)
             elif "error" not in out:
                 out["error"] = "its saved value is missing from the store"
     return out

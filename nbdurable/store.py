@@ -37,13 +37,13 @@ import secrets
 import sqlite3
 import struct
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import diskcache
 
-from . import faults
+from . import blobs, faults
 from .errors import CorruptRecord, FormatVersionError, StoreError
 from .records import FORMAT_VERSION
 
@@ -59,6 +59,25 @@ _DB_FILES = frozenset({DBNAME, DBNAME + "-wal", DBNAME + "-shm"})
 # check() leaves younger unreferenced value files alone: diskcache writes a value
 # file before its row, and may wait out its 60 s lock timeout in between.
 ORPHAN_GRACE = 300.0
+#: A body at least this large is returned as a memoryview of the stored bytes, not a copy.
+_VIEW_OVER = 64 * 1024
+#: Values shorter than this are kept in the database row (diskcache's min_file_size).
+_INLINE_MAX = diskcache.core.DEFAULT_SETTINGS["disk_min_file_size"]
+# One encoder for every header: json.dumps with options builds a new one per call.
+_JSON = json.JSONEncoder(separators=(",", ":"), default=str)
+_JSON_DECODE = json.JSONDecoder().decode
+#: load_prefix holds values of at most this many bytes, and this many bytes in all.
+LOAD_ROW_MAX = 16 * 1024
+LOAD_TOTAL_MAX = 8 * 1024 * 1024
+_SELECT_PREFIX = (
+    "SELECT key, CASE WHEN filename IS NULL AND length(value) <= ? THEN value END"
+    " FROM Cache WHERE raw = 1 AND key >= ? AND key < ? ORDER BY key"
+)
+_SELECT_VALUE = "SELECT mode, filename, value FROM Cache WHERE key = ? AND raw = 1"
+_INSERT_INLINE = (
+    "INSERT INTO Cache(key, raw, store_time, expire_time, access_time, access_count,"
+    " tag, size, mode, filename, value) VALUES (?, 1, ?, NULL, ?, 0, NULL, 0, ?, NULL, ?)"
+)
 #: diskcache lives in this subdirectory: its check(fix=True) deletes every file
 #: it does not know in its directory, which would include our key file.
 CACHE_DIR = "log"
@@ -249,6 +268,7 @@ class Store:
             if created:
                 os.chmod(self.path, 0o700)
             self._secret = _load_secret(self.path)
+            self._mac = hmac.new(self._secret, digestmod="sha256")
             self.cache_dir.mkdir(mode=0o700, exist_ok=True)
             self._cache = diskcache.Cache(
                 str(self.cache_dir),
@@ -330,43 +350,51 @@ class Store:
     # -- encoding -----------------------------------------------------------
     def _sign(self, key: str, *parts: bytes | memoryview) -> bytes:
         # HMAC of key + NUL + the parts, fed piece by piece: a 100 MB value is
-        # hashed where it lies, never concatenated into a copy first.
-        mac = hmac.new(self._secret, key.encode("utf-8", "surrogatepass") + b"\0", "sha256")
+        # hashed where it lies, never concatenated into a copy first. The keyed
+        # state is computed once per store and copied per record.
+        mac = self._mac.copy()
+        mac.update(key.encode("utf-8", "surrogatepass"))
+        mac.update(b"\0")
         for part in parts:
             mac.update(part)
         return mac.digest()
 
     def _encode(self, key: str, header: dict[str, Any], body: bytes) -> bytes:
-        head = json.dumps(header, separators=(",", ":"), default=str).encode("utf-8")
+        head = _JSON.encode(header).encode("utf-8")
         prefix = _HDR.pack(len(head)) + head
         return b"".join((MAGIC, self._sign(key, prefix, body), prefix, body))
 
     def _decode(
         self, key: str, raw: Any, *, newer_ok: bool = False
     ) -> tuple[dict[str, Any], bytes]:
-        if not isinstance(raw, bytes) or len(raw) < len(MAGIC) + _SIG + _HDR.size:
+        """Verify and split a stored value; the body is a memoryview when large (no copy)."""
+        start = len(MAGIC) + _SIG
+        if not isinstance(raw, bytes) or len(raw) < start + _HDR.size:
             raise CorruptRecord(f"record {key!r} is truncated or not an nbdurable record")
         if not raw.startswith(MAGIC):
             raise CorruptRecord(f"record {key!r} does not start with the nbdurable marker")
-        sig = raw[len(MAGIC) : len(MAGIC) + _SIG]
-        payload = memoryview(raw)[len(MAGIC) + _SIG :]
-        if not hmac.compare_digest(sig, self._sign(key, payload)):
+        view = memoryview(raw)
+        if not hmac.compare_digest(view[len(MAGIC) : start], self._sign(key, view[start:])):
             raise CorruptRecord(
                 f"record {key!r} failed its signature check (damaged, planted, or written "
                 "with another store key); it is ignored"
             )
-        (n,) = _HDR.unpack_from(payload)
+        (n,) = _HDR.unpack_from(raw, start)
+        body_at = start + _HDR.size + n
         try:
-            header = json.loads(payload[_HDR.size : _HDR.size + n].tobytes())
-        except ValueError as exc:
+            header = _JSON_DECODE(raw[start + _HDR.size : body_at].decode("utf-8"))
+        except ValueError as exc:  # UnicodeDecodeError and JSONDecodeError alike
             raise CorruptRecord(f"record {key!r} has an unreadable header") from exc
+        if not isinstance(header, dict):
+            raise CorruptRecord(f"record {key!r} has a header that is not an object")
         fmt = header.get("format", FORMAT_VERSION)
         if not newer_ok and (not isinstance(fmt, int) or fmt > FORMAT_VERSION):
             raise CorruptRecord(
                 f"record {key!r} has format {fmt}, newer than this nbdurable reads "
                 f"({FORMAT_VERSION}); upgrade nbdurable to replay it"
             )
-        return header, payload[_HDR.size + n :].tobytes()
+        body = view[body_at:] if len(raw) - body_at >= _VIEW_OVER else raw[body_at:]
+        return header, body  # type: ignore[return-value]
 
     def _check_format(self) -> None:
         # Read past the per-record format check: a newer store must be reported as
@@ -404,7 +432,7 @@ class Store:
             if self._replaced:
                 self.reopen()
             self._ensure_same("read")
-            raw = self._cache.get(key, default=None, retry=True)  # SafeDisk refuses pickles
+            raw = self._read(key)
             return None if raw is None else self._decode(key, raw)
         except CorruptRecord:
             self._suspect.add(key)
@@ -414,9 +442,82 @@ class Store:
         except (OSError, sqlite3.Error) as exc:
             raise self._failure("read", exc) from exc
 
+    def _read(self, key: str) -> bytes | None:
+        """The stored bytes of ``key`` (unverified), None if absent.
+
+        One SELECT on diskcache's own table, as ``Cache.get`` does without its
+        per-call Python layers (no expiry, no statistics, no eviction here).
+        A value file is read by :class:`SafeDisk` (which refuses anything but
+        bytes, and files outside the store); one that vanished reads as absent,
+        as in ``Cache.get``.
+        """
+        assert self._cache is not None
+        rows = self._cache._sql(_SELECT_VALUE, (key,)).fetchall()
+        if not rows:
+            return None
+        ((mode, filename, value),) = rows
+        if filename is None and mode == diskcache.core.MODE_RAW:
+            return value if isinstance(value, bytes) else bytes(value)
+        try:
+            return self._cache._disk.fetch(mode, filename, value, False)
+        except FileNotFoundError:
+            return None
+
+    def load_prefix(self, prefix: str) -> dict[str, bytes | None]:
+        """Every key under ``prefix`` with its stored bytes, unverified (one range read).
+
+        Pass an entry to :meth:`get_loaded`, which verifies it. Values kept in
+        value files, over :data:`LOAD_ROW_MAX` bytes, or past
+        :data:`LOAD_TOTAL_MAX` bytes in all map to None: ``get_loaded`` reads
+        those one by one, so this never holds more than a few MB.
+        """
+        try:
+            if self._replaced:
+                self.reopen()
+            self._ensure_same("read")
+            assert self._cache is not None
+            rows = self._cache._sql(
+                _SELECT_PREFIX, (LOAD_ROW_MAX, prefix, _upper(prefix))
+            ).fetchall()
+        except StoreError:
+            raise
+        except (OSError, sqlite3.Error) as exc:
+            raise self._failure("read", exc) from exc
+        out: dict[str, bytes | None] = {}
+        total = 0
+        for key, value in rows:
+            if value is not None:
+                total += len(value)
+                if total > LOAD_TOTAL_MAX:
+                    value = None
+            out[key] = value
+        return out
+
+    def get_loaded(self, key: str, raw: bytes | None) -> tuple[dict[str, Any], bytes] | None:
+        """Verified ``(header, body)`` of an entry of :meth:`load_prefix` (None: read it now)."""
+        if raw is None:
+            return self.get(key)
+        try:
+            return self._decode(key, raw)
+        except CorruptRecord:
+            self._suspect.add(key)
+            raise
+
     def put(self, key: str, header: dict[str, Any], body: bytes = b"") -> int:
         """Write one record atomically; return its size in bytes."""
         value = self._encode(key, header, body)
+        if len(value) < _INLINE_MAX and not self._replaced and not faults.armed("store-write"):
+            # The hot path of recording (a sub-step's result): one INSERT, no layers.
+            try:
+                self._ensure_same("recorded for this write")
+                assert self._cache is not None
+                if self._insert_new(self._cache, key, value):
+                    self._suspect.discard(key)
+                    return len(value)
+            except StoreError:
+                raise
+            except (OSError, sqlite3.Error) as exc:
+                raise self._failure("write", exc) from exc
         self._write({key: value})
         return len(value)
 
@@ -436,7 +537,8 @@ class Store:
             self._ensure_same("recorded for this write")
             if len(values) == 1 and not deletes and not faults.armed("store-write"):
                 ((k, v),) = values.items()
-                db.set(k, v, retry=True)
+                if len(v) >= _INLINE_MAX or not self._insert_new(db, k, v):
+                    db.set(k, v, retry=True)
             else:
                 with db.transact(retry=True):
                     for k, v in values.items():
@@ -445,6 +547,24 @@ class Store:
                         db.delete(k)
                     faults.point("store-write")
         self._suspect.difference_update(values)
+
+    @staticmethod
+    def _insert_new(db: diskcache.Cache, key: str, value: bytes) -> bool:
+        """Write a new small record with one INSERT (its own transaction); False if it exists.
+
+        ``Cache.set`` spends four statements (BEGIN IMMEDIATE, SELECT, INSERT,
+        COMMIT) because a cache key is usually already there; a record's key is
+        usually new. The row is the one ``Cache.set`` writes for bytes stored
+        inline, and diskcache's triggers keep its count and size. A key that
+        exists (IntegrityError on its unique index) goes through ``Cache.set``,
+        which also removes a value file the old row had.
+        """
+        now = time.time()
+        try:
+            db._sql(_INSERT_INLINE, (key, now, now, diskcache.core.MODE_RAW, sqlite3.Binary(value)))
+        except sqlite3.IntegrityError:
+            return False
+        return True
 
     @contextlib.contextmanager
     def transaction(self) -> Iterator[None]:
@@ -509,27 +629,113 @@ class Store:
         with self._guard("read"):
             return key in self._db
 
-    # -- blobs: variables stored once by content --------------------------------
-    def put_blob(self, data: bytes) -> tuple[str, int]:
-        """Store ``data`` under its SHA-256 unless there; return ``(sha, bytes written)``.
+    # -- blobs: variables stored once by content (format: see nbdurable.blobs) --------
+    def put_blob(self, stream: bytes, buffers: Sequence[memoryview] = ()) -> tuple[str, int]:
+        """Store a pickle and its out-of-band buffers once by content.
 
-        A blob this process found damaged or missing is written again, so the
-        step that re-ran because of it replays next time.
+        Returns ``(sha, bytes written)``; 0 bytes if the same blob was already
+        there. A blob this process found damaged or missing is written again,
+        so the step that re-ran because of it replays next time.
         """
-        sha = hashlib.sha256(data).hexdigest()
-        key = "b/" + sha
-        if key not in self._suspect and self.has(key):
-            return sha, 0
-        return sha, self.put(key, {"kind": "blob"}, data)
+        bufs = [memoryview(b).cast("B") for b in buffers]
+        parts: list[blobs.Buffer] = [blobs.head(stream, bufs), stream, *bufs]
+        total = sum(memoryview(p).nbytes for p in parts)
+        if total < _INLINE_MAX:
+            data = b"".join(parts)
+            sha = hashlib.sha256(data).hexdigest()
+            key = "b/" + sha
+            if key not in self._suspect and self.has(key):
+                return sha, 0
+            self._write({key: data})
+            return sha, total
+        with self._guard("write"):
+            db = self._db
+            self._ensure_same("recorded for this write")
+            # Hash on a helper thread while this one writes the value file.
+            hasher = blobs.Hasher(parts)
+            filename, full_path = db._disk.filename()
+            try:
+                db._disk._write(full_path, iter(parts), "xb")
+            except BaseException:
+                hasher.result()  # the helper reads the parts: let it finish first
+                with contextlib.suppress(OSError):
+                    os.unlink(full_path)
+                raise
+            sha = hasher.result()
+            key = "b/" + sha
+            if key not in self._suspect and self.has(key):
+                os.unlink(full_path)  # stored already (same content): keep one copy
+                return sha, 0
+            try:
+                self._insert_file(db, key, filename, total)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.unlink(full_path)
+                raise
+        self._suspect.discard(key)
+        return sha, total
 
-    def get_blob(self, sha: str) -> bytes | None:
-        """The verified bytes of blob ``sha``, None if absent."""
-        got = self.get("b/" + sha)
-        if got is None:
+    @staticmethod
+    def _insert_file(db: diskcache.Cache, key: str, filename: str, size: int) -> None:
+        """Point ``key`` at a value file just written (the row ``Cache.set`` would write)."""
+        now = time.time()
+        columns = (None, None, size, diskcache.core.MODE_BINARY, filename, None)
+        old = None
+        with db.transact(retry=True):
+            rows = db._sql("SELECT rowid, filename FROM Cache WHERE key = ? AND raw = 1", (key,))
+            found = rows.fetchall()
+            if found:
+                ((rowid, old),) = found
+                db._row_update(rowid, now, columns)
+            else:
+                db._row_insert(key, 1, now, columns)
+        if old:
+            db._disk.remove(old)
+
+    def get_blob(self, sha: str) -> blobs.Blob | None:
+        """The verified blob ``sha``, None if absent.
+
+        Raises :class:`CorruptRecord` if it is there but does not match its SHA-256.
+        """
+        key = "b/" + sha
+        try:
+            if self._replaced:
+                self.reopen()
+            self._ensure_same("read")
+            assert self._cache is not None
+            rows = self._cache._sql(_SELECT_VALUE, (key,)).fetchall()
+            blob = self._load_blob(sha, key, rows[0]) if rows else None
+        except CorruptRecord:
+            self._suspect.add(key)
+            raise
+        except StoreError:
+            raise
+        except (OSError, sqlite3.Error) as exc:
+            raise self._failure("read", exc) from exc
+        if blob is None:
             # Its row may still be there with its value file gone: rewrite it on put_blob.
-            self._suspect.add("b/" + sha)
+            self._suspect.add(key)
+        return blob
+
+    def _load_blob(self, sha: str, key: str, row: tuple[int, str | None, Any]) -> blobs.Blob | None:
+        mode, filename, value = row
+        if filename is None:
+            if mode != diskcache.core.MODE_RAW or not isinstance(value, bytes):
+                raise CorruptRecord(f"refusing blob {key!r}: not stored as bytes")
+            if value.startswith(MAGIC):  # format 1: a signed record
+                return blobs.Blob(self._decode(key, value)[1])
+            return blobs.writable(blobs.parse(sha, value))
+        if mode != diskcache.core.MODE_BINARY or not _VALUE_FILE.fullmatch(filename):
+            raise CorruptRecord(f"refusing blob {key!r}: kept outside the store or not bytes")
+        try:
+            f = open(self.cache_dir / filename, "rb")  # noqa: SIM115 - closed below
+        except FileNotFoundError:
             return None
-        return got[1]
+        with f:
+            if f.read(len(MAGIC)) == MAGIC:  # format 1: a signed record
+                return blobs.Blob(self._decode(key, MAGIC + f.read())[1])
+            f.seek(0)
+            return blobs.read_verified(sha, f, os.fstat(f.fileno()).st_size)
 
     # -- housekeeping ---------------------------------------------------------
     def check(self, fix: bool = True) -> list[str]:

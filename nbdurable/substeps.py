@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 from . import config, events, faults, keys, redact, values
 from .engine import Session, get_session, warn
 from .errors import CorruptRecord, DivergenceError, StoreError, UsageProblem
-from .records import SubRecord
+from .records import FORMAT_VERSION
 from .store import RUN_SCOPE
 
 T = TypeVar("T")
@@ -142,24 +142,35 @@ def _substep(
 
 
 def _lookup(session: Session, store_key: str, where: str, args_fp: str) -> Any:
+    ctx = session.current
     try:
-        got = session.store.get(store_key)
+        if ctx is None:
+            got = session.store.get(store_key)
+        else:
+            # Inside a step, its sub-step records are read once, on its first
+            # lookup (the step holds the run's lease: nobody else records them).
+            with ctx.lock:
+                if ctx.sub_index is None:
+                    ctx.sub_index = session.store.load_prefix(session.keys.subs_prefix(ctx.key))
+                found = store_key in ctx.sub_index
+                raw = ctx.sub_index.pop(store_key, None)
+            got = session.store.get_loaded(store_key, raw) if found else None
     except CorruptRecord as exc:
         warn(f"{where}: its record cannot be used ({exc}); calling again.")
         return _ENOVAL
     if got is None:
         return _ENOVAL
     header, body = got
-    try:
-        rec = SubRecord.from_header(header)
-    except TypeError as exc:
-        warn(f"{where}: its record is malformed ({exc}); calling again.")
+    # Only two fields matter here: no SubRecord is built on the replay path.
+    recorded_fp, duration = header.get("args_fp"), header.get("duration")
+    if not isinstance(recorded_fp, str) or not isinstance(duration, (int, float)):
+        warn(f"{where}: its record is malformed (no args_fp or duration); calling again.")
         return _ENOVAL
-    if rec.args_fp != args_fp:
+    if recorded_fp != args_fp:
         mode = config.get().on_divergence
         msg = (
             f"{where} was called with arguments other than those recorded "
-            f"(recorded {rec.args_fp[:12]}, now {args_fp[:12]}): the run has diverged"
+            f"(recorded {recorded_fp[:12]}, now {args_fp[:12]}): the run has diverged"
         )
         if mode == "error":
             raise DivergenceError(
@@ -176,7 +187,7 @@ def _lookup(session: Session, store_key: str, where: str, args_fp: str) -> Any:
         return _ENOVAL
     with session._lock:
         session.saved.calls += 1
-        session.saved.seconds += rec.duration
+        session.saved.seconds += duration
     return value
 
 
@@ -216,19 +227,22 @@ def _save(
             f"{where} returned {len(body) / 1e6:.1f} MB (over warn_size_mb="
             f"{config.get().warn_size_mb:g}); it is recorded, but consider returning less."
         )
-    rec = SubRecord(
-        run=session.run_id,
-        scope=scope,
-        id=sub_id,
-        fn=f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}",
-        args_fp=args_fp,
-        started=started,
-        duration=duration,
-        size=len(body),
-        type=values.type_name(result),
-    )
+    # SubRecord's header, built directly (a frozen dataclass costs more than the write).
+    header = {
+        "run": session.run_id,
+        "scope": scope,
+        "id": sub_id,
+        "fn": f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}",
+        "args_fp": args_fp,
+        "started": started,
+        "duration": duration,
+        "size": len(body),
+        "type": values.type_name(result),
+        "format": FORMAT_VERSION,
+        "kind": "sub",
+    }
     try:
-        session.store.put(store_key, rec.to_header(), body)
+        session.store.put(store_key, header, body)
     except StoreError as exc:
         raise StoreError(f"{where} returned but its result was NOT recorded: {exc}") from exc
     faults.point("sub-written")

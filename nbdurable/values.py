@@ -33,12 +33,18 @@ _namespace: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextV
 )
 
 
+#: Types pickled by plain pickle exactly as by cloudpickle (no code, no classes inside).
+_PLAIN = frozenset((str, bytes, int, float, bool, type(None)))
+
+
 class Unsaveable(Exception):
     """A value could not be pickled; the message says why."""
 
 
 def dumps(value: Any) -> bytes:
     """Pickle ``value``; raise :class:`Unsaveable` with the reason if it cannot be."""
+    if type(value) in _PLAIN:  # the common result of a model call: no cloudpickle set-up
+        return pickle.dumps(value, PROTOCOL)
     try:
         buffer = io.BytesIO()
         _Pickler(buffer, protocol=PROTOCOL).dump(value)
@@ -49,15 +55,43 @@ def dumps(value: Any) -> bytes:
         raise Unsaveable(f"too deeply nested: {exc}") from exc
 
 
-def loads(data: bytes, namespace: dict[str, Any] | None = None) -> Any:
-    """Unpickle bytes that were verified by the store.
+def dumps_parts(value: Any) -> tuple[bytes, list[memoryview]]:
+    """Pickle ``value`` keeping large raw memory out of band: ``(stream, buffers)``.
+
+    The buffers are views of the value's own memory (a numpy array's data,
+    a bytearray), not copies; :func:`loads` takes them back. Raises
+    :class:`Unsaveable` like :func:`dumps`.
+    """
+    buffers: list[memoryview] = []
+
+    def keep(pb: pickle.PickleBuffer) -> bool:
+        try:
+            buffers.append(pb.raw())
+        except BufferError:  # not contiguous: pickle copies it in band
+            return True
+        return False
+
+    try:
+        buffer = io.BytesIO()
+        _Pickler(buffer, protocol=PROTOCOL, buffer_callback=keep).dump(value)
+        return buffer.getvalue(), buffers
+    except Exception as exc:  # pickling runs arbitrary __reduce__ code
+        raise Unsaveable(f"{type(exc).__name__}: {exc}") from exc
+
+
+def loads(
+    data: bytes | memoryview,
+    namespace: dict[str, Any] | None = None,
+    buffers: list[memoryview] | None = None,
+) -> Any:
+    """Unpickle bytes that were verified by the store (with their out-of-band buffers).
 
     Notebook classes resolve to the same-named classes of ``namespace`` when
     their fingerprints match (see the module docstring).
     """
     token = _namespace.set(namespace)
     try:
-        return pickle.loads(data)
+        return pickle.loads(data, buffers=buffers or ())
     finally:
         _namespace.reset(token)
 

@@ -157,8 +157,12 @@ def snapshot(directory: Path) -> dict[str, Any]:
     equal bytes); checks the store's integrity on the way."""
     with Store(directory) as s:
         assert s.check(fix=False) == [], "the store fails its integrity check"
-        keys = [k for prefix in ("meta/", "r/", "b/") for k in s.scan(prefix)]
-        return {k: s.get(k) for k in keys}
+        keys = [k for prefix in ("meta/", "r/") for k in s.scan(prefix)]
+        out: dict[str, Any] = {k: s.get(k) for k in keys}
+        for k in s.scan("b/"):
+            blob = s.get_blob(k[2:])
+            out[k] = blob and (bytes(blob.stream), [bytes(b) for b in blob.buffers])
+        return out
 
 
 @contextlib.contextmanager

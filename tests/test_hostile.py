@@ -57,9 +57,13 @@ def plant(store: Store, key: object, value: object) -> None:
         raw.set(key, value)
 
 
-def contents(store: Store) -> dict[str, tuple[dict, bytes]]:
-    """Every record of the store, verified."""
-    return {key: store.get(key) for prefix in ("meta/", "r/", "b/") for key in store.scan(prefix)}
+def contents(store: Store) -> dict[str, object]:
+    """Every record and blob of the store, verified."""
+    out: dict[str, object] = {k: store.get(k) for p in ("meta/", "r/") for k in store.scan(p)}
+    for key in store.scan("b/"):
+        blob = store.get_blob(key[2:])
+        out[key] = blob and (bytes(blob.stream), [bytes(b) for b in blob.buffers])
+    return out
 
 
 def age_files(directory: Path, seconds: float = 3600.0) -> None:

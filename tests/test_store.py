@@ -50,7 +50,8 @@ def test_blobs_are_stored_once_by_content(store):
     sha, written = store.put_blob(b"value")
     assert written > 0
     assert store.put_blob(b"value") == (sha, 0)
-    assert store.get_blob(sha) == b"value"
+    blob = store.get_blob(sha)
+    assert bytes(blob.stream) == b"value" and blob.buffers == []
     assert store.get_blob("0" * 64) is None
 
 

@@ -1,0 +1,192 @@
+"""The blob format: a variable's pickle, stored once by content.
+
+A variable is pickled with protocol 5 and a buffer callback, so the raw
+memory of numpy arrays, pandas blocks and bytearrays stays *out of band*:
+it is written to disk from where it lies, never copied into the pickle
+stream first. A blob is::
+
+    BLOB_MAGIC + u32 header length + JSON header + stream + buffer 1 + buffer 2 ...
+
+with the header ``{"format": 2, "stream": <bytes>, "buffers": [<bytes>, ...]}``.
+Its store key is ``b/<SHA-256 of all of the above>``.
+
+A blob carries no signature of its own: the only way to reach one is from
+a step record, which is signed and names the blob's SHA-256. Reading a blob
+recomputes that SHA-256 and refuses bytes that do not match before
+anything is unpickled, so a planted or damaged blob never loads.
+
+One pass over the data each way: writing hashes on a helper thread while
+the main thread writes the file (``hashlib`` and file I/O release the GIL
+on large buffers, so the two run side by side on two cores); reading maps
+the file and hashes the page cache, and arrays are rebuilt on that mapping
+without a copy (see :func:`read_verified`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import mmap
+import struct
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import IO, Any
+
+from .errors import CorruptRecord
+
+BLOB_MAGIC = b"NBB\x02"
+BLOB_FORMAT = 2
+_LEN = struct.Struct(">I")
+#: Below this many bytes a blob is hashed on the calling thread (a thread costs more).
+THREAD_OVER = 4 * 1024 * 1024
+#: Buffers of a blob file at least this large are mapped, not read.
+MAP_OVER = 1024 * 1024
+
+Buffer = bytes | bytearray | memoryview
+
+
+@dataclass
+class Blob:
+    """A verified blob: the pickle stream and its out-of-band buffers."""
+
+    stream: Buffer
+    buffers: list[memoryview] = field(default_factory=list)
+
+    @property
+    def size(self) -> int:
+        """Bytes of pickle, stream and buffers together."""
+        return len(self.stream) + sum(b.nbytes for b in self.buffers)
+
+
+def head(stream: Buffer, buffers: Sequence[memoryview]) -> bytes:
+    """The magic, length and header that precede ``stream`` and ``buffers``."""
+    meta = {"format": BLOB_FORMAT, "stream": len(stream), "buffers": [b.nbytes for b in buffers]}
+    text = json.dumps(meta, separators=(",", ":")).encode("ascii")
+    return BLOB_MAGIC + _LEN.pack(len(text)) + text
+
+
+def digest(parts: Sequence[Buffer]) -> str:
+    """SHA-256 of ``parts`` in order, as hex."""
+    h = hashlib.sha256()
+    for p in parts:
+        h.update(p)
+    return h.hexdigest()
+
+
+class Hasher:
+    """SHA-256 of ``parts`` computed on a helper thread (or at once, if small)."""
+
+    def __init__(self, parts: Sequence[Buffer]) -> None:
+        self._parts = parts
+        self._hex: str | None = None
+        self._error: BaseException | None = None
+        self._thread: threading.Thread | None = None
+        if sum(memoryview(p).nbytes for p in parts) < THREAD_OVER:
+            self._hex = digest(parts)
+        else:
+            self._thread = threading.Thread(target=self._run, name="nbdurable-hash", daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self._hex = digest(self._parts)
+        except BaseException as exc:  # reported by result(), on the caller's thread
+            self._error = exc
+
+    def result(self) -> str:
+        """The hex digest (waits for the helper thread)."""
+        if self._thread is not None:
+            self._thread.join()
+        if self._error is not None:
+            raise self._error
+        assert self._hex is not None
+        return self._hex
+
+
+def parse(sha: str, data: Buffer) -> Blob:
+    """Verify ``data`` (a whole blob already in memory) against ``sha`` and split it."""
+    if digest([data]) != sha:
+        raise CorruptRecord(f"blob {sha[:12]} does not match its SHA-256 (damaged or planted)")
+    return split(sha, memoryview(data))
+
+
+def read_verified(sha: str, f: IO[bytes], size: int) -> Blob:
+    """Read and verify a blob file of ``size`` bytes.
+
+    The header and pickle stream are read into memory; the buffers (the
+    bulk: an array's data) are mapped copy-on-write from the file, not read:
+    SHA-256 runs over the page cache directly, and arrays are rebuilt on the
+    mapping (writing to one copies only the pages written). The stream is
+    hashed from the private copy that is then unpickled, so nothing that
+    changes in the file after the check can reach the unpickler.
+    """
+    first = f.read(min(size, 64 * 1024))
+    if len(first) >= len(BLOB_MAGIC) + _LEN.size:
+        # A header longer than the first read (a value with very many buffers).
+        (n,) = _LEN.unpack_from(first, len(BLOB_MAGIC))
+        want = min(size, len(BLOB_MAGIC) + _LEN.size + n)
+        if want > len(first):
+            first += f.read(want - len(first))
+    meta_end, stream_len, lengths = _layout(sha, first, size)
+    stream_end = meta_end + stream_len
+    front = first[:stream_end]
+    if stream_end > len(first):
+        front = first + f.read(stream_end - len(first))
+    if len(front) != stream_end:
+        raise CorruptRecord(f"blob {sha[:12]} is truncated")
+    f.seek(stream_end)
+    rest: Buffer
+    if size - stream_end >= MAP_OVER:
+        rest = memoryview(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY))[stream_end:]
+    else:
+        rest = memoryview(bytearray(f.read(size - stream_end)))
+    if len(rest) != size - stream_end:
+        raise CorruptRecord(f"blob {sha[:12]} is truncated")
+    h = hashlib.sha256(front)
+    h.update(rest)
+    if h.hexdigest() != sha:
+        raise CorruptRecord(f"blob {sha[:12]} does not match its SHA-256 (damaged or planted)")
+    buffers, at = [], 0
+    for n in lengths:
+        buffers.append(rest[at : at + n])
+        at += n
+    return Blob(front[meta_end:], buffers)
+
+
+def _layout(sha: str, data: Buffer, size: int) -> tuple[int, int, list[int]]:
+    """``(end of header, stream length, buffer lengths)`` from a blob's first bytes."""
+    view = memoryview(data)
+    try:
+        if bytes(view[: len(BLOB_MAGIC)]) != BLOB_MAGIC:
+            raise ValueError("no blob marker")
+        (n,) = _LEN.unpack_from(view, len(BLOB_MAGIC))
+        at = len(BLOB_MAGIC) + _LEN.size
+        if at + n > len(view):
+            raise ValueError("header longer than its blob's start")
+        meta: Any = json.loads(bytes(view[at : at + n]))
+        stream_len, lengths = int(meta["stream"]), [int(x) for x in meta["buffers"]]
+        if min([stream_len, *lengths]) < 0 or at + n + stream_len + sum(lengths) != size:
+            raise ValueError("lengths do not add up")
+    except (ValueError, KeyError, TypeError, struct.error) as exc:
+        raise CorruptRecord(f"blob {sha[:12]} has an unreadable header ({exc})") from exc
+    return at + n, stream_len, lengths
+
+
+def split(sha: str, view: memoryview) -> Blob:
+    """Split verified blob bytes into stream and buffers (views, no copy)."""
+    at, stream_len, lengths = _layout(sha, view, len(view))
+    stream = view[at : at + stream_len]
+    at += stream_len
+    buffers = []
+    for n in lengths:
+        buffers.append(view[at : at + n])
+        at += n
+    return Blob(stream, buffers)
+
+
+def writable(blob: Blob) -> Blob:
+    """``blob`` with buffers that can be written to (arrays restored on them are not read-only)."""
+    if all(not b.readonly for b in blob.buffers):
+        return blob
+    return Blob(blob.stream, [memoryview(bytearray(b)) for b in blob.buffers])

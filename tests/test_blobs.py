@@ -1,0 +1,170 @@
+"""Blobs: variables stored once by content, out-of-band buffers, verified by SHA-256."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import pickle
+
+import numpy as np
+import pytest
+
+from nbdurable import blobs, values
+from nbdurable.errors import CorruptRecord
+from nbdurable.store import MAGIC, Store
+
+BIG = 6 * 1024 * 1024  # over blobs.THREAD_OVER and blobs.MAP_OVER: the threaded/mapped paths
+
+
+def save(store: Store, value: object) -> str:
+    stream, buffers = values.dumps_parts(value)
+    sha, _ = store.put_blob(stream, buffers)
+    return sha
+
+
+def load(store: Store, sha: str) -> object:
+    blob = store.get_blob(sha)
+    assert blob is not None
+    return values.loads(blob.stream, {}, blob.buffers)
+
+
+def value_file(store: Store, sha: str) -> str:
+    (filename,) = store._cache._sql(
+        "SELECT filename FROM Cache WHERE key = ?", ("b/" + sha,)
+    ).fetchone()
+    return str(store.cache_dir / filename) if filename else ""
+
+
+@pytest.mark.parametrize("n", [10, 5_000, BIG // 8], ids=["inline", "file", "mapped"])
+def test_an_array_comes_back_equal_and_writable(store, n):
+    a = np.random.default_rng(n).random(n)
+    stream, buffers = values.dumps_parts(a)
+    assert len(buffers) == 1 and buffers[0].nbytes == a.nbytes  # out of band: not in the stream
+    assert len(stream) < 1_000
+    sha = save(store, a)
+    b = load(store, sha)
+    assert isinstance(b, np.ndarray) and np.array_equal(a, b) and b.dtype == a.dtype
+    b[0] = -1.0  # restored arrays are writable...
+    assert b[0] == -1.0
+    assert np.array_equal(load(store, sha), a)  # ...and writing one never changes the record
+
+
+def test_mixed_values_round_trip(store):
+    value = {
+        "arrays": [np.arange(100_000), np.ones((300, 400), order="F"), np.arange(10)[::2]],
+        "raw": bytearray(b"x" * 100_000),
+        "text": "é" * 1000,
+        "nested": ([1, 2], {"k": None}),
+    }
+    got = load(store, save(store, value))
+    assert got["text"] == value["text"] and got["nested"] == value["nested"]
+    assert got["raw"] == value["raw"] and isinstance(got["raw"], bytearray)
+    for a, b in zip(value["arrays"], got["arrays"], strict=True):
+        plain = pickle.loads(pickle.dumps(a, protocol=5))  # what plain pickle gives back
+        assert np.array_equal(a, b) and b.flags.f_contiguous == plain.flags.f_contiguous
+
+
+def test_many_buffers_give_a_long_header(store):
+    value = [np.full(3, i) for i in range(20_000)]  # header lists 20,000 lengths (> 64 KB)
+    got = load(store, save(store, value))
+    assert len(got) == 20_000 and all(np.array_equal(a, b) for a, b in zip(value, got))
+
+
+def test_the_same_content_is_stored_once_and_leaves_no_file_behind(store):
+    a = np.random.default_rng(1).random(BIG // 8)
+    stream, buffers = values.dumps_parts(a)
+    sha, written = store.put_blob(stream, buffers)
+    assert written > a.nbytes
+    files = sorted(str(p) for p in store.cache_dir.rglob("*.val"))
+    assert store.put_blob(stream, buffers) == (sha, 0)
+    assert sorted(str(p) for p in store.cache_dir.rglob("*.val")) == files
+    assert store.check(fix=False) == []
+
+
+def test_the_key_is_the_sha256_of_the_stored_bytes(store):
+    a = np.arange(1_000_000, dtype=np.int64)
+    sha = save(store, a)
+    with open(value_file(store, sha), "rb") as f:
+        assert hashlib.sha256(f.read()).hexdigest() == sha
+
+
+@pytest.mark.parametrize("where", ["buffer", "stream", "header"])
+def test_a_changed_byte_anywhere_is_refused_before_unpickling(store, where, tmp_path):
+    a = np.random.default_rng(2).random(BIG // 8)
+    sha = save(store, a)
+    path = value_file(store, sha)
+    with open(path, "rb") as f:
+        data = bytearray(f.read())
+    n = int.from_bytes(data[4:8], "big")
+    at = {"header": 10, "stream": 8 + n + 2, "buffer": len(data) - 5}[where]
+    data[at] ^= 0x01
+    with open(path, "r+b") as f:
+        f.write(data)
+    with pytest.raises(CorruptRecord, match="SHA-256|unreadable header"):
+        store.get_blob(sha)
+
+
+def test_a_planted_blob_never_runs(store, tmp_path):
+    target = tmp_path / "pwned"
+
+    class Planted:
+        def __reduce__(self):
+            return (open, (str(target), "w"))
+
+    stream = pickle.dumps(Planted(), protocol=5)
+    real_sha = save(store, np.arange(10))
+    # Replace the blob's bytes by a well-formed blob holding a malicious pickle.
+    evil = blobs.head(stream, []) + stream
+    store._cache._sql(
+        "UPDATE Cache SET value = ? WHERE key = ?", (evil, "b/" + real_sha)
+    )
+    with pytest.raises(CorruptRecord, match="SHA-256"):
+        store.get_blob(real_sha)
+    assert not target.exists()
+
+
+def test_a_truncated_blob_file_is_refused(store):
+    sha = save(store, np.random.default_rng(3).random(BIG // 8))
+    path = value_file(store, sha)
+    os.truncate(path, os.path.getsize(path) - 100)
+    with pytest.raises(CorruptRecord):
+        store.get_blob(sha)
+    # Refused blobs are rewritten by the next put of the same content.
+    assert store.put_blob(*values.dumps_parts(np.random.default_rng(3).random(BIG // 8)))[1] > 0
+    assert store.get_blob(sha) is not None
+
+
+def test_a_missing_value_file_reads_as_absent_and_is_rewritten(store):
+    a = np.random.default_rng(4).random(BIG // 8)
+    sha = save(store, a)
+    os.unlink(value_file(store, sha))
+    assert store.get_blob(sha) is None
+    assert store.put_blob(*values.dumps_parts(a))[1] > 0
+    assert np.array_equal(load(store, sha), a)
+
+
+def test_format_1_blobs_still_load(store):
+    # nbdurable 0.1 wrote a blob as a signed record holding the whole pickle.
+    data = pickle.dumps({"old": [1, 2, 3]}, protocol=5)
+    sha = hashlib.sha256(data).hexdigest()
+    store.put("b/" + sha, {"kind": "blob"}, data)
+    assert store._read("b/" + sha).startswith(MAGIC)
+    assert load(store, sha) == {"old": [1, 2, 3]}
+    big = pickle.dumps(b"y" * 100_000, protocol=5)  # in a value file
+    sha2 = hashlib.sha256(big).hexdigest()
+    store.put("b/" + sha2, {"kind": "blob"}, big)
+    assert load(store, sha2) == b"y" * 100_000
+
+
+def test_a_secret_in_an_array_is_found(monkeypatch):
+    from nbdurable import redact
+
+    secret = b"sk-test-0123456789abcdef"
+    monkeypatch.setenv("OPENAI_API_KEY", secret.decode())
+    raw = bytearray(np.random.default_rng(5).integers(0, 255, 20 * 1024 * 1024, dtype=np.uint8))
+    at = 8 * 1024 * 1024 - 5  # straddles two of find_secrets_in's chunks
+    raw[at : at + len(secret)] = secret
+    _, buffers = values.dumps_parts(np.frombuffer(raw, dtype=np.uint8))
+    assert redact.find_secrets_in(buffers, redact.secrets_in_env()) == ["OPENAI_API_KEY"]
+    raw[at : at + len(secret)] = b"-" * len(secret)
+    assert redact.find_secrets_in(buffers, redact.secrets_in_env()) == []
