@@ -67,7 +67,7 @@ def test_mixed_values_round_trip(store):
 def test_many_buffers_give_a_long_header(store):
     value = [np.full(3, i) for i in range(20_000)]  # header lists 20,000 lengths (> 64 KB)
     got = load(store, save(store, value))
-    assert len(got) == 20_000 and all(np.array_equal(a, b) for a, b in zip(value, got))
+    assert len(got) == 20_000 and all(np.array_equal(a, b) for a, b in zip(value, got, strict=True))
 
 
 def test_the_same_content_is_stored_once_and_leaves_no_file_behind(store):
@@ -115,9 +115,7 @@ def test_a_planted_blob_never_runs(store, tmp_path):
     real_sha = save(store, np.arange(10))
     # Replace the blob's bytes by a well-formed blob holding a malicious pickle.
     evil = blobs.head(stream, []) + stream
-    store._cache._sql(
-        "UPDATE Cache SET value = ? WHERE key = ?", (evil, "b/" + real_sha)
-    )
+    store._cache._sql("UPDATE Cache SET value = ? WHERE key = ?", (evil, "b/" + real_sha))
     with pytest.raises(CorruptRecord, match="SHA-256"):
         store.get_blob(real_sha)
     assert not target.exists()
