@@ -249,3 +249,28 @@ def test_finding_a_saved_cell_fingerprints_each_cell_once_per_read(tmp_path, mon
         assert nbf.refresh()
         assert nbf.find(f"x = {i}").index == i
     assert len(hashed) == 200 + 100
+
+
+def test_a_recorded_sub_step_header_is_a_sub_record(store, monkeypatch):
+    # The sub-step hot path builds SubRecord's header by hand: it must stay that schema.
+    from nbdurable import engine, substeps
+    from nbdurable.records import SubRecord
+
+    monkeypatch.setattr(engine, "_session", None)
+    session = engine.get_session()
+    session.set_store(store, "nb.ipynb")
+    session.current = engine.StepContext("name:s", "s")
+    try:
+        assert substeps.step("call", _shout, "abc") == "ABC"
+        header, body = store.get(session.keys.sub("name:s", "call"))
+    finally:
+        session.current = None
+    rec = SubRecord.from_header(header)
+    assert (rec.run, rec.scope, rec.id) == ("nb.ipynb", "name:s", "call")
+    assert rec.fn == f"{__name__}._shout"
+    assert rec.size == len(body) and rec.type == "str" and rec.format == FORMAT_VERSION
+    assert rec.to_header() == header
+
+
+def _shout(text: str) -> str:
+    return text.upper()
