@@ -505,7 +505,7 @@ class Session:
         else:
             deletes.append(self.keys.state(key))
         try:
-            self.store.apply(puts=puts, deletes=deletes)
+            self.store.apply(puts=puts, deletes=deletes, blobs=saved.pending)
         except StoreError as exc:
             raise StoreError(f"step {label!r} ran but was NOT recorded: {exc}") from exc
         faults.point("step-written")

@@ -5,7 +5,8 @@ n-th time (1-based) execution passes :func:`point` with that name. Points:
 
 - ``sub-returned``: a sub-step's function returned, its record not yet written;
 - ``sub-written``: a sub-step's record was just written;
-- ``blob-written``: a step's variable was written, the step record not yet;
+- ``blob-written``: a step's variable was saved (a large one written, a small one
+  queued for the record's transaction), the step record not yet written;
 - ``step-written``: a step's record was just written;
 - ``replay``: in the middle of restoring a step's variables.
 - ``store-write``: inside a store transaction, before it commits.

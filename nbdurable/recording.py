@@ -28,6 +28,8 @@ class Saved:
     unsaved: list[str] = field(default_factory=list)  # "name (why)" for the warning
     secrets: list[str] = field(default_factory=list)  # "name ($VAR)" for the warning
     large: list[str] = field(default_factory=list)  # "name (123.4 MB)" for the warning
+    #: small blobs to write in the step record's transaction (see Store.put_blob's defer)
+    pending: dict[str, bytes] = field(default_factory=dict)
 
 
 def save_variables(
@@ -68,7 +70,7 @@ def save_variables(
         size = len(stream) + sum(b.nbytes for b in buffers)
         if size > limit:
             out.large.append(f"{name} ({size / 1e6:.1f} MB)")
-        sha, _written = store.put_blob(stream, buffers)
+        sha, _written = store.put_blob(stream, buffers, defer=out.pending)
         faults.point("blob-written")
         out.origins[name] = (value, sha)
         # A saved value's fingerprint is its blob's SHA-256 (already computed:

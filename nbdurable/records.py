@@ -63,7 +63,11 @@ class StepRecord:
 
     def to_header(self) -> dict[str, Any]:
         """Encode as a JSON-able dict."""
-        d = dataclasses.asdict(self)
+        # Shallow, not dataclasses.asdict: that deep-copies every output (images too).
+        d = {name: getattr(self, name) for name in _STEP_FIELDS}
+        d["variables"] = [{n: getattr(v, n) for n in _VAR_FIELDS} for v in self.variables]
+        d["deleted"] = list(self.deleted)
+        d["outputs"] = list(self.outputs)
         d["kind"] = "step"
         return d
 
@@ -109,6 +113,8 @@ class SubRecord:
 
 
 _SUB_FIELDS = tuple(f.name for f in dataclasses.fields(SubRecord))
+_STEP_FIELDS = tuple(f.name for f in dataclasses.fields(StepRecord))
+_VAR_FIELDS = tuple(f.name for f in dataclasses.fields(VarRecord))
 
 
 @dataclass(frozen=True)

@@ -68,7 +68,7 @@ _JSON = json.JSONEncoder(separators=(",", ":"), default=str)
 _JSON_DECODE = json.JSONDecoder().decode
 #: load_prefix holds values of at most this many bytes, and this many bytes in all.
 LOAD_ROW_MAX = 16 * 1024
-LOAD_TOTAL_MAX = 8 * 1024 * 1024
+LOAD_TOTAL_MAX = 32 * 1024 * 1024
 _SELECT_PREFIX = (
     "SELECT key, CASE WHEN filename IS NULL AND length(value) <= ? THEN value END"
     " FROM Cache WHERE raw = 1 AND key >= ? AND key < ? ORDER BY key"
@@ -469,7 +469,8 @@ class Store:
         Pass an entry to :meth:`get_loaded`, which verifies it. Values kept in
         value files, over :data:`LOAD_ROW_MAX` bytes, or past
         :data:`LOAD_TOTAL_MAX` bytes in all map to None: ``get_loaded`` reads
-        those one by one, so this never holds more than a few MB.
+        those one by one: this never holds more than 32 MB, and the caller drops
+        each entry once used.
         """
         try:
             if self._replaced:
@@ -525,9 +526,14 @@ class Store:
         self,
         puts: Iterable[tuple[str, dict[str, Any], bytes]] = (),
         deletes: Iterable[str] = (),
+        blobs: dict[str, bytes] | None = None,
     ) -> int:
-        """Write and delete in one transaction: all of it happens or none of it."""
-        values = {k: self._encode(k, h, b) for k, h, b in puts}
+        """Write and delete in one transaction: all of it happens or none of it.
+
+        ``blobs`` are small blobs deferred by :meth:`put_blob` (already encoded).
+        """
+        values = dict(blobs or {})
+        values.update((k, self._encode(k, h, b)) for k, h, b in puts)
         self._write(values, list(deletes))
         return sum(len(v) for v in values.values())
 
@@ -630,12 +636,21 @@ class Store:
             return key in self._db
 
     # -- blobs: variables stored once by content (format: see nbdurable.blobs) --------
-    def put_blob(self, stream: bytes, buffers: Sequence[memoryview] = ()) -> tuple[str, int]:
+    def put_blob(
+        self,
+        stream: bytes,
+        buffers: Sequence[memoryview] = (),
+        *,
+        defer: dict[str, bytes] | None = None,
+    ) -> tuple[str, int]:
         """Store a pickle and its out-of-band buffers once by content.
 
         Returns ``(sha, bytes written)``; 0 bytes if the same blob was already
         there. A blob this process found damaged or missing is written again,
-        so the step that re-ran because of it replays next time.
+        so the step that re-ran because of it replays next time. With
+        ``defer``, a small blob is not written but added to it, for
+        :meth:`apply` to write in the same transaction as the record that
+        refers to it (one commit per step, not one per variable).
         """
         bufs = [memoryview(b).cast("B") for b in buffers]
         parts: list[blobs.Buffer] = [blobs.head(stream, bufs), stream, *bufs]
@@ -644,6 +659,9 @@ class Store:
             data = b"".join(parts)
             sha = hashlib.sha256(data).hexdigest()
             key = "b/" + sha
+            if defer is not None:
+                defer[key] = data  # rewriting equal bytes is harmless: no existence check
+                return sha, total
             if key not in self._suspect and self.has(key):
                 return sha, 0
             self._write({key: data})

@@ -274,3 +274,53 @@ def test_a_recorded_sub_step_header_is_a_sub_record(store, monkeypatch):
 
 def _shout(text: str) -> str:
     return text.upper()
+
+
+def _in_step(store: Store, monkeypatch: pytest.MonkeyPatch) -> object:
+    """A fresh session on ``store`` whose current step is ``name:s`` (as a restart gives)."""
+    from nbdurable import engine
+
+    monkeypatch.setattr(engine, "_session", None)
+    session = engine.get_session()
+    session.set_store(store, "nb.ipynb")
+    session.current = engine.StepContext("name:s", "s")
+    return session
+
+
+@pytest.mark.parametrize("total_max", [32 * 1024 * 1024, 1_000], ids=["in-memory", "over-cap"])
+def test_a_steps_sub_steps_replay_from_one_read(store, monkeypatch, total_max):
+    from nbdurable import store as store_mod
+    from nbdurable import substeps
+
+    monkeypatch.setattr(store_mod, "LOAD_TOTAL_MAX", total_max)
+    values = {f"call:{i}": ("v" * (i * 5_000)) + str(i) for i in range(12)}  # 0 B to 55 KB
+    _in_step(store, monkeypatch)
+    for sid, v in values.items():
+        assert substeps.step(sid, lambda v=v: v) == v
+    session = _in_step(store, monkeypatch)
+    reads = []
+    real = Store.load_prefix
+    monkeypatch.setattr(Store, "load_prefix", lambda s, p: reads.append(p) or real(s, p))
+
+    def never() -> str:
+        raise AssertionError("a recorded sub-step was called again")
+
+    for sid, v in values.items():
+        assert substeps.step(sid, never) == v
+    assert reads == [session.keys.subs_prefix("name:s")]  # one range read for the step
+    assert session.current.sub_index == {}  # every entry dropped once used
+    assert substeps.step("call:new", lambda: "fresh") == "fresh"  # a miss needs no read
+
+
+def test_a_tampered_sub_step_in_the_step_read_is_called_again(store, monkeypatch):
+    from nbdurable import substeps
+
+    session = _in_step(store, monkeypatch)
+    substeps.step("call", lambda: "recorded")
+    key = session.keys.sub("name:s", "call")
+    raw = bytearray(store._read(key))
+    raw[-1] ^= 1
+    store._cache.set(key, bytes(raw))
+    _in_step(store, monkeypatch)
+    with pytest.warns(NbdurableWarning, match="'call' of step 's': its record cannot be used"):
+        assert substeps.step("call", lambda: "called again") == "called again"
