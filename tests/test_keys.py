@@ -834,6 +834,17 @@ def test_args_fingerprint():
     assert args_fingerprint([1], {}) == args_fingerprint((1,), {})
 
 
+def test_args_fingerprints_are_those_recorded_by_earlier_versions():
+    # A recorded call compares its fingerprint on every replay: if these change, every
+    # existing store's sub-steps look diverged. Values computed by nbdurable 0.1.0.
+    kwargs = {"model": "gpt", "temperature": 0.5, "stop": ["x", None, True]}
+    assert args_fingerprint((42, "what is the capital of France?"), kwargs) == (
+        "5c3c6097a25e5b80f1d01e801124fc10"
+    )
+    assert args_fingerprint(([1, [2]],), {}) == "0cdc95a8bf20254c144e1a340466b5d0"  # nested
+    assert args_fingerprint((), {}) == "f1bd799adc13ad54f643c2eaf16961a5"
+
+
 # -- step keys ----------------------------------------------------------------
 
 
