@@ -6,6 +6,7 @@ import os
 import platform
 import sqlite3
 import sys
+import time
 from importlib import metadata
 from pathlib import Path
 
@@ -103,3 +104,45 @@ def describe(data_dir: Path) -> list[tuple[str, str]]:
         ("SQLite", sqlite3.sqlite_version),
         ("packages", ", ".join(f"{p} {_version(p)}" for p in PACKAGES)),
     ]
+
+
+class CpuWatch:
+    """CPU time spent by *other* processes while the benchmark runs (Linux).
+
+    The load average counts the benchmark itself (a busy process is a load
+    of 1), so it cannot tell whether anything else ran. This reads the
+    machine's busy time from ``/proc/stat`` and subtracts this process's
+    own CPU time and that of its finished children (the kernels of section
+    4): what is left, divided by the wall time, is how many cores others
+    used. ``steal`` is time the hypervisor gave to other guests.
+    """
+
+    def __init__(self) -> None:
+        self._hz = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+        self._start = self._sample()
+
+    def _sample(self) -> tuple[float, float, float, float] | None:
+        try:
+            with open("/proc/stat", encoding="ascii") as f:
+                fields = [int(x) for x in f.readline().split()[1:]]
+        except (OSError, ValueError):
+            return None
+        user, nice, system, _idle, _iowait, irq, softirq, steal = (fields + [0] * 8)[:8]
+        busy = (user + nice + system + irq + softirq) / self._hz
+        t = os.times()
+        own = t.user + t.system + t.children_user + t.children_system
+        return busy, steal / self._hz, own, time.monotonic()
+
+    def restart(self) -> None:
+        """Measure from now."""
+        self._start = self._sample()
+
+    def others(self) -> tuple[float, float] | None:
+        """``(cores used by other processes, cores stolen)`` since the start, or None."""
+        end = self._sample()
+        if end is None or self._start is None:
+            return None
+        busy0, steal0, own0, t0 = self._start
+        busy1, steal1, own1, t1 = end
+        wall = max(t1 - t0, 1e-9)
+        return max(0.0, (busy1 - busy0) - (own1 - own0)) / wall, (steal1 - steal0) / wall
