@@ -151,7 +151,9 @@ class Nbdurable(SimplePeer):
     its sub-step records are read in one range read on its first lookup.
     The bench stands in for the cell by setting the session's current step
     context, which is what the engine does while a body runs. Outside a
-    step (scope: the run), every call reads its own record.
+    step (scope: the run) the calls are made as in one notebook cell: the
+    run scope's records are read once per cell, and each record call
+    checks the run's lease (at most once a second).
     """
 
     def __init__(self, durability: str = "crash", in_step: bool = True) -> None:
@@ -171,6 +173,10 @@ class Nbdurable(SimplePeer):
         session.set_store(store, RUN_ID)
         if self.in_step:
             session.current = engine.StepContext("bench-step", "bench-step")
+        else:
+            # All calls in one notebook cell: the extension's per-cell hook gives the
+            # run scope a fresh index at the start of each cell, as here.
+            session.run_index = engine.SubIndex()
         import nbdurable
 
         return nbdurable.step

@@ -27,8 +27,11 @@ from __future__ import annotations
 import hashlib
 import json
 import mmap
+import queue
 import struct
+import sys
 import threading
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import IO, Any
@@ -40,8 +43,12 @@ BLOB_FORMAT = 2
 _LEN = struct.Struct(">I")
 #: Below this many bytes a blob is hashed on the calling thread (a thread costs more).
 THREAD_OVER = 4 * 1024 * 1024
-#: Buffers of a blob file at least this large are mapped, not read.
-MAP_OVER = 1024 * 1024
+#: Chunk size of the write pipeline (two buffers of it are reused).
+CHUNK = 8 * 1024 * 1024
+#: Buffers of a blob file at least this large are mapped, not read...
+MAP_OVER = 16 * 1024 * 1024
+#: ...while fewer than this many mappings are alive (each holds a file descriptor).
+MAP_MAX = 64
 
 Buffer = bytes | bytearray | memoryview
 
@@ -74,34 +81,111 @@ def digest(parts: Sequence[Buffer]) -> str:
     return h.hexdigest()
 
 
-class Hasher:
-    """SHA-256 of ``parts`` computed on a helper thread (or at once, if small)."""
+class SecretFound(Exception):
+    """The value holds a secret from the environment: nothing was written."""
 
-    def __init__(self, parts: Sequence[Buffer]) -> None:
-        self._parts = parts
-        self._hex: str | None = None
+    def __init__(self, names: list[str]) -> None:
+        super().__init__(", ".join(names))
+        self.names = names
+
+
+def scan(data: Buffer, secrets: dict[str, bytes]) -> list[str]:
+    """Names of the ``secrets`` whose value occurs in ``data``."""
+    return sorted(n for n, v in secrets.items() if v in data) if secrets else []
+
+
+def write(f: IO[bytes], parts: Sequence[Buffer], secrets: dict[str, bytes]) -> str:
+    """Write ``parts`` to ``f``; return their SHA-256. Raises :class:`SecretFound`.
+
+    What is hashed, searched for secrets and written is one copy of each
+    chunk, so the blob matches its name even if another thread changes the
+    value meanwhile. Below :data:`THREAD_OVER` bytes that copy is one
+    ``bytes``; above, chunks go through two reused buffers: a helper thread
+    hashes chunk *k* while this one copies, searches and writes chunk *k+1*
+    (``hashlib`` and file writes release the GIL, so the two run side by side).
+    """
+    total = sum(memoryview(p).nbytes for p in parts)
+    if total < THREAD_OVER:
+        data = b"".join(parts)
+        found = scan(data, secrets)
+        if found:
+            raise SecretFound(found)
+        f.write(data)
+        return hashlib.sha256(data).hexdigest()
+    hasher = _HashThread()
+    try:
+        _write_chunks(f, parts, secrets, hasher)
+    finally:
+        sha = hasher.finish()  # joined on every path: it reads the buffers
+    return sha
+
+
+def _write_chunks(
+    f: IO[bytes], parts: Sequence[Buffer], secrets: dict[str, bytes], hasher: _HashThread
+) -> None:
+    bufs = [bytearray(CHUNK), bytearray(CHUNK)]
+    hashed: list[threading.Event | None] = [None, None]
+    overlap = max((len(v) for v in secrets.values()), default=1) - 1
+    tail = b""
+    k = 0
+    for part in parts:
+        src = memoryview(part).cast("B")
+        for at in range(0, src.nbytes, CHUNK):
+            i = k % 2
+            k += 1
+            if hashed[i] is not None:
+                hashed[i].wait()  # the helper is done with this buffer
+            n = min(CHUNK, src.nbytes - at)
+            view = memoryview(bufs[i])[:n]
+            view[:] = src[at : at + n]
+            if secrets:
+                edge = tail + bytes(view[:overlap])  # a secret across two chunks
+                found = sorted(
+                    name for name, v in secrets.items() if bufs[i].find(v, 0, n) >= 0 or v in edge
+                )
+                if found:
+                    raise SecretFound(found)
+                tail = bytes(view[max(0, n - overlap) :]) if overlap else b""
+            f.write(view)
+            hashed[i] = hasher.feed(view)
+
+
+class _HashThread:
+    """SHA-256 of the chunks fed to it, in order, on a helper thread."""
+
+    def __init__(self) -> None:
+        self._h = hashlib.sha256()
+        self._queue: queue.SimpleQueue[tuple[memoryview, threading.Event] | None] = (
+            queue.SimpleQueue()
+        )
         self._error: BaseException | None = None
-        self._thread: threading.Thread | None = None
-        if sum(memoryview(p).nbytes for p in parts) < THREAD_OVER:
-            self._hex = digest(parts)
-        else:
-            self._thread = threading.Thread(target=self._run, name="nbdurable-hash", daemon=True)
-            self._thread.start()
+        self._thread = threading.Thread(target=self._run, name="nbdurable-hash", daemon=True)
+        self._thread.start()
 
     def _run(self) -> None:
-        try:
-            self._hex = digest(self._parts)
-        except BaseException as exc:  # reported by result(), on the caller's thread
-            self._error = exc
+        while (item := self._queue.get()) is not None:
+            view, done = item
+            try:
+                if self._error is None:
+                    self._h.update(view)
+            except BaseException as exc:  # reported by finish(), on the caller's thread
+                self._error = exc
+            finally:
+                done.set()
 
-    def result(self) -> str:
-        """The hex digest (waits for the helper thread)."""
-        if self._thread is not None:
-            self._thread.join()
+    def feed(self, view: memoryview) -> threading.Event:
+        """Queue ``view`` to be hashed; the event is set once it has been."""
+        done = threading.Event()
+        self._queue.put((view, done))
+        return done
+
+    def finish(self) -> str:
+        """Wait for every chunk; the hex digest."""
+        self._queue.put(None)
+        self._thread.join()
         if self._error is not None:
             raise self._error
-        assert self._hex is not None
-        return self._hex
+        return self._h.hexdigest()
 
 
 def parse(sha: str, data: Buffer) -> Blob:
@@ -136,10 +220,8 @@ def read_verified(sha: str, f: IO[bytes], size: int) -> Blob:
     if len(front) != stream_end:
         raise CorruptRecord(f"blob {sha[:12]} is truncated")
     f.seek(stream_end)
-    rest: Buffer
-    if size - stream_end >= MAP_OVER:
-        rest = memoryview(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY))[stream_end:]
-    else:
+    rest = _map(f, stream_end) if size - stream_end >= MAP_OVER else None
+    if rest is None:
         rest = memoryview(bytearray(f.read(size - stream_end)))
     if len(rest) != size - stream_end:
         raise CorruptRecord(f"blob {sha[:12]} is truncated")
@@ -151,7 +233,38 @@ def read_verified(sha: str, f: IO[bytes], size: int) -> Blob:
     for n in lengths:
         buffers.append(rest[at : at + n])
         at += n
-    return Blob(front[meta_end:], buffers)
+    return Blob(memoryview(front)[meta_end:], buffers)
+
+
+_live_maps = 0  # mappings alive now (see MAP_MAX)
+_maps_lock = threading.Lock()
+
+
+def _map(f: IO[bytes], start: int) -> memoryview | None:
+    """The file from ``start`` on, mapped copy-on-write; None to read it instead.
+
+    None when :data:`MAP_MAX` mappings are alive (each keeps a file
+    descriptor open until its arrays are gone) or the file system cannot map.
+    """
+    global _live_maps
+    with _maps_lock:
+        if _live_maps >= MAP_MAX:
+            return None
+        _live_maps += 1
+    try:
+        extra = {"trackfd": False} if sys.version_info >= (3, 13) else {}
+        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY, **extra)
+    except (OSError, ValueError):  # e.g. ENODEV on some network or FUSE file systems
+        _unmapped()
+        return None
+    weakref.finalize(mm, _unmapped)
+    return memoryview(mm)[start:]
+
+
+def _unmapped() -> None:
+    global _live_maps
+    with _maps_lock:
+        _live_maps -= 1
 
 
 def _layout(sha: str, data: Buffer, size: int) -> tuple[int, int, list[int]]:
@@ -168,8 +281,8 @@ def _layout(sha: str, data: Buffer, size: int) -> tuple[int, int, list[int]]:
         stream_len, lengths = int(meta["stream"]), [int(x) for x in meta["buffers"]]
         if min([stream_len, *lengths]) < 0 or at + n + stream_len + sum(lengths) != size:
             raise ValueError("lengths do not add up")
-    except (ValueError, KeyError, TypeError, struct.error) as exc:
-        raise CorruptRecord(f"blob {sha[:12]} has an unreadable header ({exc})") from exc
+    except Exception as exc:  # any damage: bad JSON, deep nesting, 1e400, short data
+        raise CorruptRecord(f"blob {sha[:12]} has an unreadable header ({exc!r})") from exc
     return at + n, stream_len, lengths
 
 

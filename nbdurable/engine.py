@@ -57,6 +57,45 @@ def warn(message: str) -> None:
         sys.stderr = err
 
 
+class SubIndex:
+    """The sub-step records of one scope, read in one range read on the first lookup.
+
+    A step's index lives as long as the step's execution; the run scope's
+    (sub-steps called outside any step) as long as one cell, when the
+    extension's per-cell hook is installed. It is read again if the store
+    was reopened or something was deleted from it since. A value is handed
+    out once; after that, and after a sub-step is recorded, the entry says
+    "present: read it from the store", so a second lookup of an id still
+    finds its record.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._basis: tuple[Any, int, int, str] | None = None
+        self._entries: dict[str, bytes | None] = {}
+
+    def find(self, store: Store, prefix: str, key: str) -> tuple[bool, bytes | None]:
+        """``(present, stored bytes or None: read it with Store.get)``."""
+        store.check_same()  # a store deleted since the read must not be replayed from
+        with self._lock:
+            basis = (store, store.generation, store.deletions, prefix)
+            if self._basis is None or self._basis[0] is not store or self._basis[1:] != basis[1:]:
+                self._entries = store.load_prefix(prefix)
+                self._basis = basis
+            if key not in self._entries:
+                return False, None
+            raw = self._entries[key]
+            if raw is not None:
+                self._entries[key] = None  # the bytes are handed out once
+            return True, raw
+
+    def recorded(self, key: str) -> None:
+        """Note that ``key`` was just recorded (if this index was read)."""
+        with self._lock:
+            if self._basis is not None:
+                self._entries[key] = None
+
+
 @dataclass
 class StepContext:
     """The ``%%step`` executing now; sub-steps called during it scope to it."""
@@ -69,9 +108,7 @@ class StepContext:
     subs_replayed: int = 0
     sub_seconds: float = 0.0
     lock: threading.Lock = field(default_factory=threading.Lock)
-    #: The step's sub-step records as stored when its first sub-step looked one
-    #: up (one range read, see Store.load_prefix); an entry is dropped when used.
-    sub_index: dict[str, bytes | None] | None = None
+    sub_index: SubIndex = field(default_factory=lambda: SubIndex())
 
 
 @dataclass
@@ -123,6 +160,9 @@ class Session:
         self._atexit = False
         self._run_id_for: tuple[tuple[Path | None, Path], str] | None = None
         self._keys: RunKeys | None = None
+        #: The run scope's sub-step index for the current cell; None when no
+        #: per-cell hook resets it (plain Python), then each call reads its record.
+        self.run_index: SubIndex | None = None
         env_run = os.environ.get("NBDURABLE_RUN", "").strip()
         if env_run:  # set by `nbdurable run --run NAME`
             self._run_name = keys.validate_name(env_run, "run name (NBDURABLE_RUN)")

@@ -8,7 +8,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 
 from . import events, keys, locate, ops
-from .engine import get_session
+from .engine import SubIndex, get_session
 from .errors import LeaseHeld, StoreError, UsageProblem
 
 USAGE = """\
@@ -132,8 +132,10 @@ def unload(ipython) -> None:  # noqa: ANN001
         ipython.events.unregister("pre_run_cell", _pre_run_cell)
     except ValueError:
         pass
+    get_session().run_index = None  # nothing resets it per cell any more
 
 
 def _pre_run_cell(info: object = None) -> None:
     session = get_session()
     session.cell_ordinals.clear()
+    session.run_index = SubIndex()  # the run scope's records are read afresh per cell

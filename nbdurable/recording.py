@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import config, faults, redact, values
+from . import blobs, config, faults, redact, values
 from .records import VarRecord
 from .store import Store
 
@@ -58,19 +58,19 @@ def save_variables(
                 VarRecord(name, "unsaved", str(exc)[:200], fingerprint(value, name), 0, tname)
             )
             continue
-        found = redact.find_secrets(stream, secrets) + redact.find_secrets_in(buffers, secrets)
-        if found:
-            found = sorted(set(found))
-            out.secrets.append(f"{name} (${', $'.join(found)})")
-            why = "holds the value of $" + ", $".join(found)
+        size = len(stream) + sum(b.nbytes for b in buffers)
+        try:
+            # Searched for secrets in the very copy that is hashed and written.
+            sha, _written = store.put_blob(stream, buffers, defer=out.pending, secrets=secrets)
+        except blobs.SecretFound as exc:
+            out.secrets.append(f"{name} (${', $'.join(exc.names)})")
+            why = "holds the value of $" + ", $".join(exc.names)
             out.variables.append(
                 VarRecord(name, "unsaved", why, fingerprint(value, name), 0, tname)
             )
             continue
-        size = len(stream) + sum(b.nbytes for b in buffers)
         if size > limit:
             out.large.append(f"{name} ({size / 1e6:.1f} MB)")
-        sha, _written = store.put_blob(stream, buffers, defer=out.pending)
         faults.point("blob-written")
         out.origins[name] = (value, sha)
         # A saved value's fingerprint is its blob's SHA-256 (already computed:

@@ -13,9 +13,15 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-#: On-disk format of the store. Increment on breaking change; a store whose
-#: format is newer than this is refused on open with a clear message.
+#: On-disk format of the store (its key layout). Increment on breaking change;
+#: a store whose format is newer than this is refused on open with a clear message.
 FORMAT_VERSION = 1
+#: Newest record format this version reads and writes. A step record of
+#: format 2 refers to format-2 blobs (see :mod:`nbdurable.blobs`), which
+#: nbdurable 0.1 cannot read: it refuses such a record as "newer, upgrade
+#: nbdurable" instead of finding its blobs damaged. Sub-step records are
+#: unchanged and still written as format 1.
+RECORD_FORMAT = 2
 
 
 @dataclass(frozen=True)
@@ -54,7 +60,7 @@ class StepRecord:
     duration: float
     substeps: int = 0
     substep_seconds: float = 0.0
-    format: int = FORMAT_VERSION
+    format: int = RECORD_FORMAT
 
     @property
     def replayable(self) -> bool:

@@ -61,22 +61,6 @@ def find_secrets(data: bytes | str, secrets: dict[str, bytes] | None = None) -> 
     return sorted(name for name, value in secrets.items() if value in raw)
 
 
-def find_secrets_in(buffers: list[memoryview], secrets: dict[str, bytes]) -> list[str]:
-    """:func:`find_secrets` over raw buffers (an array's memory), a chunk at a time."""
-    if not secrets or not buffers:
-        return []
-    overlap = max(len(v) for v in secrets.values()) - 1
-    found: set[str] = set()
-    for buf in buffers:
-        for at in range(0, max(buf.nbytes, 1), _CHUNK):
-            chunk = bytes(buf[at : at + _CHUNK + overlap])
-            found.update(name for name, value in secrets.items() if value in chunk)
-    return sorted(found)
-
-
-_CHUNK = 8 * 1024 * 1024
-
-
 def redact_text(text: str, secrets: dict[str, bytes] | None = None) -> tuple[str, list[str]]:
     """``text`` with every secret replaced by ``[redacted $NAME]``, and the names found."""
     secrets = secrets_in_env() if secrets is None else secrets

@@ -45,7 +45,7 @@ import diskcache
 
 from . import blobs, faults
 from .errors import CorruptRecord, FormatVersionError, StoreError
-from .records import FORMAT_VERSION
+from .records import FORMAT_VERSION, RECORD_FORMAT
 
 MAGIC = b"NBD\x01"
 _SIG = 32
@@ -70,7 +70,8 @@ _JSON_DECODE = json.JSONDecoder().decode
 LOAD_ROW_MAX = 16 * 1024
 LOAD_TOTAL_MAX = 32 * 1024 * 1024
 _SELECT_PREFIX = (
-    "SELECT key, CASE WHEN filename IS NULL AND length(value) <= ? THEN value END"
+    "SELECT key, CASE WHEN filename IS NULL AND typeof(value) = 'blob' AND length(value) <= ?"
+    " THEN value END"
     " FROM Cache WHERE raw = 1 AND key >= ? AND key < ? ORDER BY key"
 )
 _SELECT_VALUE = "SELECT mode, filename, value FROM Cache WHERE key = ? AND raw = 1"
@@ -256,6 +257,9 @@ class Store:
         #: How many times the store was reopened (see :meth:`reopen`): a lease or
         #: anything else held in the store before the reopen is gone.
         self.generation = 0
+        #: How many deletes this object made: an index of records read before
+        #: (see engine.SubIndex) is read again after one.
+        self.deletions = 0
         self._open()
 
     def _open(self) -> None:
@@ -338,6 +342,12 @@ class Store:
                 "restart the kernel."
             )
 
+    def check_same(self) -> None:
+        """Raise :class:`StoreError` if the store was deleted or replaced (one stat)."""
+        if self._replaced:
+            self.reopen()
+        self._ensure_same("read")
+
     def reopen(self) -> None:
         """Close, and open the store now at :attr:`path` (creating it if it is gone)."""
         with contextlib.suppress(Exception):  # a connection to an unlinked file
@@ -388,10 +398,10 @@ class Store:
         if not isinstance(header, dict):
             raise CorruptRecord(f"record {key!r} has a header that is not an object")
         fmt = header.get("format", FORMAT_VERSION)
-        if not newer_ok and (not isinstance(fmt, int) or fmt > FORMAT_VERSION):
+        if not newer_ok and (not isinstance(fmt, int) or fmt > RECORD_FORMAT):
             raise CorruptRecord(
                 f"record {key!r} has format {fmt}, newer than this nbdurable reads "
-                f"({FORMAT_VERSION}); upgrade nbdurable to replay it"
+                f"({RECORD_FORMAT}); upgrade nbdurable to replay it"
             )
         body = view[body_at:] if len(raw) - body_at >= _VIEW_OVER else raw[body_at:]
         return header, body  # type: ignore[return-value]
@@ -457,7 +467,7 @@ class Store:
             return None
         ((mode, filename, value),) = rows
         if filename is None and mode == diskcache.core.MODE_RAW:
-            return value if isinstance(value, bytes) else bytes(value)
+            return value  # not bytes (a planted number or text): _decode refuses it
         try:
             return self._cache._disk.fetch(mode, filename, value, False)
         except FileNotFoundError:
@@ -546,6 +556,8 @@ class Store:
                 if len(v) >= _INLINE_MAX or not self._insert_new(db, k, v):
                     db.set(k, v, retry=True)
             else:
+                if deletes:
+                    self.deletions += 1
                 with db.transact(retry=True):
                     for k, v in values.items():
                         db.set(k, v)
@@ -563,12 +575,15 @@ class Store:
         usually new. The row is the one ``Cache.set`` writes for bytes stored
         inline, and diskcache's triggers keep its count and size. A key that
         exists (IntegrityError on its unique index) goes through ``Cache.set``,
-        which also removes a value file the old row had.
+        which also removes a value file the old row had; so does any other
+        SQLite refusal (``Cache.set`` retries a lock held past the busy timeout).
         """
         now = time.time()
         try:
             db._sql(_INSERT_INLINE, (key, now, now, diskcache.core.MODE_RAW, sqlite3.Binary(value)))
         except sqlite3.IntegrityError:
+            return False
+        except sqlite3.OperationalError:  # e.g. locked past the busy timeout: Cache.set retries
             return False
         return True
 
@@ -583,6 +598,7 @@ class Store:
         with self._guard("write"):
             db = self._db
             self._ensure_same("deleted")
+            self.deletions += 1
             return bool(db.delete(key, retry=True))
 
     def delete_many(self, keys: Iterable[str]) -> int:
@@ -591,6 +607,7 @@ class Store:
         with self._guard("write"):
             db = self._db
             self._ensure_same("deleted")
+            self.deletions += 1
             with db.transact(retry=True):
                 for k in keys:
                     n += bool(db.delete(k))
@@ -642,6 +659,7 @@ class Store:
         buffers: Sequence[memoryview] = (),
         *,
         defer: dict[str, bytes] | None = None,
+        secrets: dict[str, bytes] | None = None,
     ) -> tuple[str, int]:
         """Store a pickle and its out-of-band buffers once by content.
 
@@ -650,13 +668,18 @@ class Store:
         so the step that re-ran because of it replays next time. With
         ``defer``, a small blob is not written but added to it, for
         :meth:`apply` to write in the same transaction as the record that
-        refers to it (one commit per step, not one per variable).
+        refers to it (one commit per step, not one per variable). Raises
+        :class:`blobs.SecretFound` (writing nothing) if the bytes hold one of
+        ``secrets``: they are searched in the very copy that is hashed and written.
         """
         bufs = [memoryview(b).cast("B") for b in buffers]
         parts: list[blobs.Buffer] = [blobs.head(stream, bufs), stream, *bufs]
         total = sum(memoryview(p).nbytes for p in parts)
         if total < _INLINE_MAX:
             data = b"".join(parts)
+            found = blobs.scan(data, secrets or {})
+            if found:
+                raise blobs.SecretFound(found)
             sha = hashlib.sha256(data).hexdigest()
             key = "b/" + sha
             if defer is not None:
@@ -669,29 +692,35 @@ class Store:
         with self._guard("write"):
             db = self._db
             self._ensure_same("recorded for this write")
-            # Hash on a helper thread while this one writes the value file.
-            hasher = blobs.Hasher(parts)
             filename, full_path = db._disk.filename()
+            os.makedirs(os.path.dirname(full_path), exist_ok=True)
+            key, committed = "", False
             try:
-                db._disk._write(full_path, iter(parts), "xb")
-            except BaseException:
-                hasher.result()  # the helper reads the parts: let it finish first
-                with contextlib.suppress(OSError):
-                    os.unlink(full_path)
-                raise
-            sha = hasher.result()
-            key = "b/" + sha
-            if key not in self._suspect and self.has(key):
-                os.unlink(full_path)  # stored already (same content): keep one copy
-                return sha, 0
-            try:
-                self._insert_file(db, key, filename, total)
-            except BaseException:
-                with contextlib.suppress(OSError):
-                    os.unlink(full_path)
-                raise
+                with open(full_path, "xb") as f:
+                    sha = blobs.write(f, parts, secrets or {})
+                key = "b/" + sha
+                if key in self._suspect or not self.has(key):
+                    self._insert_file(db, key, filename, total)
+                    committed = True
+            finally:
+                # Failed, interrupted, or stored already: remove the file, unless a row
+                # committed just before an interrupt names it (then it is the value).
+                if not committed and not (key and self._names(db, key, filename)):
+                    with contextlib.suppress(OSError):
+                        os.unlink(full_path)
         self._suspect.discard(key)
-        return sha, total
+        return sha, total if committed else 0
+
+    @staticmethod
+    def _names(db: diskcache.Cache, key: str, filename: str) -> bool:
+        """True if ``key``'s row points at value file ``filename``."""
+        try:
+            rows = db._sql(
+                "SELECT 1 FROM Cache WHERE key = ? AND raw = 1 AND filename = ?", (key, filename)
+            ).fetchall()
+        except sqlite3.Error:
+            return False
+        return bool(rows)
 
     @staticmethod
     def _insert_file(db: diskcache.Cache, key: str, filename: str, size: int) -> None:
@@ -707,8 +736,8 @@ class Store:
                 db._row_update(rowid, now, columns)
             else:
                 db._row_insert(key, 1, now, columns)
-        if old:
-            db._disk.remove(old)
+        if old and old != filename:
+            db._disk.remove(old)  # diskcache's remove ignores a file already gone
 
     def get_blob(self, sha: str) -> blobs.Blob | None:
         """The verified blob ``sha``, None if absent.
@@ -801,6 +830,7 @@ class Store:
                     problems.append(f"record {name} {bad}{done}")
                     if fix:
                         db._sql("DELETE FROM Cache WHERE rowid = ?", (rowid,))
+                        self.deletions += 1
                         if full is not None:
                             full.unlink(missing_ok=True)
                 now = time.time()

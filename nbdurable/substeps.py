@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from . import config, events, faults, keys, redact, values
-from .engine import Session, get_session, warn
+from .engine import Session, SubIndex, get_session, warn
 from .errors import CorruptRecord, DivergenceError, StoreError, UsageProblem
 from .records import FORMAT_VERSION
 from .store import RUN_SCOPE
@@ -113,6 +113,30 @@ def _substep(
                     f"e.g. step(f'search:{{i}}', ...)"
                 )
             ctx.seen.add(sub_id)
+    try:
+        return _run(session, ctx, scope, sub_id, where, fn, args, kwargs)
+    except BaseException:
+        _forget(ctx, sub_id)  # nothing was recorded: a retry may use the same id
+        raise
+
+
+def _forget(ctx: Any, sub_id: str) -> None:
+    if ctx is not None:
+        with ctx.lock:
+            ctx.seen.discard(sub_id)
+
+
+def _run(
+    session: Session,
+    ctx: Any,
+    scope: str,
+    sub_id: str,
+    where: str,
+    fn: Callable[..., Any],
+    args: tuple,
+    kwargs: dict,
+) -> Any:
+    __tracebackhide__ = True
     store_key = session.keys.sub(scope, sub_id)
     args_fp = keys.args_fingerprint(args, kwargs)
     value = _lookup(session, store_key, where, args_fp)
@@ -143,18 +167,15 @@ def _substep(
 
 def _lookup(session: Session, store_key: str, where: str, args_fp: str) -> Any:
     ctx = session.current
+    scope = ctx.key if ctx is not None else RUN_SCOPE
+    index = _index_for(session, scope)
     try:
-        if ctx is None:
+        if index is None:
             got = session.store.get(store_key)
         else:
-            # Inside a step, its sub-step records are read once, on its first
-            # lookup (the step holds the run's lease: nobody else records them).
-            with ctx.lock:
-                if ctx.sub_index is None:
-                    ctx.sub_index = session.store.load_prefix(session.keys.subs_prefix(ctx.key))
-                found = store_key in ctx.sub_index
-                raw = ctx.sub_index.pop(store_key, None)
-            got = session.store.get_loaded(store_key, raw) if found else None
+            store = session.store
+            found, raw = index.find(store, session.keys.subs_prefix(scope), store_key)
+            got = store.get_loaded(store_key, raw) if found else None
     except CorruptRecord as exc:
         warn(f"{where}: its record cannot be used ({exc}); calling again.")
         return _ENOVAL
@@ -246,12 +267,23 @@ def _save(
     except StoreError as exc:
         raise StoreError(f"{where} returned but its result was NOT recorded: {exc}") from exc
     faults.point("sub-written")
+    index = _index_for(session, scope)
+    if index is not None:
+        index.recorded(store_key)
     ctx = session.current
     if ctx is not None:
         with ctx.lock:
             ctx.subs_recorded += 1
             ctx.sub_seconds += duration
     events.emit("sub-recorded", session.run_id, scope, id=sub_id, duration=duration)
+
+
+def _index_for(session: Session, scope: str) -> SubIndex | None:
+    """The scope's :class:`SubIndex`: the current step's, or the cell's for the run scope."""
+    ctx = session.current
+    if ctx is not None and ctx.key == scope:
+        return ctx.sub_index
+    return session.run_index if scope == RUN_SCOPE else None
 
 
 async def _ready(value: Any) -> Any:
@@ -273,9 +305,12 @@ async def _call_async(
     started, t0 = time.time(), time.perf_counter()
     try:
         result = await fn(*args, **kwargs)
+        _save(session, store_key, scope, sub_id, where, fn, result, args_fp, started, t0)
+    except BaseException:
+        _forget(session.current, sub_id)
+        raise
     finally:
         _current_sub.reset(token)
-    _save(session, store_key, scope, sub_id, where, fn, result, args_fp, started, t0)
     return result
 
 
@@ -291,6 +326,10 @@ async def _finish_async(
     started: float,
     t0: float,
 ) -> Any:
-    result = await awaitable
-    _save(session, store_key, scope, sub_id, where, fn, result, args_fp, started, t0)
+    try:
+        result = await awaitable
+        _save(session, store_key, scope, sub_id, where, fn, result, args_fp, started, t0)
+    except BaseException:
+        _forget(session.current, sub_id)
+        raise
     return result

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from nbdurable import blobs, values
-from nbdurable.errors import CorruptRecord
+from nbdurable.errors import CorruptRecord, StoreError
 from nbdurable.store import MAGIC, Store
 
 BIG = 6 * 1024 * 1024  # over blobs.THREAD_OVER and blobs.MAP_OVER: the threaded/mapped paths
@@ -154,15 +154,90 @@ def test_format_1_blobs_still_load(store):
     assert load(store, sha2) == b"y" * 100_000
 
 
-def test_a_secret_in_an_array_is_found(monkeypatch):
-    from nbdurable import redact
-
+@pytest.mark.parametrize("at", [100, 8 * 1024 * 1024 - 5], ids=["inside", "across-chunks"])
+def test_a_secret_in_an_array_is_refused_and_nothing_is_written(store, at):
     secret = b"sk-test-0123456789abcdef"
-    monkeypatch.setenv("OPENAI_API_KEY", secret.decode())
     raw = bytearray(np.random.default_rng(5).integers(0, 255, 20 * 1024 * 1024, dtype=np.uint8))
-    at = 8 * 1024 * 1024 - 5  # straddles two of find_secrets_in's chunks
     raw[at : at + len(secret)] = secret
-    _, buffers = values.dumps_parts(np.frombuffer(raw, dtype=np.uint8))
-    assert redact.find_secrets_in(buffers, redact.secrets_in_env()) == ["OPENAI_API_KEY"]
+    stream, buffers = values.dumps_parts(np.frombuffer(raw, dtype=np.uint8))
+    files = sorted(store.cache_dir.rglob("*.val"))
+    with pytest.raises(blobs.SecretFound) as err:
+        store.put_blob(stream, buffers, secrets={"OPENAI_API_KEY": secret})
+    assert err.value.names == ["OPENAI_API_KEY"]
+    assert sorted(store.cache_dir.rglob("*.val")) == files and store.scan("b/") == []
     raw[at : at + len(secret)] = b"-" * len(secret)
-    assert redact.find_secrets_in(buffers, redact.secrets_in_env()) == []
+    sha, written = store.put_blob(stream, buffers, secrets={"OPENAI_API_KEY": secret})
+    assert written > 0 and store.get_blob(sha) is not None
+
+
+def test_a_secret_in_a_small_value_is_refused(store):
+    stream, buffers = values.dumps_parts({"token": "sk-test-0123456789abcdef"})
+    with pytest.raises(blobs.SecretFound):
+        store.put_blob(stream, buffers, secrets={"API_TOKEN": b"sk-test-0123456789abcdef"})
+    assert store.scan("b/") == []
+
+
+def test_what_is_stored_matches_its_name_while_another_thread_writes_to_the_value(store):
+    # The hash, the secret search and the file all come from one copy of each chunk.
+    import threading
+
+    a = np.zeros(24 * 1024 * 1024 // 8)
+    stop = threading.Event()
+
+    def scribble() -> None:
+        i = 0
+        while not stop.is_set():
+            a[(i * 7919) % a.size] = i
+            i += 1
+
+    t = threading.Thread(target=scribble)
+    t.start()
+    try:
+        shas = [store.put_blob(*values.dumps_parts(a))[0] for _ in range(3)]
+    finally:
+        stop.set()
+        t.join()
+    for sha in shas:
+        assert isinstance(load(store, sha), np.ndarray)  # verifies: never CorruptRecord
+
+
+def test_a_failed_large_write_leaves_nothing(store, monkeypatch):
+    a = np.random.default_rng(6).random(BIG // 8)
+
+    def full(*args: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(blobs, "_write_chunks", full)
+    with pytest.raises(StoreError, match="No space left"):
+        store.put_blob(*values.dumps_parts(a))
+    assert list(store.cache_dir.rglob("*.val")) == [] and store.scan("b/") == []
+    monkeypatch.undo()
+    sha, written = store.put_blob(*values.dumps_parts(a))
+    assert written > 0 and np.array_equal(load(store, sha), a)
+
+
+@pytest.mark.parametrize(
+    "header",
+    [b"[" * 200_000, b'{"format":2,"stream":1e400,"buffers":[]}', b"{}", b"\xff\xfe"],
+    ids=["deep", "huge-number", "no-fields", "not-utf8"],
+)
+def test_a_damaged_blob_header_is_a_corrupt_record(header):
+    data = blobs.BLOB_MAGIC + len(header).to_bytes(4, "big") + header
+    with pytest.raises(CorruptRecord):
+        blobs.split("ab" * 32, memoryview(data))
+
+
+def test_mappings_are_capped_and_read_past_the_cap(store, monkeypatch):
+    monkeypatch.setattr(blobs, "MAP_OVER", 1024 * 1024)
+    monkeypatch.setattr(blobs, "MAP_MAX", 2)
+    monkeypatch.setattr(blobs, "_live_maps", 0)
+    arrays = [np.full(300_000, float(i)) for i in range(4)]
+    shas = [save(store, a) for a in arrays]
+    restored = [load(store, sha) for sha in shas]
+    assert blobs._live_maps == 2  # two mapped, two read
+    assert all(np.array_equal(a, b) for a, b in zip(arrays, restored, strict=True))
+    del restored
+    import gc
+
+    gc.collect()
+    assert blobs._live_maps == 0

@@ -34,6 +34,7 @@ import pytest
 from kernel_util import make_notebook, outputs_of, run_notebook, stream_text
 
 from nbdurable import cli, locate, runs
+from nbdurable import store as nbd_store
 from nbdurable.errors import CorruptRecord, StoreError
 from nbdurable.records import StepRecord
 from nbdurable.store import RUN_SCOPE, RunKeys, Store
@@ -128,7 +129,7 @@ def fail_sql(mp: pytest.MonkeyPatch, store: Store, make: Callable[[], Exception]
 
 
 def fail_value_files(mp: pytest.MonkeyPatch, make: Callable[[], OSError], partial: bool) -> None:
-    """Make diskcache's value-file writes fail: at open, or (``partial``) half-way through.
+    """Make value-file writes fail: at open, or (``partial``) half-way through.
 
     A disk that fills during a write leaves the part already written behind:
     an orphan file, which ``check(fix=True)`` must remove.
@@ -157,6 +158,7 @@ def fail_value_files(mp: pytest.MonkeyPatch, make: Callable[[], OSError], partia
         return HalfWritten(real_open(file, mode, *args, **kwargs))
 
     mp.setattr(diskcache.core, "open", failing_open, raising=False)
+    mp.setattr(nbd_store, "open", failing_open, raising=False)  # large blobs: written by us
 
 
 def no_space() -> OSError:

@@ -13,9 +13,9 @@ import pytest
 
 from nbdurable import locate
 from nbdurable.engine import NbdurableWarning, Session
-from nbdurable.errors import CorruptRecord, FormatVersionError, StoreError
-from nbdurable.records import FORMAT_VERSION
-from nbdurable.store import RunKeys, Store
+from nbdurable.errors import CorruptRecord, FormatVersionError, StoreError, UsageProblem
+from nbdurable.records import FORMAT_VERSION, RECORD_FORMAT
+from nbdurable.store import RUN_SCOPE, RunKeys, Store
 
 
 class Planted:
@@ -154,7 +154,9 @@ def test_format_version_is_written_and_checked_on_open(tmp_path):
 
 
 def test_a_record_of_a_newer_format_is_refused(store):
-    store.put("r/x/s/a", {"format": FORMAT_VERSION + 1})
+    store.put("r/x/s/b", {"format": RECORD_FORMAT})
+    assert store.get("r/x/s/b")[0]["format"] == RECORD_FORMAT
+    store.put("r/x/s/a", {"format": RECORD_FORMAT + 1})
     with pytest.raises(CorruptRecord, match="newer than this nbdurable reads"):
         store.get("r/x/s/a")
 
@@ -308,8 +310,9 @@ def test_a_steps_sub_steps_replay_from_one_read(store, monkeypatch, total_max):
     for sid, v in values.items():
         assert substeps.step(sid, never) == v
     assert reads == [session.keys.subs_prefix("name:s")]  # one range read for the step
-    assert session.current.sub_index == {}  # every entry dropped once used
+    assert set(session.current.sub_index._entries.values()) == {None}  # bytes handed out once
     assert substeps.step("call:new", lambda: "fresh") == "fresh"  # a miss needs no read
+    assert reads == [session.keys.subs_prefix("name:s")]
 
 
 def test_a_tampered_sub_step_in_the_step_read_is_called_again(store, monkeypatch):
@@ -324,3 +327,85 @@ def test_a_tampered_sub_step_in_the_step_read_is_called_again(store, monkeypatch
     _in_step(store, monkeypatch)
     with pytest.warns(NbdurableWarning, match="'call' of step 's': its record cannot be used"):
         assert substeps.step("call", lambda: "called again") == "called again"
+
+
+def test_the_run_scope_index_lives_one_cell_and_never_calls_twice(store, monkeypatch):
+    from nbdurable import engine, substeps
+    from nbdurable.magic import _pre_run_cell
+
+    monkeypatch.setattr(engine, "_session", None)
+    session = engine.get_session()
+    session.set_store(store, "nb.ipynb")
+    calls = []
+
+    def fetch(q: str) -> str:
+        calls.append(q)
+        return q.upper()
+
+    _pre_run_cell()  # a cell starts: the run scope gets a fresh index
+    assert substeps.step("q", fetch, "a") == "A"
+    assert substeps.step("q", fetch, "a") == "A"  # same cell, same id: replayed, not re-run
+    assert calls == ["a"]
+    _pre_run_cell()
+    reads = []
+    real = Store.load_prefix
+    monkeypatch.setattr(Store, "load_prefix", lambda s, p: reads.append(p) or real(s, p))
+    assert [substeps.step(f"q{i}", fetch, str(i)) for i in range(3)] == ["0", "1", "2"]
+    assert substeps.step("q", fetch, "a") == "A" and substeps.step("q", fetch, "a") == "A"
+    assert calls == ["a", "0", "1", "2"] and len(reads) == 1
+    # A delete in this process (e.g. %step clear in the same cell) makes it read again.
+    store.delete(session.keys.sub(RUN_SCOPE, "q"))
+    assert substeps.step("q", fetch, "a") == "A" and calls[-1] == "a" and len(reads) == 2
+
+
+@pytest.mark.parametrize("planted", ["text", 1.5, -3, 2**62, 10**9], ids=repr)
+def test_a_planted_non_bytes_row_is_a_corrupt_record(store, monkeypatch, planted):
+    from nbdurable import substeps
+
+    session = _in_step(store, monkeypatch)
+    key = session.keys.sub("name:s", "call")
+    with diskcache.Cache(str(store.cache_dir)) as raw:  # diskcache keeps numbers raw
+        raw.set(key, planted)
+    with pytest.raises(CorruptRecord):
+        store.get(key)
+    with pytest.warns(NbdurableWarning, match="its record cannot be used"):
+        assert substeps.step("call", lambda: "called") == "called"  # through the step read
+
+
+def test_a_store_deleted_during_a_step_is_not_replayed_from(store, monkeypatch):
+    import shutil
+
+    from nbdurable import substeps
+
+    _in_step(store, monkeypatch)
+    for i in range(2):
+        substeps.step(f"c{i}", lambda i=i: f"recorded {i}")
+    _in_step(store, monkeypatch)
+    assert substeps.step("c0", lambda: "again") == "recorded 0"  # the step's records are read
+    shutil.rmtree(store.path)
+    with pytest.raises(StoreError, match="deleted or replaced while in use"):
+        substeps.step("c1", lambda: "again")
+    assert substeps.step("c1", lambda: "new store") == "new store"  # reopened, empty
+
+
+def test_a_failed_sub_step_can_be_retried_with_the_same_id(store, monkeypatch):
+    from nbdurable import substeps
+
+    _in_step(store, monkeypatch)
+    attempts = []
+
+    def flaky() -> str:
+        attempts.append(1)
+        if len(attempts) < 3:
+            raise TimeoutError("rate limited")
+        return "answer"
+
+    for _ in range(3):  # a retry loop inside one step
+        try:
+            assert substeps.step("ask", flaky) == "answer"
+            break
+        except TimeoutError:
+            continue
+    assert len(attempts) == 3
+    with pytest.raises(UsageProblem, match="already used in this step"):
+        substeps.step("ask", flaky)  # a second *successful* use is still refused
