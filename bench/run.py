@@ -48,7 +48,7 @@ class Config:
         "LangGraph (SqliteSaver)",
     )
     cell_reps_small: int = 200
-    cell_reps_big: int = 5
+    cell_reps_big: int = 11
     big_bytes: int = 100_000_000
     e2e_reps: int = 5
 
@@ -169,11 +169,17 @@ def _targets(found: dict) -> Table:
     c = found.get("cells")
     if c:
         for key, what in (
-            ("big.record_over_dump", "record overhead ≤ 1.3× pickle.dump"),
-            ("big.replay_over_load", "restore overhead ≤ 1.3× pickle.load"),
+            ("record_over_dump", "record overhead ≤ 1.3× pickle.dump"),
+            ("replay_over_load", "restore overhead ≤ 1.3× pickle.load"),
         ):
-            r = c[key]
-            t.add(f"large variable: {what}", fmt_ratio(r), "met" if r <= 1.3 else "missed")
+            # Judged on the worse of the two conditions (tables 3 and 3b).
+            cell, warm = c[f"big.{key}"], c.get(f"big_warm.{key}", 0.0)
+            r = max(cell, warm)
+            t.add(
+                f"large variable: {what}",
+                f"{fmt_ratio(r)} (in a cell {fmt_ratio(cell)}, memory reused {fmt_ratio(warm)})",
+                "met" if r <= 1.3 else "missed",
+            )
     e = found.get("e2e")
     if e:
         x = e["replay_minus_bare_s"]
@@ -301,11 +307,12 @@ def main(argv: list[str] | None = None) -> int:
             t0 = time.monotonic()
             from bench import cells
 
-            t, ten, res = cells.cells(cfg, root)
+            t, warm, ten, res = cells.cells(cfg, root)
             found["cells"] = res
-            tables.append(t)
+            tables += [t, warm]
             size_tables.append(ten)
             print("\n" + t.text(), flush=True)
+            print("\n" + warm.text(), flush=True)
             took("cells", t0)
         if "e2e" in only:
             t0 = time.monotonic()

@@ -43,8 +43,8 @@ BLOB_FORMAT = 2
 _LEN = struct.Struct(">I")
 #: Below this many bytes a blob is hashed on the calling thread (a thread costs more).
 THREAD_OVER = 4 * 1024 * 1024
-#: Chunk size of the write pipeline (two buffers of it are reused).
-CHUNK = 8 * 1024 * 1024
+#: Chunk size of the write pipeline (two buffers of it are kept and reused).
+CHUNK = 4 * 1024 * 1024
 #: Buffers of a blob file at least this large are mapped, not read...
 MAP_OVER = 16 * 1024 * 1024
 #: ...while fewer than this many mappings are alive (each holds a file descriptor).
@@ -113,17 +113,41 @@ def write(f: IO[bytes], parts: Sequence[Buffer], secrets: dict[str, bytes]) -> s
         f.write(data)
         return hashlib.sha256(data).hexdigest()
     hasher = _HashThread()
+    bufs = _take_buffers()
     try:
-        _write_chunks(f, parts, secrets, hasher)
+        _write_chunks(f, parts, secrets, hasher, bufs)
     finally:
         sha = hasher.finish()  # joined on every path: it reads the buffers
+        _give_back(bufs)
     return sha
 
 
+# The pipeline's two buffers are kept between writes: fresh memory is slow to touch
+# (on the VMs measured here, as slow as the write itself).
+_spare: list[bytearray] | None = None
+_spare_lock = threading.Lock()
+
+
+def _take_buffers() -> list[bytearray]:
+    global _spare
+    with _spare_lock:
+        bufs, _spare = _spare, None
+    return bufs or [bytearray(CHUNK), bytearray(CHUNK)]
+
+
+def _give_back(bufs: list[bytearray]) -> None:
+    global _spare
+    with _spare_lock:
+        _spare = bufs
+
+
 def _write_chunks(
-    f: IO[bytes], parts: Sequence[Buffer], secrets: dict[str, bytes], hasher: _HashThread
+    f: IO[bytes],
+    parts: Sequence[Buffer],
+    secrets: dict[str, bytes],
+    hasher: _HashThread,
+    bufs: list[bytearray],
 ) -> None:
-    bufs = [bytearray(CHUNK), bytearray(CHUNK)]
     hashed: list[threading.Event | None] = [None, None]
     overlap = max((len(v) for v in secrets.values()), default=1) - 1
     tail = b""
@@ -138,6 +162,7 @@ def _write_chunks(
             n = min(CHUNK, src.nbytes - at)
             view = memoryview(bufs[i])[:n]
             view[:] = src[at : at + n]
+            hashed[i] = hasher.feed(view)  # hashed while it is searched and written
             if secrets:
                 edge = tail + bytes(view[:overlap])  # a secret across two chunks
                 found = sorted(
@@ -147,7 +172,6 @@ def _write_chunks(
                     raise SecretFound(found)
                 tail = bytes(view[max(0, n - overlap) :]) if overlap else b""
             f.write(view)
-            hashed[i] = hasher.feed(view)
 
 
 class _HashThread:
@@ -222,7 +246,8 @@ def read_verified(sha: str, f: IO[bytes], size: int) -> Blob:
     f.seek(stream_end)
     rest = _map(f, stream_end) if size - stream_end >= MAP_OVER else None
     if rest is None:
-        rest = memoryview(bytearray(f.read(size - stream_end)))
+        buf = bytearray(size - stream_end)
+        rest = memoryview(buf)[: f.readinto(buf)]
     if len(rest) != size - stream_end:
         raise CorruptRecord(f"blob {sha[:12]} is truncated")
     h = hashlib.sha256(front)
