@@ -76,18 +76,33 @@ class SubIndex:
 
     def find(self, store: Store, prefix: str, key: str) -> tuple[bool, bytes | None]:
         """``(present, stored bytes or None: read it with Store.get)``."""
-        store.check_same()  # a store deleted since the read must not be replayed from
         with self._lock:
-            basis = (store, store.generation, store.deletions, prefix)
-            if self._basis is None or self._basis[0] is not store or self._basis[1:] != basis[1:]:
-                self._entries = store.load_prefix(prefix)
-                self._basis = basis
+            if self._stale(store, prefix):
+                self._read(store, prefix)
+            elif key in self._entries:
+                store.check_same()  # never replay from a store deleted since the read
+                if self._stale(store, prefix):  # it was reopened just now
+                    self._read(store, prefix)
             if key not in self._entries:
-                return False, None
+                return False, None  # (a miss is checked by the write that follows)
             raw = self._entries[key]
             if raw is not None:
                 self._entries[key] = None  # the bytes are handed out once
             return True, raw
+
+    def _stale(self, store: Store, prefix: str) -> bool:
+        b = self._basis
+        return (
+            b is None
+            or b[0] is not store
+            or b[1] != store.generation
+            or b[2] != store.deletions
+            or b[3] != prefix
+        )
+
+    def _read(self, store: Store, prefix: str) -> None:
+        self._entries = store.load_prefix(prefix)
+        self._basis = (store, store.generation, store.deletions, prefix)
 
     def recorded(self, key: str) -> None:
         """Note that ``key`` was just recorded (if this index was read)."""
