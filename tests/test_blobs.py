@@ -241,3 +241,59 @@ def test_mappings_are_capped_and_read_past_the_cap(store, monkeypatch):
 
     gc.collect()
     assert blobs._live_maps == 0
+
+
+_CHILD = """
+import os, sys
+import numpy as np
+from nbdurable import blobs, values
+from nbdurable.store import Store
+
+where, point = sys.argv[1], sys.argv[2]
+store = Store(where)
+if point == "mid-write":
+    real, fed = blobs._HashThread.feed, []
+
+    def feed(self, view):
+        fed.append(1)
+        if len(fed) == 3:  # two chunks written, the third in flight
+            os.kill(os.getpid(), 9)
+        return real(self, view)
+
+    blobs._HashThread.feed = feed
+else:  # "after-commit": the row is in, the call has not returned
+    real = Store._insert_file
+
+    def insert(db, key, filename, size):
+        real(db, key, filename, size)
+        os.kill(os.getpid(), 9)
+
+    Store._insert_file = staticmethod(insert)
+a = np.random.default_rng(7).random(int(sys.argv[3]))
+store.put_blob(*values.dumps_parts(a))
+"""
+
+
+@pytest.mark.parametrize("point", ["mid-write", "after-commit"])
+def test_a_kill_while_writing_a_large_value_loses_nothing_and_leaves_no_orphan(tmp_path, point):
+    import subprocess
+    import sys
+
+    from test_hostile import age_files
+
+    where = tmp_path / "store"
+    n = BIG // 8
+    proc = subprocess.run([sys.executable, "-c", _CHILD, str(where), point, str(n)], check=False)
+    assert proc.returncode == -9, "the writer was not killed"
+    a = np.random.default_rng(7).random(n)
+    with Store(where) as store:
+        age_files(store.cache_dir)
+        store.check(fix=True)  # removes what the killed write left behind, if anything
+        assert store.check(fix=False) == []
+        if point == "mid-write":
+            assert store.scan("b/") == [] and not list(store.cache_dir.rglob("*.val"))
+        else:  # committed: the value is there, whole
+            (key,) = store.scan("b/")
+            assert np.array_equal(load(store, key[2:]), a)
+        sha, _ = store.put_blob(*values.dumps_parts(a))  # and writing works afterwards
+        assert np.array_equal(load(store, sha), a)
