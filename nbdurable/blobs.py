@@ -60,25 +60,12 @@ class Blob:
     stream: Buffer
     buffers: list[memoryview] = field(default_factory=list)
 
-    @property
-    def size(self) -> int:
-        """Bytes of pickle, stream and buffers together."""
-        return len(self.stream) + sum(b.nbytes for b in self.buffers)
-
 
 def head(stream: Buffer, buffers: Sequence[memoryview]) -> bytes:
     """The magic, length and header that precede ``stream`` and ``buffers``."""
     meta = {"format": BLOB_FORMAT, "stream": len(stream), "buffers": [b.nbytes for b in buffers]}
     text = json.dumps(meta, separators=(",", ":")).encode("ascii")
     return BLOB_MAGIC + _LEN.pack(len(text)) + text
-
-
-def digest(parts: Sequence[Buffer]) -> str:
-    """SHA-256 of ``parts`` in order, as hex."""
-    h = hashlib.sha256()
-    for p in parts:
-        h.update(p)
-    return h.hexdigest()
 
 
 class SecretFound(Exception):
@@ -214,7 +201,7 @@ class _HashThread:
 
 def parse(sha: str, data: Buffer) -> Blob:
     """Verify ``data`` (a whole blob already in memory) against ``sha`` and split it."""
-    if digest([data]) != sha:
+    if hashlib.sha256(data).hexdigest() != sha:
         raise CorruptRecord(f"blob {sha[:12]} does not match its SHA-256 (damaged or planted)")
     return split(sha, memoryview(data))
 

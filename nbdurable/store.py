@@ -37,7 +37,7 @@ import secrets
 import sqlite3
 import struct
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -437,13 +437,26 @@ class Store:
 
         Raises :class:`CorruptRecord` if the record is present but does not verify.
         """
-        # The hot path of replay: inline, not through _guard.
+        return self._fetch(key, self._verified)
+
+    def _verified(self, key: str, row: tuple[int, str | None, Any]) -> Any:
+        raw = self._raw(row)
+        return None if raw is None else self._decode(key, raw)
+
+    def _fetch(self, key: str, load: Callable[[str, Any], Any]) -> Any:
+        """``load(key, row)`` of ``key``'s row (None if absent), on a store checked to be there.
+
+        The read path of records and blobs alike: a failure of the disk or of
+        SQLite becomes a one-line :class:`StoreError`, and a key that fails its
+        check is remembered as suspect (``put_blob`` rewrites it). One SELECT
+        on diskcache's own table, as ``Cache.get`` does without its per-call
+        Python layers (no expiry, no statistics, no eviction here).
+        """
         try:
-            if self._replaced:
-                self.reopen()
-            self._ensure_same("read")
-            raw = self._read(key)
-            return None if raw is None else self._decode(key, raw)
+            self.check_same()
+            assert self._cache is not None
+            rows = self._cache._sql(_SELECT_VALUE, (key,)).fetchall()
+            return load(key, rows[0]) if rows else None
         except CorruptRecord:
             self._suspect.add(key)
             raise
@@ -453,21 +466,22 @@ class Store:
             raise self._failure("read", exc) from exc
 
     def _read(self, key: str) -> bytes | None:
-        """The stored bytes of ``key`` (unverified), None if absent.
-
-        One SELECT on diskcache's own table, as ``Cache.get`` does without its
-        per-call Python layers (no expiry, no statistics, no eviction here).
-        A value file is read by :class:`SafeDisk` (which refuses anything but
-        bytes, and files outside the store); one that vanished reads as absent,
-        as in ``Cache.get``.
-        """
+        """The stored bytes of ``key``, unchecked and unverified (None if absent)."""
         assert self._cache is not None
         rows = self._cache._sql(_SELECT_VALUE, (key,)).fetchall()
-        if not rows:
-            return None
-        ((mode, filename, value),) = rows
+        return self._raw(rows[0]) if rows else None
+
+    def _raw(self, row: tuple[int, str | None, Any]) -> Any:
+        """A row's stored value.
+
+        A value file is read by :class:`SafeDisk` (which refuses anything but
+        bytes, and files outside the store); one that vanished reads as
+        absent, as in ``Cache.get``.
+        """
+        mode, filename, value = row
         if filename is None and mode == diskcache.core.MODE_RAW:
             return value  # not bytes (a planted number or text): _decode refuses it
+        assert self._cache is not None
         try:
             return self._cache._disk.fetch(mode, filename, value, False)
         except FileNotFoundError:
@@ -483,9 +497,7 @@ class Store:
         each entry once used.
         """
         try:
-            if self._replaced:
-                self.reopen()
-            self._ensure_same("read")
+            self.check_same()
             assert self._cache is not None
             rows = self._cache._sql(
                 _SELECT_PREFIX, (LOAD_ROW_MAX, prefix, _upper(prefix))
@@ -517,18 +529,6 @@ class Store:
     def put(self, key: str, header: dict[str, Any], body: bytes = b"") -> int:
         """Write one record atomically; return its size in bytes."""
         value = self._encode(key, header, body)
-        if len(value) < _INLINE_MAX and not self._replaced and not faults.armed("store-write"):
-            # The hot path of recording (a sub-step's result): one INSERT, no layers.
-            try:
-                self._ensure_same("recorded for this write")
-                assert self._cache is not None
-                if self._insert_new(self._cache, key, value):
-                    self._suspect.discard(key)
-                    return len(value)
-            except StoreError:
-                raise
-            except (OSError, sqlite3.Error) as exc:
-                raise self._failure("write", exc) from exc
         self._write({key: value})
         return len(value)
 
@@ -552,6 +552,7 @@ class Store:
             db = self._db
             self._ensure_same("recorded for this write")
             if len(values) == 1 and not deletes and not faults.armed("store-write"):
+                # The hot path of recording (a sub-step's result): one INSERT if new and small.
                 ((k, v),) = values.items()
                 if len(v) >= _INLINE_MAX or not self._insert_new(db, k, v):
                     db.set(k, v, retry=True)
@@ -745,20 +746,7 @@ class Store:
         Raises :class:`CorruptRecord` if it is there but does not match its SHA-256.
         """
         key = "b/" + sha
-        try:
-            if self._replaced:
-                self.reopen()
-            self._ensure_same("read")
-            assert self._cache is not None
-            rows = self._cache._sql(_SELECT_VALUE, (key,)).fetchall()
-            blob = self._load_blob(sha, key, rows[0]) if rows else None
-        except CorruptRecord:
-            self._suspect.add(key)
-            raise
-        except StoreError:
-            raise
-        except (OSError, sqlite3.Error) as exc:
-            raise self._failure("read", exc) from exc
+        blob = self._fetch(key, lambda key, row: self._load_blob(sha, key, row))
         if blob is None:
             # Its row may still be there with its value file gone: rewrite it on put_blob.
             self._suspect.add(key)

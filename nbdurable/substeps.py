@@ -149,15 +149,13 @@ def _run(
         return _ready(value) if is_async else value
     if ctx is None:
         session.claim(verify=False)  # inside a step, the step already holds the lease
-    if is_async:
-        return _call_async(session, store_key, scope, sub_id, where, fn, args, kwargs, args_fp)
     token = _current_sub.set(sub_id)
     started, t0 = time.time(), time.perf_counter()
     try:
         result = fn(*args, **kwargs)
     finally:
         _current_sub.reset(token)
-    if inspect.isawaitable(result):
+    if inspect.isawaitable(result):  # a coroutine function's call: it runs when awaited
         return _finish_async(
             session, store_key, scope, sub_id, where, fn, result, args_fp, started, t0
         )
@@ -290,30 +288,6 @@ async def _ready(value: Any) -> Any:
     return value
 
 
-async def _call_async(
-    session: Session,
-    store_key: str,
-    scope: str,
-    sub_id: str,
-    where: str,
-    fn: Callable[..., Any],
-    args: tuple,
-    kwargs: dict,
-    args_fp: str,
-) -> Any:
-    token = _current_sub.set(sub_id)
-    started, t0 = time.time(), time.perf_counter()
-    try:
-        result = await fn(*args, **kwargs)
-        _save(session, store_key, scope, sub_id, where, fn, result, args_fp, started, t0)
-    except BaseException:
-        _forget(session.current, sub_id)
-        raise
-    finally:
-        _current_sub.reset(token)
-    return result
-
-
 async def _finish_async(
     session: Session,
     store_key: str,
@@ -326,10 +300,13 @@ async def _finish_async(
     started: float,
     t0: float,
 ) -> Any:
+    token = _current_sub.set(sub_id)  # the body runs now: idempotency_key() sees its id
     try:
         result = await awaitable
         _save(session, store_key, scope, sub_id, where, fn, result, args_fp, started, t0)
     except BaseException:
         _forget(session.current, sub_id)
         raise
+    finally:
+        _current_sub.reset(token)
     return result
