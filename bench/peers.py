@@ -359,11 +359,14 @@ class Dbos(Peer):
         return bench_step, bench_workflow
 
     def _destroy(self) -> None:
+        # close() runs for every peer, installed or not: import dbos only when
+        # it was launched, so a missing dbos stays a one-line "not installed".
+        if not self._live:
+            return
         from dbos import DBOS
 
-        if self._live:
-            DBOS.destroy(destroy_registry=False)
-            self._live = False
+        DBOS.destroy(destroy_registry=False)
+        self._live = False
 
     def record(self, d: Path, n: int, deadline: float | None = None) -> Phase:
         from dbos import SetWorkflowID

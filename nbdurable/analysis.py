@@ -6,6 +6,8 @@ See :mod:`nbdurable.keys` for how the results feed the key recipe.
 from __future__ import annotations
 
 import ast
+import io
+import tokenize
 import warnings
 from dataclasses import dataclass, field
 from typing import Any
@@ -502,3 +504,28 @@ def _identifiers(source: str) -> set[str]:
     except (tokenize.TokenError, SyntaxError):
         pass  # what was read so far still counts
     return out
+
+
+def ends_with_semicolon(source: str) -> bool:
+    r"""Whether the last token of `source`, ignoring comments and newlines, is ``;``.
+
+    A trailing ``;`` hides a cell's result. IPython decides this in
+    ``DisplayHook.semicolon_at_end_of_expression``, which only exists from
+    IPython 8.8 on, so the same token rule is kept here for the whole
+    supported range.
+
+    >>> ends_with_semicolon("x = 1\nx;  # hidden")
+    True
+    >>> ends_with_semicolon("'a;'")
+    False
+    """
+    try:
+        tokens = list(tokenize.generate_tokens(io.StringIO(source).readline))
+    except (tokenize.TokenError, SyntaxError):
+        return False
+    skip = {tokenize.ENDMARKER, tokenize.NL, tokenize.NEWLINE, tokenize.COMMENT}
+    for token in reversed(tokens):
+        if token.type in skip:
+            continue
+        return token.type == tokenize.OP and token.string == ";"
+    return False

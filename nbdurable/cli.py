@@ -588,6 +588,11 @@ def main(argv: list[str] | None = None) -> int:
     from .errors import NbdurableError
     from .keys import one_line
 
+    # jupyter_client imports ipykernel to find the native kernel, and with older
+    # ipykernel releases that imports debugpy, which prints a four-line "frozen
+    # modules" warning on Python 3.11+ unless told not to validate (its own
+    # documented switch). Kernels started from here inherit the setting.
+    os.environ.setdefault("PYDEVD_DISABLE_FILE_VALIDATION", "1")
     try:
         return int(args.func(args))
     except NbdurableError as exc:

@@ -23,9 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from IPython.core.displayhook import DisplayHook
-
-from . import config, events, faults, keys, lease, locate, recording, redact, values
+from . import analysis, config, events, faults, keys, lease, locate, recording, redact, values
 from .capture import Capture, replay, show_last_expr, underlying
 from .errors import CorruptRecord, LeaseHeld, NbdurableError, StoreError, UsageProblem
 from .records import StepRecord, StepState
@@ -712,7 +710,7 @@ def _run_body(shell: Any, py: str, has_await: bool) -> None:
         value = _exec(compile(last, filename, "eval", flags), glb, loc, has_await, evaluate=True)
         # The displayhook's own ';' check reads the outer cell's history entry
         # (the magic call), so the trailing-semicolon rule is applied here.
-        if not DisplayHook.semicolon_at_end_of_expression(py):
+        if not analysis.ends_with_semicolon(py):
             show_last_expr(shell, value)
 
 

@@ -456,6 +456,10 @@ class _Run:
         self.kernel_env = {**os.environ, **env, "NBDURABLE_NOTEBOOK": str(notebook)}
         # Who holds the run's lease, as a second runner is told (see nbdurable.lease).
         self.kernel_env.setdefault("NBDURABLE_HOLDER", f"nbdurable run (pid {os.getpid()})")
+        # Older ipykernel kernelspecs start Python 3.11+ without
+        # -Xfrozen_modules=off, and debugpy then prints a multi-line warning on
+        # the kernel's stderr, which is shown when a kernel dies.
+        self.kernel_env.setdefault("PYDEVD_DISABLE_FILE_VALIDATION", "1")
         if run_name:
             self.kernel_env["NBDURABLE_RUN"] = run_name
         if store is not None:

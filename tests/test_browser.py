@@ -14,6 +14,7 @@ when it is missing. Never ``playwright install``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -104,14 +105,19 @@ def _write_settings(settings: Path, theme: str = "JupyterLab Light") -> None:
     )
 
 
-@pytest.fixture
-def lab(tmp_path):
-    """A JupyterLab server on 127.0.0.1 whose kernels record to root/.nbdurable in tmp_path."""
+def _require_chromium() -> None:
+    """Fail the test (not its setup) with one line saying what to install."""
     if not Path(CHROMIUM).exists():
         pytest.fail(
             f"chromium not found at {CHROMIUM}: the browser test needs Debian's chromium "
-            "(`apt-get install chromium`, as .ci/run does) or NBDURABLE_CHROMIUM=/path"
+            "(`apt-get install chromium`, as .ci/run does) or NBDURABLE_CHROMIUM=/path",
+            pytrace=False,
         )
+
+
+@contextlib.contextmanager
+def jupyterlab(tmp_path):
+    """A JupyterLab server on 127.0.0.1 whose kernels record to root/.nbdurable in tmp_path."""
     root = tmp_path / "root"
     store = root / ".nbdurable"  # where it would be by default: beside the notebook
     root.mkdir()
@@ -183,7 +189,13 @@ def _infos(store_dir: Path, notebook: Path) -> dict[str, ops.StepInfo]:
         return {i.label: i for i in ops.step_infos(store, RUN_ID, notebook)}
 
 
-def test_panel_in_jupyterlab(lab):
+def test_panel_in_jupyterlab(tmp_path):
+    _require_chromium()
+    with jupyterlab(tmp_path) as lab:
+        _check_panel(lab)
+
+
+def _check_panel(lab):
     from playwright.sync_api import expect, sync_playwright
 
     url, root, store, tmp_path = lab

@@ -274,10 +274,17 @@ def test_thousands_of_substeps_are_batched(session, monkeypatch):
     n = 3000
 
     def middle():
-        row = p.rows.get("name:big")
-        mid.append(row.html.value if row else "")
-        if row is not None:
-            row.html.observe(lambda ch: changes.append(ch["new"]), "value")
+        # Halfway through the loop, wait (with a deadline) for the panel's timer
+        # to show the row live; sampling at a fixed iteration raced the first
+        # flush on a fast machine.
+        def live():
+            row = p.rows.get("name:big")
+            return row is not None and "running" in row.html.value
+
+        wait_for(live, timeout=30, msg=lambda: repr(p.rows.get("name:big")))
+        row = p.rows["name:big"]
+        mid.append(row.html.value)
+        row.html.observe(lambda ch: changes.append(ch["new"]), "value")
 
     session.user_ns["middle"] = middle
     t0 = time.monotonic()
