@@ -12,15 +12,19 @@ the kernel's ``PYTHONPATH``), so the package need not be installed.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import sys
-from collections.abc import Iterable, Mapping
+import tempfile
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import nbformat
 from nbclient import NotebookClient
 from nbformat import NotebookNode
+from traitlets.config import Config
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -62,6 +66,24 @@ def _same_file(a: str, b: str) -> bool:
         return False
 
 
+@contextlib.contextmanager
+def private_sockets() -> Iterator[dict[str, str]]:
+    """KernelManager settings that put a kernel's sockets in a fresh private directory.
+
+    Over TCP, jupyter_client picks free ports and the kernel binds them a moment
+    later; with several kernels starting at once (the suite, or anything else on
+    the machine), another process can take a port in between and the kernel dies
+    with "Address already in use". IPC sockets are files in a directory no one
+    else uses, so nothing can race for them. The directory is short-lived and
+    short-named: a Unix socket path must stay under about 100 bytes.
+    """
+    directory = tempfile.mkdtemp(prefix="nbk-")
+    try:
+        yield {"transport": "ipc", "ip": os.path.join(directory, "k")}
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
 def make_notebook(cells: Iterable[str], nbformat_minor: int = 5) -> NotebookNode:
     """A v4 notebook whose code cells hold `cells`, in order."""
     nb = nbformat.v4.new_notebook()
@@ -98,14 +120,16 @@ def run_notebook(
     kernel_env["PYTHONPATH"] = os.pathsep.join(
         p for p in (str(REPO_ROOT), kernel_env.get("PYTHONPATH", "")) if p
     )
-    client = NotebookClient(
-        nb,
-        timeout=timeout,
-        kernel_name=kernel_name(),
-        allow_errors=allow_errors,
-        resources={"metadata": {"path": str(cwd)}},
-    )
-    return client.execute(env=kernel_env)
+    with private_sockets() as sockets:
+        client = NotebookClient(
+            nb,
+            timeout=timeout,
+            kernel_name=kernel_name(),
+            allow_errors=allow_errors,
+            resources={"metadata": {"path": str(cwd)}},
+            config=Config({"KernelManager": sockets}),
+        )
+        return client.execute(env=kernel_env)
 
 
 def normalize_outputs(

@@ -14,8 +14,8 @@ import threading
 import time
 
 import pytest
-from jupyter_client.manager import start_new_kernel
-from kernel_util import REPO_ROOT, kernel_name, make_notebook, run_notebook
+from jupyter_client.manager import KernelManager
+from kernel_util import REPO_ROOT, kernel_name, make_notebook, private_sockets, run_notebook
 from nbclient.exceptions import CellExecutionError
 
 from nbdurable import lease
@@ -54,7 +54,12 @@ class Kernel:
         full["PYTHONPATH"] = os.pathsep.join(
             p for p in (str(REPO_ROOT), full.get("PYTHONPATH", "")) if p
         )
-        self.km, self.kc = start_new_kernel(kernel_name=kernel_name(), env=full, cwd=str(tmp_path))
+        self._sockets = private_sockets()
+        self.km = KernelManager(kernel_name=kernel_name(), **self._sockets.__enter__())
+        self.km.start_kernel(env=full, cwd=str(tmp_path))
+        self.kc = self.km.client()
+        self.kc.start_channels()
+        self.kc.wait_for_ready(timeout=60)
 
     def run(self, code: str, timeout: float = 60) -> dict:
         out: list[str] = []
@@ -79,6 +84,7 @@ class Kernel:
     def close(self):
         self.kc.stop_channels()
         self.km.shutdown_kernel(now=True)
+        self._sockets.__exit__(None, None, None)
 
 
 def _ticks(tmp_path) -> list[tuple[int, int]]:
