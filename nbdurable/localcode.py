@@ -1,0 +1,126 @@
+"""Which code is the user's: local files, local modules, and the names code reads.
+
+A fingerprint follows what a function reads only into the user's own code:
+the notebook and **local modules**, i.e. modules whose file lies outside the
+standard library and every ``site-packages``/``dist-packages`` directory (a
+``helpers.py`` next to the notebook, a package installed in editable mode).
+Library code is identified by name: following a library function's globals
+would walk half of numpy, and a library changes only when it is upgraded.
+nbdurable's own modules count as library code.
+
+A local module is identified by the SHA-256 of its source file, read again
+whenever its size or modification time changes. What a function reads is
+taken from its code object: every name in ``co_names`` of the code and of the
+code nested in it (inner functions, lambdas, comprehensions). ``co_names``
+also holds attribute names (``x.append`` lists ``append``), so a global that
+shares its name with an attribute counts as read: a harmless over-approximation.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import site
+import sys
+import sysconfig
+import types
+from typing import Any
+
+_PACKAGE_DIRS = frozenset({"site-packages", "dist-packages"})
+
+
+def _library_roots() -> tuple[str, ...]:
+    paths = sysconfig.get_paths()
+    roots = {paths.get(k) for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+    try:
+        roots.update(site.getsitepackages())
+        roots.add(site.getusersitepackages())
+    except AttributeError:  # site's functions are missing in some embedded interpreters
+        pass
+    here = os.path.dirname(os.path.abspath(__file__))  # nbdurable itself, even when editable
+    found = {os.path.realpath(r) for r in roots if r} | {os.path.realpath(here)}
+    return tuple(r.rstrip(os.sep) + os.sep for r in sorted(found))
+
+
+_ROOTS = _library_roots()
+
+
+@functools.cache
+def is_library_file(filename: str) -> bool:
+    """True for a file of the standard library, an installed package, or nbdurable.
+
+    Pseudo file names: ``<frozen ...>`` (frozen standard modules) is library
+    code; any other (``<string>``, ``<stdin>``, a cell's ``<ipython-input-...>``)
+    is the user's.
+    """
+    if filename.startswith("<"):
+        return filename.startswith("<frozen")
+    path = os.path.realpath(filename)
+    if _PACKAGE_DIRS.intersection(path.split(os.sep)):
+        return True
+    return path.startswith(_ROOTS)
+
+
+def module_file(module: types.ModuleType) -> str | None:
+    """The file of a local module; None for library, built-in and ``__main__`` modules.
+
+    Reads the module's ``__dict__`` directly: a module ``__getattr__`` (PEP 562)
+    is never called.
+    """
+    try:
+        namespace = vars(module)
+    except TypeError:
+        return None
+    name = namespace.get("__name__")
+    file = namespace.get("__file__")
+    if not isinstance(name, str) or name == "__main__" or not isinstance(file, str):
+        return None
+    return None if is_library_file(file) else file
+
+
+def is_local_module_name(name: Any) -> bool:
+    """True if ``name`` is ``__main__`` (the notebook) or a loaded local module."""
+    if name == "__main__":
+        return True
+    module = sys.modules.get(name) if isinstance(name, str) else None
+    return module is not None and module_file(module) is not None
+
+
+def is_local_function(fn: types.FunctionType) -> bool:
+    """True if the function's code comes from the notebook or a local module."""
+    return not is_library_file(fn.__code__.co_filename)
+
+
+_FILE_DIGESTS: dict[str, tuple[int, int, str]] = {}
+
+
+def file_digest(path: str) -> str:
+    """SHA-256 (hex) of a file's bytes, cached while its size and mtime stay the same.
+
+    A file that cannot be read gives ``"unreadable: <error class>"``, so
+    deleting a module's file is a change, never an exception.
+    """
+    try:
+        st = os.stat(path)
+        cached = _FILE_DIGESTS.get(path)
+        if cached is not None and cached[:2] == (st.st_mtime_ns, st.st_size):
+            return cached[2]
+        with open(path, "rb") as fh:
+            digest = hashlib.file_digest(fh, "sha256").hexdigest()
+    except OSError as exc:
+        return f"unreadable: {type(exc).__name__}"
+    _FILE_DIGESTS[path] = (st.st_mtime_ns, st.st_size, digest)
+    return digest
+
+
+@functools.lru_cache(maxsize=4096)
+def names_read(code: types.CodeType) -> tuple[str, ...]:
+    """Sorted ``co_names`` of ``code`` and of every code object nested in it."""
+    names: set[str] = set()
+    todo = [code]
+    while todo:
+        c = todo.pop()
+        names.update(c.co_names)
+        todo.extend(k for k in c.co_consts if isinstance(k, types.CodeType))
+    return tuple(sorted(names))
