@@ -23,7 +23,8 @@
 **Source fingerprint** (:func:`source_fingerprint`): SHA-256 of
 :func:`normalize_source` of the cell's Python (after IPython's transforms),
 i.e. of its AST, so comments, blank lines and formatting never invalidate a
-step, while any code edit does.
+step, while any code edit does. A trailing ``;`` after a final expression is
+kept (it decides whether IPython displays the result).
 
 **Input fingerprints**: for each name of :attr:`CellAnalysis.reads` (may be
 read before the cell binds it, see :func:`analyse`) that exists in the
@@ -41,7 +42,9 @@ from __future__ import annotations
 
 import ast
 import hashlib
+import io
 import re
+import tokenize
 
 from .analysis import CellAnalysis, _parse, analyse
 from .errors import UsageProblem
@@ -72,13 +75,34 @@ def normalize_source(source: str) -> str:
     changes when the grammar does, so a Python upgrade invalidates fewer steps.
     Code that does not parse (or is too deeply nested to unparse) falls back
     to its lines without comment-only lines, blank lines or trailing spaces.
-    Never raises.
+    A final expression statement followed by ``;`` keeps it (``ast.unparse``
+    drops it): IPython does not display that result, so adding or removing it
+    changes what the cell shows. Never raises.
     """
     try:
-        return ast.unparse(_parse(source))
+        tree = _parse(source)
+        text = ast.unparse(tree)
+        if tree.body and isinstance(tree.body[-1], ast.Expr) and _quiet(source):
+            text += ";"
+        return text
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         lines = (line.rstrip() for line in source.splitlines())
         return "\n".join(s for s in lines if s and not s.lstrip().startswith("#"))
+
+
+def _quiet(source: str) -> bool:
+    """True if the last token is ``;``, the test IPython's display hook applies."""
+    if ";" not in source:
+        return False
+    try:
+        tokens = list(tokenize.generate_tokens(io.StringIO(source).readline))
+    except (tokenize.TokenError, SyntaxError):
+        return False
+    skip = (tokenize.ENDMARKER, tokenize.NL, tokenize.NEWLINE, tokenize.COMMENT)
+    for token in reversed(tokens):
+        if token.type not in skip:
+            return token.type == tokenize.OP and token.string == ";"
+    return False
 
 
 def source_fingerprint(source: str) -> str:

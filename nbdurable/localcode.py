@@ -24,6 +24,7 @@ import os
 import site
 import sys
 import sysconfig
+import time
 import types
 from typing import Any
 
@@ -92,25 +93,31 @@ def is_local_function(fn: types.FunctionType) -> bool:
     return not is_library_file(fn.__code__.co_filename)
 
 
-_FILE_DIGESTS: dict[str, tuple[int, int, str]] = {}
+_FILE_DIGESTS: dict[str, tuple[tuple[int, int, int], str]] = {}
+_RACY_NS = 2_000_000_000
 
 
 def file_digest(path: str) -> str:
-    """SHA-256 (hex) of a file's bytes, cached while its size and mtime stay the same.
+    """SHA-256 (hex) of a file's bytes, cached while its inode, size and mtime stay.
 
-    A file that cannot be read gives ``"unreadable: <error class>"``, so
-    deleting a module's file is a change, never an exception.
+    Only files already older than two seconds when hashed are cached: file
+    times tick coarsely (a few ms), so an edit right after hashing could keep
+    the same mtime and size (git calls this the racy-clean problem). A file
+    that cannot be read gives ``"unreadable: <error class>"``, so deleting a
+    module's file is a change, never an exception.
     """
     try:
         st = os.stat(path)
+        stamp = (st.st_ino, st.st_mtime_ns, st.st_size)
         cached = _FILE_DIGESTS.get(path)
-        if cached is not None and cached[:2] == (st.st_mtime_ns, st.st_size):
-            return cached[2]
+        if cached is not None and cached[0] == stamp:
+            return cached[1]
         with open(path, "rb") as fh:
             digest = hashlib.file_digest(fh, "sha256").hexdigest()
     except OSError as exc:
         return f"unreadable: {type(exc).__name__}"
-    _FILE_DIGESTS[path] = (st.st_mtime_ns, st.st_size, digest)
+    if time.time_ns() - st.st_mtime_ns > _RACY_NS:
+        _FILE_DIGESTS[path] = (stamp, digest)
     return digest
 
 
