@@ -115,7 +115,8 @@ class _Hasher:
     within one walk, so a helper read by many functions is hashed once.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, read_globals: bool = True) -> None:
+        self.read_globals = read_globals
         self.sinks = [_Sink()]
         self.path: dict[int, int] = {}
         self.stack: list[Any] = []
@@ -272,20 +273,21 @@ def _memoryview(h: _Hasher, v: memoryview) -> None:
 
 def _function(h: _Hasher, v: types.FunctionType) -> None:
     if _memo_begin(h, v, b"function"):
-        parts = function_parts(v)
+        parts = function_parts(v, h.read_globals)
         h.put(b"function", *(label for label, _ in parts))
         h.push(*(value for _, value in parts))
 
 
-def function_parts(fn: types.FunctionType) -> list[tuple[str, Any]]:
+def function_parts(fn: types.FunctionType, read_globals: bool = True) -> list[tuple[str, Any]]:
     """What identifies a function, as ``(label, value)`` pairs in a fixed order.
 
     ``code`` (see :func:`_code`), ``defaults``, ``kwdefaults``, one ``closure
     NAME`` per free variable (an empty cell is :data:`_MISSING`),
-    ``wrapped`` if :func:`functools.wraps` set ``__wrapped__``, and for a
-    function of the notebook or a local module one ``global NAME`` for each
-    name its code reads that its globals hold (a local module is read through
-    :class:`_ModuleReads`: its source plus the names read from it).
+    ``wrapped`` if :func:`functools.wraps` set ``__wrapped__``, and (if
+    ``read_globals``) for a function of the notebook or a local module one
+    ``global NAME`` for each name its code reads that its globals hold, in
+    name order (a local module is read through :class:`_ModuleReads`: its
+    source plus the names read from it).
     """
     parts: list[tuple[str, Any]] = [
         ("code", fn.__code__),
@@ -300,7 +302,7 @@ def function_parts(fn: types.FunctionType) -> list[tuple[str, Any]]:
     wrapped = _instance_dict(fn).get("__wrapped__", _MISSING)
     if wrapped is not _MISSING:
         parts.append(("wrapped", wrapped))
-    if localcode.is_local_function(fn):
+    if read_globals and localcode.is_local_function(fn):
         names = localcode.names_read(fn.__code__)
         namespace = fn.__globals__
         for name in names:
@@ -718,7 +720,7 @@ _EXACT: dict[type, Any] = {
 }
 
 
-def fingerprint(value: object) -> str:
+def fingerprint(value: object, *, read_globals: bool = True) -> str:
     """A content hash (32 hex digits of SHA-256), the same in every process.
 
     It never depends on ``hash()`` (randomized per process by
@@ -765,8 +767,11 @@ def fingerprint(value: object) -> str:
     A container reachable from itself hashes a back-reference where it
     recurs, so cycles (mutually recursive functions too) end. The walk uses
     no recursion, so very deep nesting is fine.
+
+    ``read_globals=False`` leaves out the globals functions read: the code
+    alone, e.g. to tell whether a live class is the one a value was saved with.
     """
-    return _Hasher().run(value)
+    return _Hasher(read_globals).run(value)
 
 
 class FingerprintInfo(NamedTuple):

@@ -7,6 +7,7 @@ modules), and determinism across processes with different PYTHONHASHSEED.
 
 from __future__ import annotations
 
+import abc
 import array
 import collections
 import dataclasses
@@ -61,6 +62,19 @@ class Slotted:
         self.a, self.b = a, b
 
 
+class Shape(abc.ABC):
+    @abc.abstractmethod
+    def area(self): ...
+
+
+class Square(Shape):
+    def __init__(self, side):
+        self.side = side
+
+    def area(self):
+        return self.side**2
+
+
 class Color(enum.Enum):
     RED = 1
     BLUE = 2
@@ -90,6 +104,9 @@ def test_instances_of_notebook_classes_by_state():
     assert fingerprint(Slotted(1, 2)) == fingerprint(Slotted(1, 2))
     assert fingerprint(Slotted(1, 2)) != fingerprint(Slotted(1, 3))
     assert fingerprint_info(box).type_only == ()
+    # An ABC's registration cache is not content.
+    assert fingerprint_info(Square(2)).type_only == ()
+    assert fingerprint(Square(2)) != fingerprint(Square(3))
 
 
 def test_instances_follow_an_edit_of_their_class():
@@ -395,6 +412,14 @@ def test_callable_fingerprint_sees_every_edit(edit, label):
     assert changed.digest != base.digest
     assert first_change(base.parts, changed.parts) == label
     assert fingerprint(_ask()["ask"]) != fingerprint(_ask(**edit)["ask"])
+
+
+def test_code_only_fingerprints_leave_globals_out():
+    small, large = _ask()["ask"], _ask(model="large")["ask"]
+    assert fingerprint(small, read_globals=False) == fingerprint(large, read_globals=False)
+    assert fingerprint(small, read_globals=False) != fingerprint(
+        _ask(prompt="Other")["ask"], read_globals=False
+    )
 
 
 def test_callable_fingerprint_ignores_globals_it_does_not_read():
