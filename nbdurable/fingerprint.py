@@ -303,9 +303,9 @@ def function_parts(fn: types.FunctionType, read_globals: bool = True) -> list[tu
     if wrapped is not _MISSING:
         parts.append(("wrapped", wrapped))
     if read_globals and localcode.is_local_function(fn):
-        names = localcode.names_read(fn.__code__)
+        globals_, names = localcode.names_read(fn.__code__)
         namespace = fn.__globals__
-        for name in names:
+        for name in globals_:
             if name in namespace:
                 parts.append((f"global {name}", _reads(namespace[name], names)))
     return parts

@@ -10,14 +10,15 @@ nbdurable's own modules count as library code.
 
 A local module is identified by the SHA-256 of its source file, read again
 whenever its size or modification time changes. What a function reads is
-taken from its code object: every name in ``co_names`` of the code and of the
-code nested in it (inner functions, lambdas, comprehensions). ``co_names``
-also holds attribute names (``x.append`` lists ``append``), so a global that
-shares its name with an attribute counts as read: a harmless over-approximation.
+taken from its bytecode and that of the code nested in it (inner functions,
+lambdas, comprehensions): the names it loads as globals, and from a local
+module every name the code mentions (``co_names``, attribute names included:
+``helpers.SCALE`` lists ``helpers`` and ``SCALE``), a small over-approximation.
 """
 
 from __future__ import annotations
 
+import dis
 import functools
 import hashlib
 import os
@@ -121,13 +122,24 @@ def file_digest(path: str) -> str:
     return digest
 
 
+_GLOBAL_LOADS = frozenset({"LOAD_GLOBAL", "LOAD_NAME", "LOAD_FROM_DICT_OR_GLOBALS"})
+
+
 @functools.lru_cache(maxsize=4096)
-def names_read(code: types.CodeType) -> tuple[str, ...]:
-    """Sorted ``co_names`` of ``code`` and of every code object nested in it."""
+def names_read(code: types.CodeType) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """``(globals, names)`` read by ``code`` and every code object nested in it.
+
+    ``globals``: the names its bytecode loads as globals (``LOAD_GLOBAL``,
+    and ``LOAD_NAME`` in class bodies), so ``self.model`` does not make a
+    global ``model`` an input. ``names``: all of ``co_names``, attribute
+    names included: what may be read from a module (``helpers.SCALE``). Both sorted.
+    """
+    globals_: set[str] = set()
     names: set[str] = set()
     todo = [code]
     while todo:
         c = todo.pop()
         names.update(c.co_names)
+        globals_.update(i.argval for i in dis.get_instructions(c) if i.opname in _GLOBAL_LOADS)
         todo.extend(k for k in c.co_consts if isinstance(k, types.CodeType))
-    return tuple(sorted(names))
+    return tuple(sorted(globals_)), tuple(sorted(names))

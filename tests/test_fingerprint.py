@@ -414,6 +414,14 @@ def test_callable_fingerprint_sees_every_edit(edit, label):
     assert fingerprint(_ask()["ask"]) != fingerprint(_ask(**edit)["ask"])
 
 
+def test_attribute_names_are_not_global_reads():
+    src = "def f(obj):\n    return obj.model.shape"
+    one = _define(src, {"__name__": "__main__", "model": 1, "shape": 1})["f"]
+    two = _define(src, {"__name__": "__main__", "model": 2, "shape": 2})["f"]
+    assert callable_fingerprint(one) == callable_fingerprint(two)
+    assert not any(label.startswith("global") for label in callable_fingerprint(one).parts)
+
+
 def test_code_only_fingerprints_leave_globals_out():
     small, large = _ask()["ask"], _ask(model="large")["ask"]
     assert fingerprint(small, read_globals=False) == fingerprint(large, read_globals=False)
@@ -604,6 +612,7 @@ frame = pd.DataFrame({
     "dicts": [{"a": 1}, {"b": {"c", "d"}}, {}],
     "n": [1.5, 2.5, 3.5],
     "tags": pd.Categorical(["u", "v", "u"]),
+    "mixed": [{1, "a", ("t", 2)}, {2.5, "b"}, set()],
 })
 values = {
     "sets": {w: set(words) for w in words},
