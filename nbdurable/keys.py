@@ -28,10 +28,18 @@ kept (it decides whether IPython displays the result).
 
 **Input fingerprints**: for each name of :attr:`CellAnalysis.reads` (may be
 read before the cell binds it, see :func:`analyse`) that exists in the
-namespace, :func:`fingerprint` of its value: data by content, functions by
-code and closure, modules and library classes by name, notebook classes by
-their members too, other objects by type only. A step re-executes when its
-source fingerprint or any input fingerprint changed.
+namespace, :func:`fingerprint` of its value: data by content (dicts in key
+order, sets in any order), objects by their pickle state, functions by code,
+closure and the globals they read, library modules and classes by name, local
+modules (outside site-packages and the standard library) by source, notebook
+classes by their members too; what cannot be pickled (sockets, locks, clients)
+by type only, which :func:`fingerprint_info` reports. A step re-executes when
+its source fingerprint or any input fingerprint changed.
+
+**Callee fingerprints** (:func:`callable_fingerprint`): what a sub-step calls,
+by code, defaults, closure values, ``__wrapped__``, bound instance and the
+globals it reads, transitively through notebook functions and local modules;
+a recorded call replays only if its callee's fingerprint is unchanged.
 
 **Idempotency keys**: ``"nbd-"`` + the first 32 hex digits of the SHA-256 of
 ``run id, step key, sub id, name`` (UTF-8, joined by NUL), stable across
@@ -47,14 +55,17 @@ import re
 import tokenize
 
 from .analysis import CellAnalysis, _parse, analyse
+from .callables import callable_fingerprint
 from .errors import UsageProblem
-from .fingerprint import args_fingerprint, fingerprint
+from .fingerprint import args_fingerprint, fingerprint, fingerprint_info
 
 __all__ = [
     "CellAnalysis",
     "analyse",
     "args_fingerprint",
+    "callable_fingerprint",
     "fingerprint",
+    "fingerprint_info",
     "normalize_source",
     "source_fingerprint",
     "step_key",

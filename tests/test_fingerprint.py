@@ -34,13 +34,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import nbdurable
+from nbdurable.callables import callable_fingerprint, first_change
 from nbdurable.fingerprint import (
     FINGERPRINT_VERSION,
     args_fingerprint,
-    callable_fingerprint,
     fingerprint,
     fingerprint_info,
-    first_change,
 )
 from nbdurable.keys import normalize_source, source_fingerprint
 
@@ -602,7 +601,8 @@ def test_modules_as_values(local_module):
 _PROBE = r"""
 import json, sys, collections, functools, re, zoneinfo, operator, array
 import numpy as np, pandas as pd
-from nbdurable.fingerprint import fingerprint, callable_fingerprint
+from nbdurable.fingerprint import fingerprint
+from nbdurable.callables import callable_fingerprint
 SRC = sys.argv[1]
 ns = {"__name__": "__main__", "scale": 2}
 exec(compile(SRC, sys.argv[2], "exec"), ns)
