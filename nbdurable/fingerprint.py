@@ -121,7 +121,7 @@ class _Hasher:
         self.path: dict[int, int] = {}
         self.stack: list[Any] = []
         self.type_only: list[str] = []
-        self.functions: dict[int, tuple[object, bytes]] = {}
+        self.memo: dict[int, tuple[object, bytes]] = {}
         self.reduced_depth = 0
 
     def run(self, value: object) -> str:
@@ -361,7 +361,7 @@ def _memo_begin(h: _Hasher, v: object, tag: bytes) -> bool:
     occurrences write its digest. A helper read by every function of a
     notebook is then walked once, not once per reader.
     """
-    seen = h.functions.get(id(v))
+    seen = h.memo.get(id(v))
     if seen is not None:
         h.put(tag + b"-seen", seen[1])
         return False
@@ -375,7 +375,7 @@ def _memo_begin(h: _Hasher, v: object, tag: bytes) -> bool:
 def _memo_end(h: _Hasher, arg: tuple[object, bytes]) -> None:
     v, tag = arg
     digest = h.sinks.pop().digest()
-    h.functions[id(v)] = (v, digest)  # holds v: its id is not reused during the walk
+    h.memo[id(v)] = (v, digest)  # holds v: its id is not reused during the walk
     h.put(tag + b"-digest", digest)
 
 
@@ -501,7 +501,7 @@ def _pandas(h: _Hasher, v: Any) -> None:
         h.raw(buffer.raw())
 
 
-def _custom(h: _Hasher, v: Any, hook: Any) -> None:
+def _custom(h: _Hasher, v: Any, hook: Any = None) -> None:
     result = hook(v)
     if isinstance(result, str):
         result = result.encode("utf-8", "surrogatepass")
@@ -538,7 +538,7 @@ def _type_only(h: _Hasher, v: object) -> None:
 _REDUCE_DEPTH = 1_000  # nested reduced objects; past this, a reduce that makes new objects
 
 
-def _reduced(h: _Hasher, v: Any) -> None:
+def _reduced(h: _Hasher, v: Any, local: bool = False) -> None:
     """An object by what pickle would save of it: ``__reduce_ex__(4)``.
 
     That is its documented state: ``__getstate__`` (by default ``__dict__``
@@ -577,7 +577,7 @@ def _reduced(h: _Hasher, v: Any) -> None:
     if not h.enter(v):
         return
     h.reduced_depth += 1
-    if localcode.is_local_module_name(getattr(t, "__module__", None)):
+    if local:  # of a notebook or local-module class
         h.stack.append(_Op(_end_reduced, None))
     else:
         h.sinks.append(_Sink())
@@ -600,49 +600,88 @@ def _end_reduced(h: _Hasher, library: tuple[object, int] | None) -> None:
 
 
 def _other(h: _Hasher, v: Any) -> None:
-    """Everything whose exact type is not in ``_EXACT``."""
+    """Everything whose exact type is not in ``_EXACT``: by a handler chosen per type."""
     t = type(v)
+    handler = _RESOLVED.get(t)
+    if handler is None:
+        if len(_RESOLVED) > 10_000:  # classes made in a loop: do not keep them all alive
+            _RESOLVED.clear()
+        handler = _RESOLVED[t] = _resolve(t)
+    handler(h, v)
+
+
+_RESOLVED: dict[type, Any] = {}
+
+
+def _resolve(t: type) -> Any:
+    """The handler for values of type ``t`` (the choice depends on the type alone)."""
     module = str(getattr(t, "__module__", "")).partition(".")[0]
+    name = getattr(t, "__name__", "")
     hook = getattr(t, "__nbdurable_fingerprint__", None)
     if hook is not None:
-        _custom(h, v, hook)
-    elif isinstance(v, type):
-        _class(h, v)
-    elif isinstance(v, enum.Enum):
-        h.put(b"enum", _qual(t), str(v._name_))
-        h.stack.append(v._value_)
-    elif _is_ndarray(t):
-        _ndarray(h, v)
-    elif module == "numpy" and t.__name__ == "ufunc":
-        h.put(b"ufunc", str(getattr(v, "__name__", None)))
-    elif module == "numpy" and t.__name__ == "vectorize":
-        # Its function, not its cache (`_ufunc` appears after the first call).
-        h.put(b"vectorize")
-        h.push(*(getattr(v, a, None) for a in ("pyfunc", "otypes", "excluded", "signature")))
-    elif module == "numpy" and hasattr(v, "dtype") and hasattr(v, "tobytes"):  # a scalar
-        h.put(b"numpy", _qual(t), v.dtype.str, v.tobytes())
-    elif module == "pandas":
-        _pandas(h, v)
-    elif dataclasses.is_dataclass(t):
-        if h.enter(v):
-            names = [f.name for f in dataclasses.fields(v)]
-            h.put(b"dataclass", *names)
-            h.push(t, *(getattr(v, n, _MISSING) for n in names))
-    elif isinstance(v, tuple) and isinstance(getattr(t, "_fields", None), tuple):
-        if h.enter(v):
-            h.put(b"namedtuple", _qual(t), *t._fields)
-            h.stack.extend(reversed(v))
-    else:
-        for base in t.__mro__[1:]:  # a subclass of a type we know: its content
-            handler = _EXACT.get(base)
-            if handler is not None:
-                extra = None if base is types.ModuleType else _instance_dict(v)
-                h.put(b"subclass", _qual(t), _int(bool(extra)))
-                if extra:  # attributes set on the instance (`class Config(dict)`)
-                    h.stack.append(extra)
-                handler(h, v)
-                return
-        _reduced(h, v)  # never repr(): it may hold addresses
+        return functools.partial(_custom, hook=hook)
+    if issubclass(t, type):
+        return _class
+    if issubclass(t, enum.Enum):
+        return _enum
+    if _is_ndarray(t):
+        return _ndarray
+    if module == "numpy" and name in ("ufunc", "vectorize"):
+        return _ufunc if name == "ufunc" else _vectorize
+    if module == "numpy" and hasattr(t, "dtype") and hasattr(t, "tobytes"):
+        return _numpy_scalar
+    if module == "pandas":
+        return _pandas
+    if dataclasses.is_dataclass(t):
+        return _dataclass
+    if issubclass(t, tuple) and isinstance(getattr(t, "_fields", None), tuple):
+        return _namedtuple
+    for base in t.__mro__[1:]:  # a subclass of a type we know: its content
+        handler = _EXACT.get(base)
+        if handler is not None:
+            return functools.partial(_subclass, handler=handler, attrs=base is not types.ModuleType)
+    local = localcode.is_local_module_name(getattr(t, "__module__", None))
+    return functools.partial(_reduced, local=local)  # never repr(): it may hold addresses
+
+
+def _enum(h: _Hasher, v: Any) -> None:
+    h.put(b"enum", _qual(type(v)), str(v._name_))
+    h.stack.append(v._value_)
+
+
+def _ufunc(h: _Hasher, v: Any) -> None:
+    h.put(b"ufunc", str(getattr(v, "__name__", None)))
+
+
+def _vectorize(h: _Hasher, v: Any) -> None:
+    # Its function, not its cache (`_ufunc` appears after the first call).
+    h.put(b"vectorize")
+    h.push(*(getattr(v, a, None) for a in ("pyfunc", "otypes", "excluded", "signature")))
+
+
+def _numpy_scalar(h: _Hasher, v: Any) -> None:
+    h.put(b"numpy", _qual(type(v)), v.dtype.str, v.tobytes())
+
+
+def _dataclass(h: _Hasher, v: Any) -> None:
+    if h.enter(v):
+        names = [f.name for f in dataclasses.fields(v)]
+        h.put(b"dataclass", *names)
+        h.push(type(v), *(getattr(v, n, _MISSING) for n in names))
+
+
+def _namedtuple(h: _Hasher, v: Any) -> None:
+    if h.enter(v):
+        h.put(b"namedtuple", _qual(type(v)), *type(v)._fields)
+        h.stack.extend(reversed(v))
+
+
+def _subclass(h: _Hasher, v: Any, handler: Any, attrs: bool) -> None:
+    extra = _instance_dict(v) if attrs else None
+    h.put(b"subclass", _qual(type(v)), _int(bool(extra)))
+    if extra:  # attributes set on the instance (`class Config(dict)`)
+        h.stack.append(extra)
+    handler(h, v)
 
 
 def _pattern(h: _Hasher, v: re.Pattern) -> None:
