@@ -123,6 +123,8 @@ class _Hasher:
         self.type_only: list[str] = []
         self.memo: dict[int, tuple[object, bytes]] = {}
         self.reduced_depth = 0
+        self.open_libraries = 0  # library objects being hashed, see _reduced
+        self.skipping = False  # one of them is type-only: skip its remaining values
 
     def run(self, value: object) -> str:
         self.put(b"nbdurable-fingerprint", _STREAM_HEADER)
@@ -132,6 +134,8 @@ class _Hasher:
             item = stack.pop()
             if type(item) is _Op:
                 item.fn(self, item.arg)
+                continue
+            if self.skipping:
                 continue
             exact.get(type(item), _other)(self, item)
             if len(sinks[-1].buf) > _BIG:
@@ -375,7 +379,8 @@ def _memo_begin(h: _Hasher, v: object, tag: bytes) -> bool:
 def _memo_end(h: _Hasher, arg: tuple[object, bytes]) -> None:
     v, tag = arg
     digest = h.sinks.pop().digest()
-    h.memo[id(v)] = (v, digest)  # holds v: its id is not reused during the walk
+    if not h.skipping:  # a partly skipped walk is no digest to reuse
+        h.memo[id(v)] = (v, digest)  # holds v: its id is not reused during the walk
     h.put(tag + b"-digest", digest)
 
 
@@ -533,6 +538,8 @@ def _type_only(h: _Hasher, v: object) -> None:
     name = _qual(type(v))
     h.put(b"type-only", name)
     h.type_only.append(name)
+    if h.open_libraries:  # the enclosing library object will be type-only: stop walking it
+        h.skipping = True
 
 
 _REDUCE_DEPTH = 1_000  # nested reduced objects; past this, a reduce that makes new objects
@@ -580,6 +587,7 @@ def _reduced(h: _Hasher, v: Any, local: bool = False) -> None:
     if local:  # of a notebook or local-module class
         h.stack.append(_Op(_end_reduced, None))
     else:
+        h.open_libraries += 1
         h.sinks.append(_Sink())
         h.stack.append(_Op(_end_reduced, (v, len(h.type_only))))
     h.put(b"object", _qual(t))
@@ -592,6 +600,8 @@ def _end_reduced(h: _Hasher, library: tuple[object, int] | None) -> None:
         return
     v, before = library
     digest = h.sinks.pop().digest()
+    h.open_libraries -= 1
+    h.skipping = h.skipping and h.open_libraries > 0
     if len(h.type_only) > before:  # it holds something that cannot be described
         del h.type_only[before:]
         _type_only(h, v)
@@ -611,6 +621,9 @@ def _other(h: _Hasher, v: Any) -> None:
 
 
 _RESOLVED: dict[type, Any] = {}
+# The kernel's own machinery, by type: a notebook function that calls get_ipython()
+# reads the shell, whose state is the whole session (and sockets in the end).
+_MACHINERY = frozenset({"IPython", "ipykernel", "jupyter_client", "zmq", "tornado"})
 
 
 def _resolve(t: type) -> Any:
@@ -620,6 +633,8 @@ def _resolve(t: type) -> Any:
     hook = getattr(t, "__nbdurable_fingerprint__", None)
     if hook is not None:
         return functools.partial(_custom, hook=hook)
+    if module in _MACHINERY:
+        return _type_only
     if issubclass(t, type):
         return _class
     if issubclass(t, enum.Enum):

@@ -340,6 +340,29 @@ def test_a_library_object_holding_a_socket_is_type_only_as_a_whole():
             c.sock.close()
 
 
+def test_a_cut_short_library_object_hides_nothing_elsewhere():
+    # Hashing stops inside a library object at its first type-only part; a function
+    # walked only partly there must still be hashed fully where it appears again.
+    Holder = type("Holder", (), {"__module__": "somelib.holder"})
+    with socket.socket() as conn:
+
+        def value(zeta):
+            f = _define("def f():\n    return (conn, zeta)", {"conn": conn, "zeta": zeta})["f"]
+            holder = Holder()
+            holder.fn = f
+            return [holder, f]
+
+        assert fingerprint(value(1)) != fingerprint(value(2))
+        assert fingerprint_info(value(1)).type_only == ("somelib.holder.Holder", "socket.socket")
+
+
+def test_kernel_machinery_is_by_type():
+    Shell = type("Shell", (), {"__module__": "IPython.core.interactiveshell"})
+    shell = Shell()
+    shell.user_ns = {"big": list(range(10))}
+    assert fingerprint_info(shell).type_only == ("IPython.core.interactiveshell.Shell",)
+
+
 def test_repr_is_never_called():
     class Loud:
         def __init__(self):
