@@ -114,7 +114,7 @@ def file_digest(path: str) -> str:
         if cached is not None and cached[0] == stamp:
             return cached[1]
         with open(path, "rb") as fh:
-            digest = hashlib.file_digest(fh, "sha256").hexdigest()
+            digest = hashlib.sha256(fh.read()).hexdigest()  # module sources are small
     except OSError as exc:
         return f"unreadable: {type(exc).__name__}"
     if time.time_ns() - st.st_mtime_ns > _RACY_NS:
