@@ -32,6 +32,7 @@ import pandas as pd
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from kernel_util import make_notebook, run_notebook, stream_text
 
 import nbdurable
 from nbdurable.callables import callable_fingerprint, first_change
@@ -738,3 +739,44 @@ def test_semicolons_that_do_not_hide_output_do_not_count():
     assert source_fingerprint("x  # a ;") == source_fingerprint("x")
     assert source_fingerprint("a = 1; b = 2") == source_fingerprint("a = 1\nb = 2")
     assert normalize_source("print(1); y") == "print(1)\ny"
+
+
+# -- in a real kernel -------------------------------------------------------------------
+
+_KERNEL_CELLS = [
+    "import json, dataclasses, re\nimport numpy as np, pandas as pd\nimport helpers_nbd\n"
+    "from nbdurable.fingerprint import fingerprint, fingerprint_info\n"
+    "from nbdurable.callables import callable_fingerprint",
+    'MODEL = "small"\nWORDS = {"alpha", "beta", "gamma", "delta"}',
+    "class Box:\n    def __init__(self, v):\n        self.v = v\n"
+    "    def area(self):\n        return helpers_nbd.SCALE * self.v",
+    "@dataclasses.dataclass\nclass Cfg:\n    name: str\n    tags: set",
+    "def ask(q):\n    return f'{MODEL}: {q}' + helpers_nbd.suffix()",
+    "frame = pd.DataFrame({'s': [set(WORDS), {'x'}], 'n': [1, 2]})\n"
+    "values = {'words': WORDS, 'frame': frame, 'box': Box(3), 'cfg': Cfg('c', set(WORDS)),\n"
+    "          'arr': np.ma.masked_array([1.0, 2.0], mask=[0, 1]), 'pat': re.compile('a')}\n"
+    "out = {k: fingerprint(v) for k, v in values.items()}\n"
+    "out['ask'] = callable_fingerprint(ask).digest\n"
+    "out['area'] = callable_fingerprint(Box(3).area).digest\n"
+    "out['type_only'] = [fingerprint_info(v).type_only for v in values.values()]\n"
+    "print(json.dumps(out))",
+]
+
+
+@pytest.mark.kernel
+def test_fingerprints_in_real_kernels_survive_restarts_and_see_module_edits(tmp_path):
+    helpers = tmp_path / "helpers_nbd.py"
+    helpers.write_text("SCALE = 2\n\ndef suffix():\n    return '!'\n")
+
+    def run() -> dict:
+        nb = run_notebook(make_notebook(_KERNEL_CELLS), cwd=tmp_path)
+        return json.loads(stream_text(nb.cells[-1].outputs))
+
+    first, second = run(), run()  # two kernels, each with its own hash seed
+    assert first == second
+    assert first["type_only"] == [[]] * 6
+    helpers.write_text("SCALE = 2\n\ndef suffix():\n    return '?'\n")
+    edited = run()
+    changed = {k for k in first if first[k] != edited[k]}
+    # ask calls helpers_nbd.suffix; Box.area reads helpers_nbd.SCALE from the same file.
+    assert changed == {"ask", "area", "box"}
