@@ -125,6 +125,7 @@ class _Hasher:
         self.reduced_depth = 0
         self.open_libraries = 0  # library objects being hashed, see _reduced
         self.skipping = False  # one of them is type-only: skip its remaining values
+        self.in_code = False  # walking a code object's content (see _code_digest)
 
     def run(self, value: object) -> str:
         self.put(b"nbdurable-fingerprint", _STREAM_HEADER)
@@ -350,6 +351,25 @@ def _module(h: _Hasher, v: types.ModuleType) -> None:
 
 
 def _code(h: _Hasher, v: types.CodeType) -> None:
+    if h.in_code:
+        _code_content(h, v)
+    else:
+        h.put(b"code", _code_digest(v))
+
+
+@functools.lru_cache(maxsize=4096)
+def _code_digest(v: types.CodeType) -> bytes:
+    """Code objects are immutable: each is walked once, not once per fingerprint.
+
+    The cache compares code objects with ``==``, which looks at everything
+    :func:`_code_content` hashes (and more), so equal keys have equal digests.
+    """
+    h = _Hasher()
+    h.in_code = True
+    return bytes.fromhex(h.run(v))
+
+
+def _code_content(h: _Hasher, v: types.CodeType) -> None:
     # Not co_filename, co_firstlineno or the line table: IPython names each
     # cell's file after the kernel's pid, and moving code must not matter.
     if h.enter(v):
