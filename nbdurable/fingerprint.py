@@ -33,7 +33,8 @@ from . import localcode
 #    pickle state (``__reduce_ex__``) instead of by type; functions also by the globals
 #    they read and ``__wrapped__``, local modules and classes by their source; bound
 #    methods by their instance; dataclasses with their class; masked arrays by data and
-#    mask; pandas values with sets in a fixed order (they differed between processes).
+#    mask; pandas values with sets in a fixed order (they differed between processes),
+#    and over 64 MB with their arrays hashed in place (0.1.0 copied them into a pickle).
 #    Every other kind keeps its encoding, and so its 0.1.0 fingerprint: the stream header
 #    below stays "1" on purpose, so that upgrading does not invalidate steps whose inputs
 #    are plain data (numbers, strings, lists, sets, arrays).
@@ -499,31 +500,44 @@ def _homogeneous(items: Any) -> str | None:
 
 
 _SET_OPCODES = (pickle.EMPTY_SET, pickle.FROZENSET)
+# Up to this size a pandas value is hashed by its plain pickle, 0.1.0's encoding, so its
+# fingerprint did not change; a larger one by its pickle with array buffers apart.
+_IN_BAND_LIMIT = 64 << 20
 
 
-def _pickled(v: Any, pickler: type[pickle.Pickler]) -> tuple[bytes, list[Any]]:
+def _pickled(v: Any, pickler: type[pickle.Pickler], out_of_band: bool) -> tuple[bytes, list]:
     buffers: list[pickle.PickleBuffer] = []
     stream = io.BytesIO()
-    # Protocol 5 hands over array buffers apart (out of band), so a large frame's
-    # columns are hashed in place instead of being copied into the pickle.
-    pickler(stream, protocol=5, buffer_callback=buffers.append).dump(v)
-    return stream.getvalue(), buffers  # small: the arrays' bytes are in `buffers`
+    if out_of_band:  # protocol 5 hands array buffers over apart, uncopied
+        pickler(stream, protocol=5, buffer_callback=buffers.append).dump(v)
+    else:
+        pickler(stream, protocol=5).dump(v)
+    return stream.getvalue(), buffers
 
 
 def _pandas(h: _Hasher, v: Any) -> None:
     try:
-        stream, buffers = _pickled(v, pickle.Pickler)
-        if any(op in stream for op in _SET_OPCODES):
-            # A set may be in there (or the byte is data): pickle again with sets sorted.
-            # Only then, as it costs a Python call per object of the value.
-            stream, buffers = _pickled(v, _PandasPickler)
+        stream, buffers = _pickled(v, pickle.Pickler, True)
+        # Sets pickle in iteration order, which changes between processes: if one
+        # may be there (or the byte is data), pickle with sets sorted. Only then,
+        # as that costs a Python call per object of the value.
+        pickler = _PandasPickler if any(op in stream for op in _SET_OPCODES) else pickle.Pickler
+        raws = [b.raw() for b in buffers]
+        if len(stream) + sum(r.nbytes for r in raws) <= _IN_BAND_LIMIT:
+            data, _ = _pickled(v, pickler, False)
+            h.put(b"pandas", _qual(type(v)))
+            h.raw(data)
+            return
+        if pickler is not pickle.Pickler:
+            stream, buffers = _pickled(v, pickler, True)
+            raws = [b.raw() for b in buffers]
     except Exception:  # whatever the reason: by type only (documented)
         _type_only(h, v)
         return
-    h.put(b"pandas", _qual(type(v)), _int(len(buffers)))
+    h.put(b"pandas-buffers", _qual(type(v)), _int(len(raws)))
     h.raw(stream)
-    for buffer in buffers:
-        h.raw(buffer.raw())
+    for raw in raws:
+        h.raw(raw)
 
 
 def _custom(h: _Hasher, v: Any, hook: Any = None) -> None:

@@ -391,8 +391,11 @@ def test_large_arrays_and_frames_are_hashed_in_place():
     # No copy of the data: the buffer goes to SHA-256 as it is (no per-element loop).
     array_ = np.ones(40 * 2**20 // 8)
     assert _peak_bytes(fingerprint, array_) < 2**20
-    frame = pd.DataFrame(np.ones((2**20 // 2, 10)))
+    frame = pd.DataFrame(np.ones((80 * 2**20 // 80, 10)))  # 80 MB: over the in-band limit
     assert _peak_bytes(fingerprint, frame) < 4 * 2**20
+    changed = frame.copy()
+    changed.iloc[-1, -1] = 2.0
+    assert fingerprint(changed) != fingerprint(frame)
 
 
 # -- callables --------------------------------------------------------------------
@@ -705,6 +708,12 @@ def test_version_and_unchanged_encodings():
     assert fingerprint(np.arange(6.0).reshape(2, 3)) == "a1be3f7c6d72e550cc400729b00bcd4d"
     assert fingerprint([[1], {3, 4}, frozenset({"q"})]) == "5aa28467d1dfb9123735af7e2a722c9b"
     assert args_fingerprint(([1, [2]],), {}) == "0cdc95a8bf20254c144e1a340466b5d0"
+    frame = pd.DataFrame({"a": [1, 2, 3], "s": ["x", "y", "z"]})
+    frame["d"] = pd.to_datetime(["2024-01-01"] * 3)
+    assert fingerprint(frame) == "8f2f92d3470368a8f7acce098b753c8a"
+    assert fingerprint(pd.DataFrame({"d": [{"a": 1}, {"b": [1, 2]}]})) == (
+        "08ce8d4569f6257ae33bd2dcfc84da79"
+    )
 
 
 def test_args_fingerprints_changed_only_where_they_were_wrong():
