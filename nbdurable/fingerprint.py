@@ -570,7 +570,7 @@ def _type_only(h: _Hasher, v: object) -> None:
     in :attr:`FingerprintInfo.type_only` so a caller can say so.
     """
     name = _qual(type(v))
-    h.put(b"type-only", name)
+    h.put(b"opaque", name)  # 0.1.0's tag: these fingerprints did not change
     h.type_only.append(name)
     if h.open_libraries:  # the enclosing library object will be type-only: stop walking it
         h.skipping = True
@@ -714,9 +714,13 @@ def _numpy_scalar(h: _Hasher, v: Any) -> None:
 
 def _dataclass(h: _Hasher, v: Any) -> None:
     if h.enter(v):
+        t = type(v)
         names = [f.name for f in dataclasses.fields(v)]
-        h.put(b"dataclass", *names)
-        h.push(type(v), *(getattr(v, n, _MISSING) for n in names))
+        h.put(b"dataclass", _qual(t), *names)
+        h.push(*(getattr(v, n, _MISSING) for n in names))
+        if localcode.is_local_module_name(t.__module__):  # its methods may have changed
+            h.put(b"of-class")
+            h.stack.append(t)
 
 
 def _namedtuple(h: _Hasher, v: Any) -> None:
@@ -727,9 +731,11 @@ def _namedtuple(h: _Hasher, v: Any) -> None:
 
 def _subclass(h: _Hasher, v: Any, handler: Any, attrs: bool) -> None:
     extra = _instance_dict(v) if attrs else None
-    h.put(b"subclass", _qual(type(v)), _int(bool(extra)))
     if extra:  # attributes set on the instance (`class Config(dict)`)
+        h.put(b"subclass-attributes", _qual(type(v)))
         h.stack.append(extra)
+    else:
+        h.put(b"subclass", _qual(type(v)))  # 0.1.0's encoding
     handler(h, v)
 
 

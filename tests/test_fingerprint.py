@@ -708,6 +708,8 @@ def test_version_and_unchanged_encodings():
     assert fingerprint(np.arange(6.0).reshape(2, 3)) == "a1be3f7c6d72e550cc400729b00bcd4d"
     assert fingerprint([[1], {3, 4}, frozenset({"q"})]) == "5aa28467d1dfb9123735af7e2a722c9b"
     assert args_fingerprint(([1, [2]],), {}) == "0cdc95a8bf20254c144e1a340466b5d0"
+    assert fingerprint(threading.Lock()) == "dedcb0580348f2bd67bc97bcd24ba466"  # type only
+    assert fingerprint(json) == "60e251b1182c7cee7b1d70833dd0b45c"
     frame = pd.DataFrame({"a": [1, 2, 3], "s": ["x", "y", "z"]})
     frame["d"] = pd.to_datetime(["2024-01-01"] * 3)
     assert fingerprint(frame) == "8f2f92d3470368a8f7acce098b753c8a"
