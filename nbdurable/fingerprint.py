@@ -31,13 +31,16 @@ from . import localcode
 # 1 (0.1.0): the first rules.
 # 2: where 1 was wrong. Dicts in key order (it is semantic: ",".join(d)); objects by their
 #    pickle state (``__reduce_ex__``) instead of by type; functions also by the globals
-#    they read and ``__wrapped__``, local modules and classes by their source; bound
-#    methods by their instance; dataclasses with their class; masked arrays by data and
-#    mask; pandas values with sets in a fixed order (they differed between processes),
-#    and over 64 MB with their arrays hashed in place (0.1.0 copied them into a pickle).
+#    they read and ``__wrapped__``; local modules by source; classes and dataclasses of
+#    the notebook or a local module with those functions; bound methods and bound
+#    builtins with their instance; masked arrays by data and mask; instance attributes
+#    of subclasses of builtins; pandas values holding sets with the sets sorted (their
+#    order differed between processes), and pandas values over 64 MB with their arrays
+#    hashed in place (0.1.0 copied them into one pickle first).
 #    Every other kind keeps its encoding, and so its 0.1.0 fingerprint: the stream header
 #    below stays "1" on purpose, so that upgrading does not invalidate steps whose inputs
-#    are plain data (numbers, strings, lists, sets, arrays).
+#    are plain data (numbers, strings, lists, sets, arrays, DataFrames, library objects
+#    hashed by type only).
 FINGERPRINT_VERSION = 2
 _STREAM_HEADER = b"1"  # change only with every encoding at once
 
