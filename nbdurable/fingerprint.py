@@ -830,9 +830,9 @@ def fingerprint(value: object, *, read_globals: bool = True) -> str:
       order, as ``==`` compares them: element digests are sorted), range,
       slice, Decimal, Fraction, datetime, date, time, timedelta, UUID, paths,
       ``re.Pattern``, ``array.array``, SimpleNamespace, Enum members (class
-      and name), dataclass instances and namedtuples (class and fields), and
-      subclasses of all these (their type, the content and any instance
-      attributes).
+      and name), dataclass instances and namedtuples (class name and fields;
+      a notebook dataclass with its class's content), and subclasses of all
+      these (their type, the content and any instance attributes).
     * numpy arrays by dtype, shape and raw bytes, in one pass (no copy when
       C-contiguous; object arrays element by element); masked arrays by data,
       mask and fill value; scalars by dtype and bytes; ufuncs by name;
