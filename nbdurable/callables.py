@@ -96,9 +96,16 @@ def _callable_parts(fn: Any, add: Any, depth: int) -> None:
         if inner is _MISSING:
             owner = next((c for c in type(fn).__mro__ if "__call__" in vars(c)), object)
             inner = vars(owner).get("__call__", _MISSING)
-        if callable(inner) and inner is not fn:
+        if inner is not fn and (
+            type(inner) is types.FunctionType or (callable(inner) and not _is_slot(inner))
+        ):
             _callable_parts(inner, add, depth + 1)
         add("self", fn)
+
+
+def _is_slot(x: Any) -> bool:
+    """A C type's ``__call__`` slot: it says nothing the instance does not."""
+    return type(x) in (types.WrapperDescriptorType, types.MethodWrapperType)
 
 
 def first_change(old: dict[str, str], new: dict[str, str]) -> str | None:
