@@ -5,6 +5,7 @@ See :mod:`nbdurable.keys` for how fingerprints feed the key recipe.
 
 from __future__ import annotations
 
+import array
 import collections
 import dataclasses
 import datetime
@@ -13,12 +14,35 @@ import enum
 import fractions
 import functools
 import hashlib
+import io
 import pathlib
 import pickle
+import re
 import struct
+import sys
 import types
 import uuid
-from typing import Any
+from typing import Any, NamedTuple
+
+from . import localcode
+
+# The rules' version: increment when a kind of value gets a new encoding, and list it.
+# Records may store it, so a changed fingerprint can be told apart from a rule change.
+# 1 (0.1.0): the first rules.
+# 2: where 1 was wrong. Dicts in key order (it is semantic: ",".join(d)); objects by their
+#    pickle state (``__reduce_ex__``) instead of by type; functions also by the globals
+#    they read and ``__wrapped__``; local modules by source; classes and dataclasses of
+#    the notebook or a local module with those functions; bound methods and bound
+#    builtins with their instance; masked arrays by data and mask; instance attributes
+#    of subclasses of builtins; pandas values holding sets with the sets sorted (their
+#    order differed between processes), and pandas values over 64 MB with their arrays
+#    hashed in place (0.1.0 copied them into one pickle first).
+#    Every other kind keeps its encoding, and so its 0.1.0 fingerprint: the stream header
+#    below stays "1" on purpose, so that upgrading does not invalidate steps whose inputs
+#    are plain data (numbers, strings, lists, sets, arrays, DataFrames, library objects
+#    hashed by type only).
+FINGERPRINT_VERSION = 2
+_STREAM_HEADER = b"1"  # change only with every encoding at once
 
 _LEN = struct.Struct("<Q")
 _FLOAT = struct.Struct("<d")
@@ -89,21 +113,34 @@ class _Hasher:
     the path from the root writes a back-reference (its depth) instead, so
     cycles end; there is no recursion, so deep nesting cannot overflow.
     A set's elements are hashed into their own sinks and their digests sorted.
+
+    ``type_only`` collects the qualified type names of what was hashed by type
+    only (:func:`_type_only`); ``functions`` remembers each function's digest
+    within one walk, so a helper read by many functions is hashed once.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, read_globals: bool = True) -> None:
+        self.read_globals = read_globals
         self.sinks = [_Sink()]
         self.path: dict[int, int] = {}
         self.stack: list[Any] = []
+        self.type_only: list[str] = []
+        self.memo: dict[int, tuple[object, bytes]] = {}
+        self.reduced_depth = 0
+        self.open_libraries = 0  # library objects being hashed, see _reduced
+        self.skipping = False  # one of them is type-only: skip its remaining values
+        self.in_code = False  # walking a code object's content (see _code_digest)
 
     def run(self, value: object) -> str:
-        self.put(b"nbdurable-fingerprint", b"1")  # change on any encoding change
+        self.put(b"nbdurable-fingerprint", _STREAM_HEADER)
         stack, sinks, exact = self.stack, self.sinks, _EXACT
         stack.append(value)
         while stack:
             item = stack.pop()
             if type(item) is _Op:
                 item.fn(self, item.arg)
+                continue
+            if self.skipping:
                 continue
             exact.get(type(item), _other)(self, item)
             if len(sinks[-1].buf) > _BIG:
@@ -218,11 +255,13 @@ def _wrapper(tag: bytes, *attrs: str) -> Any:
 
 
 def _dict(h: _Hasher, v: Any) -> None:
-    # In any order, as == compares dicts: a dict built by iterating over a set of
-    # strings has a different order in every process (PYTHONHASHSEED).
+    # In key order: it is semantic (`",".join(d)`, `list(d)`, JSON output).
     if h.enter(v):
         h.put(b"dict", _int(len(v)))
-        _unordered(h, v.items())
+        stack = h.stack
+        for k, x in reversed(v.items()):
+            stack.append(x)
+            stack.append(k)
 
 
 def _defaultdict(h: _Hasher, v: Any) -> None:
@@ -242,18 +281,99 @@ def _memoryview(h: _Hasher, v: memoryview) -> None:
 
 
 def _function(h: _Hasher, v: types.FunctionType) -> None:
-    if h.enter(v):
-        cells = []
-        for cell in v.__closure__ or ():
-            try:
-                cells.append(cell.cell_contents)
-            except ValueError:  # a cell not filled yet
-                cells.append(_MISSING)
-        h.put(b"function", _int(len(cells)))
-        h.push(v.__code__, v.__defaults__, v.__kwdefaults__, *cells)
+    if _memo_begin(h, v, b"function"):
+        parts = function_parts(v, h.read_globals)
+        h.put(b"function", *(label for label, _ in parts))
+        h.push(*(value for _, value in parts))
+
+
+def function_parts(fn: types.FunctionType, read_globals: bool = True) -> list[tuple[str, Any]]:
+    """What identifies a function, as ``(label, value)`` pairs in a fixed order.
+
+    ``code`` (see :func:`_code`), ``defaults``, ``kwdefaults``, one ``closure
+    NAME`` per free variable (an empty cell is :data:`_MISSING`),
+    ``wrapped`` if :func:`functools.wraps` set ``__wrapped__``, and (if
+    ``read_globals``) for a function of the notebook or a local module one
+    ``global NAME`` for each name its code reads that its globals hold, in
+    name order (a local module is read through :class:`_ModuleReads`: its
+    source plus the names read from it).
+    """
+    parts: list[tuple[str, Any]] = [
+        ("code", fn.__code__),
+        ("defaults", fn.__defaults__),
+        ("kwdefaults", fn.__kwdefaults__),
+    ]
+    for name, cell in zip(fn.__code__.co_freevars, fn.__closure__ or (), strict=True):
+        try:
+            parts.append((f"closure {name}", cell.cell_contents))
+        except ValueError:  # a cell not filled yet
+            parts.append((f"closure {name}", _MISSING))
+    wrapped = _instance_dict(fn).get("__wrapped__", _MISSING)
+    if wrapped is not _MISSING:
+        parts.append(("wrapped", wrapped))
+    if read_globals and localcode.is_local_function(fn):
+        globals_, names = localcode.names_read(fn.__code__)
+        namespace = fn.__globals__
+        for name in globals_:
+            if name in namespace:
+                parts.append((f"global {name}", _reads(namespace[name], names)))
+    return parts
+
+
+class _ModuleReads:
+    """A local module as a function sees it: its source and the names it reads from it."""
+
+    __slots__ = ("module", "names")
+
+    def __init__(self, module: types.ModuleType, names: tuple[str, ...]) -> None:
+        self.module, self.names = module, names
+
+
+def _reads(value: Any, names: tuple[str, ...]) -> Any:
+    if type(value) is types.ModuleType and localcode.module_file(value) is not None:
+        return _ModuleReads(value, names)
+    return value
+
+
+def _module_reads(h: _Hasher, r: _ModuleReads) -> None:
+    if not h.enter(r.module):
+        return
+    _module(h, r.module)
+    namespace = vars(r.module)
+    found = [n for n in r.names if n in namespace]
+    h.put(b"reads", *found)
+    h.push(*(_reads(namespace[n], r.names) for n in found))
+
+
+def _module(h: _Hasher, v: types.ModuleType) -> None:
+    name = str(_instance_dict(v).get("__name__"))
+    file = localcode.module_file(v)
+    if file is None:
+        h.put(b"module", name)
+    else:  # a local module: by its source, so an edit to helpers.py is a change
+        h.put(b"local-module", name, localcode.file_digest(file))
 
 
 def _code(h: _Hasher, v: types.CodeType) -> None:
+    if h.in_code:
+        _code_content(h, v)
+    else:
+        h.put(b"code", _code_digest(v))
+
+
+@functools.lru_cache(maxsize=4096)
+def _code_digest(v: types.CodeType) -> bytes:
+    """Code objects are immutable: each is walked once, not once per fingerprint.
+
+    The cache compares code objects with ``==``, which looks at everything
+    :func:`_code_content` hashes (and more), so equal keys have equal digests.
+    """
+    h = _Hasher()
+    h.in_code = True
+    return bytes.fromhex(h.run(v))
+
+
+def _code_content(h: _Hasher, v: types.CodeType) -> None:
     # Not co_filename, co_firstlineno or the line table: IPython names each
     # cell's file after the kernel's pid, and moving code must not matter.
     if h.enter(v):
@@ -262,28 +382,63 @@ def _code(h: _Hasher, v: types.CodeType) -> None:
         h.push(v.co_consts, v.co_names, v.co_varnames, v.co_freevars, v.co_cellvars)
 
 
+def _memo_begin(h: _Hasher, v: object, tag: bytes) -> bool:
+    """Start hashing ``v`` into its own sink; False if done (seen before, or a cycle).
+
+    Within one walk a function or notebook class is hashed once: later
+    occurrences write its digest. A helper read by every function of a
+    notebook is then walked once, not once per reader.
+    """
+    seen = h.memo.get(id(v))
+    if seen is not None:
+        h.put(tag + b"-seen", seen[1])
+        return False
+    if not h.enter(v):
+        return False
+    h.sinks.append(_Sink())
+    h.stack.append(_Op(_memo_end, (v, tag)))
+    return True
+
+
+def _memo_end(h: _Hasher, arg: tuple[object, bytes]) -> None:
+    v, tag = arg
+    digest = h.sinks.pop().digest()
+    if not h.skipping:  # a partly skipped walk is no digest to reuse
+        h.memo[id(v)] = (v, digest)  # holds v: its id is not reused during the walk
+    h.put(tag + b"-digest", digest)
+
+
 def _method(h: _Hasher, v: types.MethodType) -> None:
+    # The instance too: a bound method's result depends on its state (`box.area`).
     if h.enter(v):
-        owner = v.__self__
         h.put(b"method")
-        h.push(v.__func__, owner if isinstance(owner, type) else type(owner))
+        h.push(v.__func__, v.__self__)
 
 
 def _builtin(h: _Hasher, v: Any) -> None:
     h.put(b"builtin", str(getattr(v, "__module__", None)), str(getattr(v, "__qualname__", None)))
+    owner = getattr(v, "__self__", None)  # `d.get`: the dict it reads from
+    if owner is not None and not isinstance(owner, (types.ModuleType, type)):
+        h.stack.append(owner)
 
 
 def _class(h: _Hasher, v: type) -> None:
-    if not h.enter(v):
+    if not localcode.is_local_module_name(getattr(v, "__module__", None)):
+        h.put(b"class", _qual(v))  # a library class: by name
         return
-    h.put(b"class", _qual(v))
-    if getattr(v, "__module__", None) == "__main__":  # may change between runs: by content
-        members = sorted(
-            ((k, x) for k, x in vars(v).items() if not k.startswith("__") or _is_code(x)),
-            key=lambda kx: kx[0],
-        )
-        h.put(b"members", *(k for k, _ in members))
-        h.push(v.__bases__, *(x for _, x in members))
+    # A class of the notebook or a local module may change between runs: by content.
+    if not _memo_begin(h, v, b"class"):
+        return
+    members = sorted(
+        (
+            (k, x)
+            for k, x in vars(v).items()
+            if (not k.startswith("__") or _is_code(x)) and k != "_abc_impl"  # an ABC's cache
+        ),
+        key=lambda kx: kx[0],
+    )
+    h.put(b"class", _qual(v), *(k for k, _ in members))
+    h.push(v.__bases__, *(x for _, x in members))
 
 
 def _is_code(x: object) -> bool:
@@ -295,7 +450,20 @@ def _is_ndarray(t: type) -> bool:
 
 
 def _ndarray(h: _Hasher, v: Any) -> None:
-    h.put(b"ndarray", _qual(type(v)), v.dtype.str, str(v.dtype), str(v.shape))
+    numpy = sys.modules["numpy"]
+    t = type(v)
+    if isinstance(v, numpy.ma.MaskedArray):
+        # Data, mask and fill value: a mask change is a change. getmaskarray turns
+        # `nomask` into all-False, which means the same.
+        h.put(b"masked", _qual(t))
+        h.push(v.data, numpy.ma.getmaskarray(v), v.fill_value)
+        return
+    extra = _instance_dict(v) if t is not numpy.ndarray else None
+    if extra:  # a subclass's own attributes (a unit, a name)
+        h.put(b"attributes")
+        h.stack.append(extra)
+    v = v.view(numpy.ndarray)  # a subclass may override reshape / view
+    h.put(b"ndarray", _qual(t), v.dtype.str, str(v.dtype), str(v.shape))
     if not v.dtype.hasobject:
         data = v if v.flags.c_contiguous else v.copy(order="C")
         h.raw(data.reshape(-1).view("u1"))  # bytes of any dtype, without a copy
@@ -305,17 +473,77 @@ def _ndarray(h: _Hasher, v: Any) -> None:
         h.stack.extend(reversed(items))
 
 
+class _PandasPickler(pickle.Pickler):
+    """Pickles a pandas value with its sets in a fixed order.
+
+    A set's pickle follows its iteration order, which for strings changes with
+    every process (``PYTHONHASHSEED``): an object column of sets would look
+    changed after every restart. ``persistent_id`` sees every object before
+    pickle's own fast paths do, so each set is replaced by its fingerprint.
+    """
+
+    def persistent_id(self, obj: Any) -> Any:
+        t = type(obj)
+        if t is not set and t is not frozenset:
+            return None
+        kind = _homogeneous(obj)
+        if kind is not None:  # the common case, sorted directly (10x faster)
+            return (t.__name__, kind, tuple(sorted(obj)))
+        return (t.__name__, fingerprint(obj))
+
+
+def _homogeneous(items: Any) -> str | None:
+    """``"str"`` or ``"int"`` if all items are exactly that type (so sorting is total)."""
+    kinds = set(map(type, items))
+    if len(kinds) == 1:
+        kind = kinds.pop()
+        if kind is str or kind is int:
+            return kind.__name__
+    return None
+
+
+_SET_OPCODES = (pickle.EMPTY_SET, pickle.FROZENSET)
+# Up to this size a pandas value is hashed by its plain pickle, 0.1.0's encoding, so its
+# fingerprint did not change; a larger one by its pickle with array buffers apart.
+_IN_BAND_LIMIT = 64 << 20
+
+
+def _pickled(v: Any, pickler: type[pickle.Pickler], out_of_band: bool) -> tuple[bytes, list]:
+    buffers: list[pickle.PickleBuffer] = []
+    stream = io.BytesIO()
+    if out_of_band:  # protocol 5 hands array buffers over apart, uncopied
+        pickler(stream, protocol=5, buffer_callback=buffers.append).dump(v)
+    else:
+        pickler(stream, protocol=5).dump(v)
+    return stream.getvalue(), buffers
+
+
 def _pandas(h: _Hasher, v: Any) -> None:
     try:
-        data = pickle.dumps(v, protocol=5)
-    except Exception:  # whatever the reason, it is hashed by type only (documented)
-        h.put(b"opaque", _qual(type(v)), b"unpicklable")
-    else:
-        h.put(b"pandas", _qual(type(v)))
-        h.raw(data)
+        stream, buffers = _pickled(v, pickle.Pickler, True)
+        # Sets pickle in iteration order, which changes between processes: if one
+        # may be there (or the byte is data), pickle with sets sorted. Only then,
+        # as that costs a Python call per object of the value.
+        pickler = _PandasPickler if any(op in stream for op in _SET_OPCODES) else pickle.Pickler
+        raws = [b.raw() for b in buffers]
+        if len(stream) + sum(r.nbytes for r in raws) <= _IN_BAND_LIMIT:
+            data, _ = _pickled(v, pickler, False)
+            h.put(b"pandas", _qual(type(v)))
+            h.raw(data)
+            return
+        if pickler is not pickle.Pickler:
+            stream, buffers = _pickled(v, pickler, True)
+            raws = [b.raw() for b in buffers]
+    except Exception:  # whatever the reason: by type only (documented)
+        _type_only(h, v)
+        return
+    h.put(b"pandas-buffers", _qual(type(v)), _int(len(raws)))
+    h.raw(stream)
+    for raw in raws:
+        h.raw(raw)
 
 
-def _custom(h: _Hasher, v: Any, hook: Any) -> None:
+def _custom(h: _Hasher, v: Any, hook: Any = None) -> None:
     result = hook(v)
     if isinstance(result, str):
         result = result.encode("utf-8", "surrogatepass")
@@ -327,43 +555,206 @@ def _custom(h: _Hasher, v: Any, hook: Any) -> None:
     h.put(b"custom", _qual(type(v)), result)
 
 
-def _other(h: _Hasher, v: Any) -> None:
-    """Everything whose exact type is not in ``_EXACT``."""
+def _instance_dict(v: object) -> dict[str, Any]:
+    """``v.__dict__`` if it is a plain dict, else ``{}``; never calls ``__getattr__``."""
+    try:
+        d = object.__getattribute__(v, "__dict__")
+    except (AttributeError, TypeError):
+        return {}
+    return d if type(d) is dict else {}
+
+
+def _type_only(h: _Hasher, v: object) -> None:
+    """The named fallback for what cannot be described: its type, and nothing else.
+
+    Sockets, locks, open files, generators, database connections, and library
+    objects holding one (clients) cannot be pickled, so they have no state to
+    compare. Two such objects of one type look the same; every use is listed
+    in :attr:`FingerprintInfo.type_only` so a caller can say so.
+    """
+    name = _qual(type(v))
+    h.put(b"opaque", name)  # 0.1.0's tag: these fingerprints did not change
+    h.type_only.append(name)
+    if h.open_libraries:  # the enclosing library object will be type-only: stop walking it
+        h.skipping = True
+
+
+_REDUCE_DEPTH = 1_000  # nested reduced objects; past this, a reduce that makes new objects
+
+
+def _reduced(h: _Hasher, v: Any, local: bool = False) -> None:
+    """An object by what pickle would save of it: ``__reduce_ex__(4)``.
+
+    That is its documented state: ``__getstate__`` (by default ``__dict__``
+    and ``__slots__``) or its own ``__reduce__``, and the callable and
+    arguments that rebuild it (for notebook classes the class by content, so
+    ``box.v = 60`` and an edited method are both changes). Nothing is
+    serialized: the parts are walked like any value. A library object with
+    anything inside it that can only be hashed by type (a client holding a
+    socket) is hashed by type as a whole, so no half-described state is compared.
+    """
     t = type(v)
+    try:
+        reduced = v.__reduce_ex__(4)
+    except Exception:  # TypeError "cannot pickle", or a broken __reduce__
+        _type_only(h, v)
+        return
+    if isinstance(reduced, str):  # pickled by name (a C wrapper such as lru_cache's)
+        h.put(b"global", _qual(t), reduced)
+        wrapped = _instance_dict(v).get("__wrapped__", _MISSING)
+        if wrapped is not _MISSING:
+            h.stack.append(wrapped)
+        return
+    if not isinstance(reduced, tuple) or not 2 <= len(reduced) <= 6:
+        _type_only(h, v)
+        return
+    func, args, state, items, pairs = (reduced + (None, None, None))[:5]
+    try:
+        items = None if items is None else list(items)
+        pairs = None if pairs is None else list(pairs)
+    except Exception:
+        _type_only(h, v)
+        return
+    if h.reduced_depth >= _REDUCE_DEPTH:
+        _type_only(h, v)
+        return
+    if not h.enter(v):
+        return
+    h.reduced_depth += 1
+    if local:  # of a notebook or local-module class
+        h.stack.append(_Op(_end_reduced, None))
+    else:
+        h.open_libraries += 1
+        h.sinks.append(_Sink())
+        h.stack.append(_Op(_end_reduced, (v, len(h.type_only))))
+    h.put(b"object", _qual(t))
+    h.push(func, args, state, items, pairs)
+
+
+def _end_reduced(h: _Hasher, library: tuple[object, int] | None) -> None:
+    h.reduced_depth -= 1
+    if library is None:
+        return
+    v, before = library
+    digest = h.sinks.pop().digest()
+    h.open_libraries -= 1
+    h.skipping = h.skipping and h.open_libraries > 0
+    if len(h.type_only) > before:  # it holds something that cannot be described
+        del h.type_only[before:]
+        _type_only(h, v)
+    else:
+        h.put(b"state", digest)
+
+
+def _other(h: _Hasher, v: Any) -> None:
+    """Everything whose exact type is not in ``_EXACT``: by a handler chosen per type."""
+    t = type(v)
+    handler = _RESOLVED.get(t)
+    if handler is None:
+        if len(_RESOLVED) > 10_000:  # classes made in a loop: do not keep them all alive
+            _RESOLVED.clear()
+        handler = _RESOLVED[t] = _resolve(t)
+    handler(h, v)
+
+
+_RESOLVED: dict[type, Any] = {}
+# The kernel's own machinery, by type: a notebook function that calls get_ipython()
+# reads the shell, whose state is the whole session (and sockets in the end).
+_MACHINERY = frozenset({"IPython", "ipykernel", "jupyter_client", "zmq", "tornado"})
+
+
+def _resolve(t: type) -> Any:
+    """The handler for values of type ``t`` (the choice depends on the type alone)."""
     module = str(getattr(t, "__module__", "")).partition(".")[0]
+    name = getattr(t, "__name__", "")
     hook = getattr(t, "__nbdurable_fingerprint__", None)
     if hook is not None:
-        _custom(h, v, hook)
-    elif isinstance(v, type):
-        _class(h, v)
-    elif isinstance(v, enum.Enum):
-        h.put(b"enum", _qual(t), str(v._name_))
-        h.stack.append(v._value_)
-    elif _is_ndarray(t):
-        _ndarray(h, v)
-    elif module == "numpy" and t.__name__ == "ufunc":
-        h.put(b"ufunc", str(getattr(v, "__name__", None)))
-    elif module == "numpy" and hasattr(v, "dtype") and hasattr(v, "tobytes"):  # a scalar
-        h.put(b"numpy", _qual(t), v.dtype.str, v.tobytes())
-    elif module == "pandas":
-        _pandas(h, v)
-    elif dataclasses.is_dataclass(t):
-        if h.enter(v):
-            names = [f.name for f in dataclasses.fields(v)]
-            h.put(b"dataclass", _qual(t), *names)
-            h.push(*(getattr(v, n, _MISSING) for n in names))
-    elif isinstance(v, tuple) and isinstance(getattr(t, "_fields", None), tuple):
-        if h.enter(v):
-            h.put(b"namedtuple", _qual(t), *t._fields)
-            h.stack.extend(reversed(v))
+        return functools.partial(_custom, hook=hook)
+    if module in _MACHINERY:
+        return _type_only
+    if issubclass(t, type):
+        return _class
+    if issubclass(t, enum.Enum):
+        return _enum
+    if _is_ndarray(t):
+        return _ndarray
+    if module == "numpy" and name in ("ufunc", "vectorize"):
+        return _ufunc if name == "ufunc" else _vectorize
+    if module == "numpy" and hasattr(t, "dtype") and hasattr(t, "tobytes"):
+        return _numpy_scalar
+    if module == "pandas":
+        return _pandas
+    if dataclasses.is_dataclass(t):
+        return _dataclass
+    if issubclass(t, tuple) and isinstance(getattr(t, "_fields", None), tuple):
+        return _namedtuple
+    for base in t.__mro__[1:]:  # a subclass of a type we know: its content
+        handler = _EXACT.get(base)
+        if handler is not None:
+            return functools.partial(_subclass, handler=handler, attrs=base is not types.ModuleType)
+    local = localcode.is_local_module_name(getattr(t, "__module__", None))
+    return functools.partial(_reduced, local=local)  # never repr(): it may hold addresses
+
+
+def _enum(h: _Hasher, v: Any) -> None:
+    h.put(b"enum", _qual(type(v)), str(v._name_))
+    h.stack.append(v._value_)
+
+
+def _ufunc(h: _Hasher, v: Any) -> None:
+    h.put(b"ufunc", str(getattr(v, "__name__", None)))
+
+
+def _vectorize(h: _Hasher, v: Any) -> None:
+    # Its function, not its cache (`_ufunc` appears after the first call).
+    h.put(b"vectorize")
+    h.push(*(getattr(v, a, None) for a in ("pyfunc", "otypes", "excluded", "signature")))
+
+
+def _numpy_scalar(h: _Hasher, v: Any) -> None:
+    h.put(b"numpy", _qual(type(v)), v.dtype.str, v.tobytes())
+
+
+def _dataclass(h: _Hasher, v: Any) -> None:
+    if h.enter(v):
+        t = type(v)
+        names = [f.name for f in dataclasses.fields(v)]
+        h.put(b"dataclass", _qual(t), *names)
+        h.push(*(getattr(v, n, _MISSING) for n in names))
+        if localcode.is_local_module_name(t.__module__):  # its methods may have changed
+            h.put(b"of-class")
+            h.stack.append(t)
+
+
+def _namedtuple(h: _Hasher, v: Any) -> None:
+    if h.enter(v):
+        h.put(b"namedtuple", _qual(type(v)), *type(v)._fields)
+        h.stack.extend(reversed(v))
+
+
+def _subclass(h: _Hasher, v: Any, handler: Any, attrs: bool) -> None:
+    extra = _instance_dict(v) if attrs else None
+    if extra:  # attributes set on the instance (`class Config(dict)`)
+        h.put(b"subclass-attributes", _qual(type(v)))
+        h.stack.append(extra)
     else:
-        for base in t.__mro__[1:]:  # a subclass of a type we know: its content
-            handler = _EXACT.get(base)
-            if handler is not None:
-                h.put(b"subclass", _qual(t))
-                handler(h, v)
-                return
-        h.put(b"opaque", _qual(t))  # never repr() (addresses) nor pickle (side effects)
+        h.put(b"subclass", _qual(type(v)))  # 0.1.0's encoding
+    handler(h, v)
+
+
+def _pattern(h: _Hasher, v: re.Pattern) -> None:
+    h.put(b"pattern", type(v.pattern).__name__, v.pattern, _int(v.flags))
+
+
+def _array(h: _Hasher, v: Any) -> None:
+    h.put(b"array", v.typecode)
+    h.raw(v)
+
+
+def _cache_wrapper(h: _Hasher, v: Any) -> None:
+    # functools.cache / lru_cache: the function it wraps (its own pickle is its name).
+    h.put(b"cache-wrapper", str(_instance_dict(v).get("__qualname__")))
+    h.stack.append(_instance_dict(v).get("__wrapped__", _MISSING))
 
 
 _EXACT: dict[type, Any] = {
@@ -401,7 +792,11 @@ _EXACT: dict[type, Any] = {
     uuid.UUID: _atom(b"UUID", lambda v: [v.bytes]),
     pathlib.PurePath: _atom(b"path", lambda v: [_qual(type(v)), str(v)]),
     type: _class,
-    types.ModuleType: _atom(b"module", lambda v: [str(getattr(v, "__name__", None))]),
+    types.ModuleType: _module,
+    _ModuleReads: _module_reads,
+    re.Pattern: _pattern,
+    array.array: _array,
+    functools._lru_cache_wrapper: _cache_wrapper,
     types.FunctionType: _function,
     types.CodeType: _code,
     types.MethodType: _method,
@@ -422,7 +817,7 @@ _EXACT: dict[type, Any] = {
 }
 
 
-def fingerprint(value: object) -> str:
+def fingerprint(value: object, *, read_globals: bool = True) -> str:
     """A content hash (32 hex digits of SHA-256), the same in every process.
 
     It never depends on ``hash()`` (randomized per process by
@@ -431,35 +826,65 @@ def fingerprint(value: object) -> str:
 
     * Data by content: None, bool, int, float (IEEE bytes: ``-0.0`` and NaN
       are stable), complex, str, bytes, bytearray, memoryview, tuple, list,
-      deque, dict, set and frozenset (these three in any order, as ``==``
-      compares them), range, slice, Decimal, Fraction, datetime, date, time,
-      timedelta, UUID, paths, SimpleNamespace, Enum members (class and name),
-      dataclass instances and namedtuples (type and fields), and subclasses
-      of all these (their type plus the content).
-    * numpy arrays by dtype, shape and raw bytes (no copy when C-contiguous;
-      object arrays element by element), numpy scalars by dtype and bytes,
-      ufuncs by name; numpy is never imported. pandas objects by their
-      pickle; one that cannot be pickled by type only.
+      deque, dict (in key order: it is semantic), set and frozenset (in any
+      order, as ``==`` compares them: element digests are sorted), range,
+      slice, Decimal, Fraction, datetime, date, time, timedelta, UUID, paths,
+      ``re.Pattern``, ``array.array``, SimpleNamespace, Enum members (class
+      and name), dataclass instances and namedtuples (class name and fields;
+      a notebook dataclass with its class's content), and subclasses of all
+      these (their type, the content and any instance attributes).
+    * numpy arrays by dtype, shape and raw bytes, in one pass (no copy when
+      C-contiguous; object arrays element by element); masked arrays by data,
+      mask and fill value; scalars by dtype and bytes; ufuncs by name;
+      ``np.vectorize`` by its function. numpy is never imported. pandas
+      objects by their pickle with sets in a fixed order, array buffers
+      hashed in place.
     * Functions by code (bytecode, constants with nested code, names,
-      arguments; not the file name or line numbers), defaults and closure
-      contents, so a decorator's wrapper differs per wrapped function; never
-      by their globals. ``functools.partial`` by function, args and keywords;
-      bound methods by function and the class of ``__self__``; builtins by
-      module and qualified name; staticmethod, classmethod and property by
-      what they wrap.
-    * Classes by module and qualified name; classes defined in ``__main__``
-      (the notebook) also by their bases and members, so editing a method
-      changes the class's fingerprint. Modules by name.
+      arguments; not the file name or line numbers), defaults, closure
+      contents, ``__wrapped__``, and, for functions of the notebook or of a
+      local module, the globals they read (:func:`function_parts`).
+      ``functools.partial`` by function, args and keywords; ``cache`` and
+      ``lru_cache`` wrappers by the function they wrap; bound methods by
+      function and instance; builtins by module and qualified name (and the
+      object a bound builtin reads, as in ``d.get``).
+    * Classes of libraries by module and qualified name; classes of the
+      notebook or a local module also by their bases and members, so editing
+      a method changes the class's fingerprint. Library modules by name,
+      local modules also by their source file (:mod:`nbdurable.localcode`).
+    * Any other object by its documented pickle state (:func:`_reduced`):
+      instances of notebook classes, ChainMap, ``operator.itemgetter``,
+      ``ZoneInfo``, pydantic models. Nothing is serialized and ``repr`` is
+      never called.
     * Escape hatch: a class may define ``__nbdurable_fingerprint__(self)``
       returning str or bytes; that result (with the class's name) is used.
-    * Anything else (clients, sockets, locks, files, generators, plain class
-      instances) by type only: never by ``repr`` (it may hold addresses),
-      never by pickle (it may have side effects).
+    * By type only, the named fallback (:func:`_type_only`): what cannot be
+      pickled (sockets, locks, open files, generators, connections) and any
+      library object holding one (a client). :func:`fingerprint_info` lists them.
 
     A container reachable from itself hashes a back-reference where it
-    recurs. The walk uses no recursion, so very deep nesting is fine.
+    recurs, so cycles (mutually recursive functions too) end. The walk uses
+    no recursion, so very deep nesting is fine.
+
+    ``read_globals=False`` leaves out the globals functions read: the code
+    alone, e.g. to tell whether a live class is the one a value was saved with.
     """
-    return _Hasher().run(value)
+    return _Hasher(read_globals).run(value)
+
+
+class FingerprintInfo(NamedTuple):
+    """A fingerprint and what in the value was hashed by type only."""
+
+    digest: str
+    #: qualified type names hashed by type only (in walk order, repeats kept);
+    #: empty when the value was described completely
+    type_only: tuple[str, ...]
+
+
+def fingerprint_info(value: object) -> FingerprintInfo:
+    """:func:`fingerprint` plus the types it could only hash by type (same cost)."""
+    h = _Hasher()
+    digest = h.run(value)
+    return FingerprintInfo(digest, tuple(h.type_only))
 
 
 def args_fingerprint(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:

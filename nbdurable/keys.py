@@ -23,14 +23,23 @@
 **Source fingerprint** (:func:`source_fingerprint`): SHA-256 of
 :func:`normalize_source` of the cell's Python (after IPython's transforms),
 i.e. of its AST, so comments, blank lines and formatting never invalidate a
-step, while any code edit does.
+step, while any code edit does. A trailing ``;`` after a final expression is
+kept (it decides whether IPython displays the result).
 
 **Input fingerprints**: for each name of :attr:`CellAnalysis.reads` (may be
 read before the cell binds it, see :func:`analyse`) that exists in the
-namespace, :func:`fingerprint` of its value: data by content, functions by
-code and closure, modules and library classes by name, notebook classes by
-their members too, other objects by type only. A step re-executes when its
-source fingerprint or any input fingerprint changed.
+namespace, :func:`fingerprint` of its value: data by content (dicts in key
+order, sets in any order), objects by their pickle state, functions by code,
+closure and the globals they read, library modules and classes by name, local
+modules (outside site-packages and the standard library) by source, notebook
+classes by their members too; what cannot be pickled (sockets, locks, clients)
+by type only, which :func:`fingerprint_info` reports. A step re-executes when
+its source fingerprint or any input fingerprint changed.
+
+**Callee fingerprints** (:func:`callable_fingerprint`): what a sub-step calls,
+by code, defaults, closure values, ``__wrapped__``, bound instance and the
+globals it reads, transitively through notebook functions and local modules;
+a recorded call replays only if its callee's fingerprint is unchanged.
 
 **Idempotency keys**: ``"nbd-"`` + the first 32 hex digits of the SHA-256 of
 ``run id, step key, sub id, name`` (UTF-8, joined by NUL), stable across
@@ -41,17 +50,22 @@ from __future__ import annotations
 
 import ast
 import hashlib
+import io
 import re
+import tokenize
 
 from .analysis import CellAnalysis, _parse, analyse
+from .callables import callable_fingerprint
 from .errors import UsageProblem
-from .fingerprint import args_fingerprint, fingerprint
+from .fingerprint import args_fingerprint, fingerprint, fingerprint_info
 
 __all__ = [
     "CellAnalysis",
     "analyse",
     "args_fingerprint",
+    "callable_fingerprint",
     "fingerprint",
+    "fingerprint_info",
     "normalize_source",
     "source_fingerprint",
     "step_key",
@@ -72,13 +86,34 @@ def normalize_source(source: str) -> str:
     changes when the grammar does, so a Python upgrade invalidates fewer steps.
     Code that does not parse (or is too deeply nested to unparse) falls back
     to its lines without comment-only lines, blank lines or trailing spaces.
-    Never raises.
+    A final expression statement followed by ``;`` keeps it (``ast.unparse``
+    drops it): IPython does not display that result, so adding or removing it
+    changes what the cell shows. Never raises.
     """
     try:
-        return ast.unparse(_parse(source))
+        tree = _parse(source)
+        text = ast.unparse(tree)
+        if tree.body and isinstance(tree.body[-1], ast.Expr) and _quiet(source):
+            text += ";"
+        return text
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         lines = (line.rstrip() for line in source.splitlines())
         return "\n".join(s for s in lines if s and not s.lstrip().startswith("#"))
+
+
+def _quiet(source: str) -> bool:
+    """True if the last token is ``;``, the test IPython's display hook applies."""
+    if ";" not in source:
+        return False
+    try:
+        tokens = list(tokenize.generate_tokens(io.StringIO(source).readline))
+    except (tokenize.TokenError, SyntaxError):
+        return False
+    skip = (tokenize.ENDMARKER, tokenize.NL, tokenize.NEWLINE, tokenize.COMMENT)
+    for token in reversed(tokens):
+        if token.type not in skip:
+            return token.type == tokenize.OP and token.string == ";"
+    return False
 
 
 def source_fingerprint(source: str) -> str:

@@ -450,11 +450,12 @@ def test_equal_content_gives_equal_fingerprints(make):
     assert fingerprint(make()) == fingerprint(make())
 
 
-def test_sets_and_dicts_ignore_order():
+def test_sets_ignore_order_and_dicts_keep_it():
     words = [f"w{i}" for i in range(200)]
     assert fingerprint(set(words)) == fingerprint(set(reversed(words)))
     assert fingerprint(frozenset(words)) == fingerprint(frozenset(reversed(words)))
-    assert fingerprint({1: "a", 2: "b"}) == fingerprint({2: "b", 1: "a"})
+    # Key order is semantic: ",".join(d) and list(d) see it.
+    assert fingerprint({1: "a", 2: "b"}) != fingerprint({2: "b", 1: "a"})
     assert fingerprint({1: "a"}) != fingerprint({"a": 1})
     assert fingerprint({1: "a", 2: "b"}) != fingerprint({1: "b", 2: "a"})
     assert fingerprint({"k": {1, 2}}) == fingerprint({"k": {2, 1}})
@@ -578,10 +579,12 @@ def test_functions_by_code_not_by_file_or_line():
     assert fingerprint(one) != fingerprint(renamed_arg)
 
 
-def test_functions_ignore_globals():
-    one = _define("def f():\n    return g", namespace={"g": 1})["f"]
-    two = _define("def f():\n    return g", namespace={"g": 2})["f"]
-    assert fingerprint(one) == fingerprint(two)
+def test_functions_include_the_globals_they_read():
+    one = _define("def f():\n    return g", namespace={"g": 1, "unread": 1})["f"]
+    two = _define("def f():\n    return g", namespace={"g": 2, "unread": 1})["f"]
+    same = _define("def f():\n    return g", namespace={"g": 1, "unread": 2})["f"]
+    assert fingerprint(one) != fingerprint(two)
+    assert fingerprint(one) == fingerprint(same)
 
 
 def test_functions_include_defaults_and_nested_code():
@@ -774,7 +777,7 @@ values = {
     "strings": {"alpha", "beta", "gamma", "delta", "epsilon"},
     "frozen": frozenset({("a", 1), ("b", 2), frozenset({"x", "y"})}),
     "dict": {"b": [1, 2.5, None], "a": {"k": b"v"}},
-    "set_ordered_dict": {w: len(w) for w in {"alpha", "beta", "gamma", "delta"}},
+    "sorted_dict": {w: len(w) for w in sorted({"alpha", "beta", "gamma", "delta"})},
     "function": ns["f"],
     "closure": ns["make"](3),
     "class": ns["K"],

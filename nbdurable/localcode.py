@@ -1,0 +1,145 @@
+"""Which code is the user's: local files, local modules, and the names code reads.
+
+A fingerprint follows what a function reads only into the user's own code:
+the notebook and **local modules**, i.e. modules whose file lies outside the
+standard library and every ``site-packages``/``dist-packages`` directory (a
+``helpers.py`` next to the notebook, a package installed in editable mode).
+Library code is identified by name: following a library function's globals
+would walk half of numpy, and a library changes only when it is upgraded.
+nbdurable's own modules count as library code.
+
+A local module is identified by the SHA-256 of its source file, read again
+whenever its size or modification time changes. What a function reads is
+taken from its bytecode and that of the code nested in it (inner functions,
+lambdas, comprehensions): the names it loads as globals, and from a local
+module every name the code mentions (``co_names``, attribute names included:
+``helpers.SCALE`` lists ``helpers`` and ``SCALE``), a small over-approximation.
+"""
+
+from __future__ import annotations
+
+import dis
+import functools
+import hashlib
+import os
+import site
+import sys
+import sysconfig
+import time
+import types
+from typing import Any
+
+_PACKAGE_DIRS = frozenset({"site-packages", "dist-packages"})
+
+
+def _library_roots() -> tuple[str, ...]:
+    paths = sysconfig.get_paths()
+    roots = {paths.get(k) for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+    try:
+        roots.update(site.getsitepackages())
+        roots.add(site.getusersitepackages())
+    except AttributeError:  # site's functions are missing in some embedded interpreters
+        pass
+    here = os.path.dirname(os.path.abspath(__file__))  # nbdurable itself, even when editable
+    found = {os.path.realpath(r) for r in roots if r} | {os.path.realpath(here)}
+    return tuple(r.rstrip(os.sep) + os.sep for r in sorted(found))
+
+
+_ROOTS = _library_roots()
+
+
+@functools.cache
+def is_library_file(filename: str) -> bool:
+    """True for a file of the standard library, an installed package, or nbdurable.
+
+    Pseudo file names: ``<frozen ...>`` (frozen standard modules) is library
+    code; any other (``<string>``, ``<stdin>``, a cell's ``<ipython-input-...>``)
+    is the user's.
+    """
+    if filename.startswith("<"):
+        return filename.startswith("<frozen")
+    path = os.path.realpath(filename)
+    if _PACKAGE_DIRS.intersection(path.split(os.sep)):
+        return True
+    return path.startswith(_ROOTS)
+
+
+def module_file(module: types.ModuleType) -> str | None:
+    """The file of a local module; None for library, built-in and ``__main__`` modules.
+
+    Reads the module's ``__dict__`` directly: a module ``__getattr__`` (PEP 562)
+    is never called.
+    """
+    try:
+        namespace = vars(module)
+    except TypeError:
+        return None
+    name = namespace.get("__name__")
+    file = namespace.get("__file__")
+    if not isinstance(name, str) or name == "__main__" or not isinstance(file, str):
+        return None
+    return None if is_library_file(file) else file
+
+
+def is_local_module_name(name: Any) -> bool:
+    """True if ``name`` is ``__main__`` (the notebook) or a loaded local module."""
+    if name == "__main__":
+        return True
+    module = sys.modules.get(name) if isinstance(name, str) else None
+    return module is not None and module_file(module) is not None
+
+
+def is_local_function(fn: types.FunctionType) -> bool:
+    """True if the function's code comes from the notebook or a local module."""
+    return not is_library_file(fn.__code__.co_filename)
+
+
+_FILE_DIGESTS: dict[str, tuple[tuple[int, int, int], str]] = {}
+_RACY_NS = 2_000_000_000
+
+
+def file_digest(path: str) -> str:
+    """SHA-256 (hex) of a file's bytes, cached while its inode, size and mtime stay.
+
+    Only files already older than two seconds when hashed are cached: file
+    times tick coarsely (a few ms), so an edit right after hashing could keep
+    the same mtime and size (git calls this the racy-clean problem). A file
+    that cannot be read gives ``"unreadable: <error class>"``, so deleting a
+    module's file is a change, never an exception.
+    """
+    try:
+        st = os.stat(path)
+        stamp = (st.st_ino, st.st_mtime_ns, st.st_size)
+        cached = _FILE_DIGESTS.get(path)
+        if cached is not None and cached[0] == stamp:
+            return cached[1]
+        with open(path, "rb") as fh:
+            digest = hashlib.sha256(fh.read()).hexdigest()  # module sources are small
+    except OSError as exc:
+        return f"unreadable: {type(exc).__name__}"
+    if time.time_ns() - st.st_mtime_ns > _RACY_NS:
+        _FILE_DIGESTS[path] = (stamp, digest)
+    return digest
+
+
+_GLOBAL_LOADS = frozenset({"LOAD_GLOBAL", "LOAD_NAME", "LOAD_FROM_DICT_OR_GLOBALS"})
+
+
+@functools.lru_cache(maxsize=4096)
+def names_read(code: types.CodeType) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """``(globals, names)`` read by ``code`` and every code object nested in it.
+
+    ``globals``: the names its bytecode loads as globals (``LOAD_GLOBAL``,
+    and ``LOAD_NAME`` in class bodies), so ``self.model`` does not make a
+    global ``model`` an input. ``names``: all of ``co_names``, attribute
+    names included: what may be read from a module (``helpers.SCALE``). Both sorted.
+    """
+    globals_: set[str] = set()
+    names: set[str] = set()
+    todo = [code]
+    while todo:
+        c = todo.pop()
+        names.update(c.co_names)
+        globals_.update(i.argval for i in dis.get_instructions(c) if i.opname in _GLOBAL_LOADS)
+        todo.extend(k for k in c.co_consts if isinstance(k, types.CodeType))
+    return tuple(sorted(globals_)), tuple(sorted(names))
