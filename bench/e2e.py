@@ -33,7 +33,7 @@ BUNDLED = REPO / "nbdurable" / "notebooks" / "research_agent.ipynb"
 CELLS = [
     "%load_ext nbdurable\n"
     "from nbdurable import step\n"
-    "from nbdurable.sim import llm_plan, search_web, llm_answer, llm_synthesize\n"
+    "from nbdurable.demo.sim import llm_plan, search_web, llm_answer, llm_synthesize\n"
     "topic = 'durable notebooks'",
     '%%step plan\nplan = llm_plan(topic)\nprint(plan["title"])',
     "%%step research\n"

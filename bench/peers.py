@@ -164,7 +164,7 @@ class Nbdurable(SimplePeer):
         self.name = "nbdurable" + (f" ({', '.join(extra)})" if extra else "")
 
     def _open(self, d: Path) -> Any:
-        from nbdurable import engine
+        from nbdurable.kernel import session as engine
         from nbdurable.store import Store
 
         engine.reset_session()
@@ -185,7 +185,7 @@ class Nbdurable(SimplePeer):
         return step(step_id(i), produce, i)
 
     def _close(self, h: Any) -> None:
-        from nbdurable import engine
+        from nbdurable.kernel import session as engine
 
         engine.get_session().current = None
         engine.reset_session()

@@ -26,7 +26,7 @@ class _Parser(argparse.ArgumentParser):
     """An ArgumentParser whose errors are one line, naming the way to get help."""
 
     def error(self, message: str) -> NoReturn:
-        from .keys import one_line
+        from .identity.keys import one_line
 
         message = one_line(message)
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
@@ -306,14 +306,14 @@ def _usage(message: str) -> Exception:
 def _store_dir(args: argparse.Namespace, notebook: Path | None) -> Path:
     if getattr(args, "store", None) is not None:
         return _path(args.store)
-    from .locate import store_dir
+    from .identity.locate import store_dir
 
     return store_dir(notebook)
 
 
 def _open(directory: Path, must_exist: bool = True) -> Any:
     """The store at ``directory``; None if it does not exist and ``must_exist`` is false."""
-    from .store import Store
+    from .store.disk import Store
 
     if not _is(lambda: Store.exists(directory)):
         if must_exist:
@@ -328,15 +328,15 @@ def _open(directory: Path, must_exist: bool = True) -> Any:
 def _run_id(args: argparse.Namespace, notebook: Path, store: Any, directory: Path) -> str:
     """The run the command works on; a named run must exist."""
     if args.run_name is None:
-        from .locate import run_id_for
+        from .identity.locate import run_id_for
 
         return run_id_for(notebook, directory)
-    from . import runs
-    from .keys import validate_name
+    from .identity.keys import validate_name
+    from .store import admin
 
     validate_name(args.run_name, "run name")
-    if store is None or not runs.known_run(store, args.run_name):
-        known = ", ".join(repr(r) for r in runs.run_names(store)) if store else "none"
+    if store is None or not admin.known_run(store, args.run_name):
+        known = ", ".join(repr(r) for r in admin.run_names(store)) if store else "none"
         raise _usage(f"no run {args.run_name!r} in the store at {directory} (runs: {known})")
     return args.run_name
 
@@ -356,10 +356,10 @@ def _when(t: float | None) -> str:
 
 def cmd_run(args: argparse.Namespace) -> int:
     """``nbdurable run``."""
-    from .runner import ConsoleProgress, Progress, run_notebook
+    from .run.attempts import ConsoleProgress, Progress, run_notebook
 
     if args.run_name is not None:
-        from .keys import validate_name
+        from .identity.keys import validate_name
 
         validate_name(args.run_name, "run name")
     quiet = args.quiet or args.json
@@ -416,7 +416,7 @@ def _strip_ansi(text: str) -> str:
 
 def cmd_status(args: argparse.Namespace) -> int:
     """``nbdurable status``."""
-    from . import ops
+    from . import commands
 
     notebook = _notebook(args)
     directory = _store_dir(args, notebook)
@@ -427,7 +427,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     else:
         with store:
             run_id = _run_id(args, notebook, store, directory)
-            infos = ops.step_infos(store, run_id, notebook)
+            infos = commands.step_infos(store, run_id, notebook)
     if args.json:
         _emit(
             {
@@ -439,14 +439,14 @@ def cmd_status(args: argparse.Namespace) -> int:
         )
         return 0
     print(f"{notebook.name} · run {run_id!r} · store {directory}")
-    print(ops.format_table(infos) if infos else "no %%step cells and nothing recorded")
+    print(commands.format_table(infos) if infos else "no %%step cells and nothing recorded")
     return 0
 
 
 def _pending(notebook: Path) -> list[Any]:
     """Status rows when no store exists yet: every step cell is pending."""
-    from .locate import NotebookFile
-    from .ops import StepInfo
+    from .commands import StepInfo
+    from .identity.locate import NotebookFile
 
     nbf = NotebookFile(notebook)
     nbf.refresh()
@@ -469,17 +469,17 @@ def _recorded_run(args: argparse.Namespace) -> Iterator[tuple[Path, Any, str, Pa
 
 def cmd_clear(args: argparse.Namespace) -> int:
     """``nbdurable clear``."""
-    from . import ops
+    from . import commands
 
     if args.all == bool(args.steps):
         raise _usage("give step names to clear, or --all for the whole run (not both)")
     with _recorded_run(args) as (notebook, store, run_id, _):
         if args.all:
-            n = ops.clear_all(store, run_id)
+            n = commands.clear_all(store, run_id)
             print(f"cleared run {run_id!r} ({n} records)")
             return 0
-        found = ops.resolve(store, run_id, args.steps, notebook)
-        stale = ops.clear(store, run_id, found)
+        found = commands.resolve(store, run_id, args.steps, notebook)
+        stale = commands.clear(store, run_id, found)
     msg = f"cleared: {', '.join(args.steps)}"
     if stale:
         msg += f"; invalidated dependants: {', '.join(stale)}"
@@ -489,41 +489,41 @@ def cmd_clear(args: argparse.Namespace) -> int:
 
 def cmd_pin(args: argparse.Namespace) -> int:
     """``nbdurable pin`` / ``unpin``."""
-    from . import ops
+    from . import commands
 
     with _recorded_run(args) as (notebook, store, run_id, _):
-        for key in ops.resolve(store, run_id, args.steps, notebook):
-            ops.set_pin(store, run_id, key, args.pinned)
+        for key in commands.resolve(store, run_id, args.steps, notebook):
+            commands.set_pin(store, run_id, key, args.pinned)
     print(f"{'pinned' if args.pinned else 'unpinned'}: {', '.join(args.steps)}")
     return 0
 
 
 def cmd_export(args: argparse.Namespace) -> int:
     """``nbdurable export``."""
-    from . import runs
+    from .store import admin
 
     with _recorded_run(args) as (notebook, store, run_id, directory):
-        if args.run_name is None and not runs.known_run(store, run_id):
+        if args.run_name is None and not admin.known_run(store, run_id):
             raise _usage(
                 f"nothing is recorded for run {run_id!r} in {directory}; run the notebook first"
             )
-        doc = runs.export_run(store, run_id, notebook, with_values=args.values)
+        doc = admin.export_run(store, run_id, notebook, with_values=args.values)
     if args.format == "json":
         _emit(doc)
     else:
-        for line in runs.export_lines(doc):
+        for line in admin.export_lines(doc):
             print(json.dumps(line, default=str))
     return 0
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
     """``nbdurable ls``."""
-    from . import runs
-    from .ops import human_size
+    from .commands import human_size
+    from .store import admin
 
     directory = _store_dir(args, None)
     with _open(directory) as store:
-        infos = runs.list_runs(store)
+        infos = admin.list_runs(store)
     if args.json:
         _emit({"store": str(directory), "runs": [r.to_json() for r in infos]})
         return 0
@@ -541,13 +541,13 @@ def cmd_ls(args: argparse.Namespace) -> int:
 
 def cmd_gc(args: argparse.Namespace) -> int:
     """``nbdurable gc``."""
-    from . import runs
-    from .ops import human_size
+    from .commands import human_size
+    from .store import admin
 
-    age = runs.parse_age(args.older_than)
+    age = admin.parse_age(args.older_than)
     directory = _store_dir(args, None)
     with _open(directory) as store:
-        report = runs.gc(store, age, dry_run=args.dry_run)
+        report = admin.gc(store, age, dry_run=args.dry_run)
     if args.json:
         _emit(report.to_json())
         return 0
@@ -586,7 +586,7 @@ def main(argv: list[str] | None = None) -> int:
     if any(v == [] for k, v in vars(args).items() if k != "steps"):
         parser.error("an option's value is '--'; give the value itself")  # argparse gives []
     from .errors import NbdurableError
-    from .keys import one_line
+    from .identity.keys import one_line
 
     try:
         return int(args.func(args))

@@ -9,9 +9,8 @@ import pickle
 import numpy as np
 import pytest
 
-from nbdurable import blobs, values
 from nbdurable.errors import CorruptRecord, StoreError
-from nbdurable.store import MAGIC, Store
+from nbdurable.store import MAGIC, Store, blobs, values
 
 BIG = 6 * 1024 * 1024  # over blobs.THREAD_OVER and blobs.MAP_OVER: the threaded/mapped paths
 
@@ -246,7 +245,8 @@ def test_mappings_are_capped_and_read_past_the_cap(store, monkeypatch):
 _CHILD = """
 import os, sys
 import numpy as np
-from nbdurable import blobs, values
+from nbdurable.store import blobs
+from nbdurable.store import values
 from nbdurable.store import Store
 
 where, point = sys.argv[1], sys.argv[2]

@@ -29,7 +29,7 @@ import nbformat
 import pytest
 from kernel_util import REPO_ROOT, make_notebook, run_notebook
 
-from nbdurable import ops
+from nbdurable import commands as ops
 from nbdurable.store import Store
 
 pytestmark = pytest.mark.browser

@@ -334,8 +334,8 @@ def test_status_export_pin_clear_gc_through_the_cli(tmp_path, capsys, monkeypatc
 
 
 def test_gc_keeps_every_blob_when_a_step_record_is_unreadable(tmp_path):
-    from nbdurable import runs
     from nbdurable.store import Store
+    from nbdurable.store import admin as runs
 
     with Store(tmp_path / "store") as store:
         sha, _ = store.put_blob(b"some value")
@@ -349,7 +349,7 @@ def test_gc_keeps_every_blob_when_a_step_record_is_unreadable(tmp_path):
 
 def test_parse_age():
     from nbdurable.errors import UsageProblem
-    from nbdurable.runs import parse_age
+    from nbdurable.store.admin import parse_age
 
     assert parse_age("30d") == parse_age("30") == 30 * 86400
     assert (

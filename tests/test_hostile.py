@@ -33,11 +33,13 @@ import nbformat
 import pytest
 from kernel_util import make_notebook, outputs_of, run_notebook, stream_text
 
-from nbdurable import cli, locate, runs
-from nbdurable import store as nbd_store
+from nbdurable import cli
 from nbdurable.errors import CorruptRecord, StoreError
-from nbdurable.records import StepRecord
+from nbdurable.identity import locate
 from nbdurable.store import RUN_SCOPE, RunKeys, Store
+from nbdurable.store import admin as runs
+from nbdurable.store import disk as nbd_store
+from nbdurable.store.records import StepRecord
 
 BIG = b"v" * 50_000  # diskcache keeps values of 32 KB and more in files
 

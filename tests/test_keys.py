@@ -27,7 +27,7 @@ import pytest
 
 import nbdurable
 from nbdurable.errors import UsageProblem
-from nbdurable.keys import (
+from nbdurable.identity.keys import (
     CellAnalysis,
     analyse,
     args_fingerprint,
@@ -767,7 +767,7 @@ def test_pandas_like_objects_are_pickled(monkeypatch):
 
 _CROSS_PROCESS = """
 import json, sys
-from nbdurable.keys import fingerprint, args_fingerprint, source_fingerprint
+from nbdurable.identity.keys import fingerprint, args_fingerprint, source_fingerprint
 ns = {}
 exec(compile(SRC, sys.argv[1], "exec"), ns)
 values = {

@@ -18,7 +18,7 @@ from jupyter_client.manager import start_new_kernel
 from kernel_util import REPO_ROOT, kernel_name, make_notebook, run_notebook
 from nbclient.exceptions import CellExecutionError
 
-from nbdurable import lease
+from nbdurable.kernel import lease
 from nbdurable.store import Store
 
 pytestmark = pytest.mark.kernel

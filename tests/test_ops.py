@@ -7,11 +7,11 @@ import re
 
 import pytest
 
-from nbdurable import ops
+from nbdurable import commands as ops
 from nbdurable.errors import UsageProblem
-from nbdurable.keys import source_fingerprint
-from nbdurable.records import StepRecord, StepState, SubRecord, VarRecord
+from nbdurable.identity.keys import source_fingerprint
 from nbdurable.store import RUN_SCOPE, RunKeys, Store
+from nbdurable.store.records import StepRecord, StepState, SubRecord, VarRecord
 
 RUN = "nb.ipynb"
 RK = RunKeys(RUN)

@@ -11,11 +11,11 @@ from pathlib import Path
 import diskcache
 import pytest
 
-from nbdurable import locate
-from nbdurable.engine import NbdurableWarning, Session
 from nbdurable.errors import CorruptRecord, FormatVersionError, StoreError, UsageProblem
-from nbdurable.records import FORMAT_VERSION, RECORD_FORMAT
+from nbdurable.identity import locate
+from nbdurable.kernel.session import NbdurableWarning, Session
 from nbdurable.store import RUN_SCOPE, RunKeys, Store
+from nbdurable.store.records import FORMAT_VERSION, RECORD_FORMAT
 
 
 class Planted:
@@ -255,8 +255,9 @@ def test_finding_a_saved_cell_fingerprints_each_cell_once_per_read(tmp_path, mon
 
 def test_a_recorded_sub_step_header_is_a_sub_record(store, monkeypatch):
     # The sub-step hot path builds SubRecord's header by hand: it must stay that schema.
-    from nbdurable import engine, substeps
-    from nbdurable.records import SubRecord
+    from nbdurable.kernel import session as engine
+    from nbdurable.kernel import substeps
+    from nbdurable.store.records import SubRecord
 
     monkeypatch.setattr(engine, "_session", None)
     session = engine.get_session()
@@ -280,7 +281,7 @@ def _shout(text: str) -> str:
 
 def _in_step(store: Store, monkeypatch: pytest.MonkeyPatch) -> object:
     """A fresh session on ``store`` whose current step is ``name:s`` (as a restart gives)."""
-    from nbdurable import engine
+    from nbdurable.kernel import session as engine
 
     monkeypatch.setattr(engine, "_session", None)
     session = engine.get_session()
@@ -291,8 +292,8 @@ def _in_step(store: Store, monkeypatch: pytest.MonkeyPatch) -> object:
 
 @pytest.mark.parametrize("total_max", [32 * 1024 * 1024, 1_000], ids=["in-memory", "over-cap"])
 def test_a_steps_sub_steps_replay_from_one_read(store, monkeypatch, total_max):
-    from nbdurable import store as store_mod
-    from nbdurable import substeps
+    from nbdurable.kernel import substeps
+    from nbdurable.store import disk as store_mod
 
     monkeypatch.setattr(store_mod, "LOAD_TOTAL_MAX", total_max)
     values = {f"call:{i}": ("v" * (i * 5_000)) + str(i) for i in range(12)}  # 0 B to 55 KB
@@ -316,7 +317,7 @@ def test_a_steps_sub_steps_replay_from_one_read(store, monkeypatch, total_max):
 
 
 def test_a_tampered_sub_step_in_the_step_read_is_called_again(store, monkeypatch):
-    from nbdurable import substeps
+    from nbdurable.kernel import substeps
 
     session = _in_step(store, monkeypatch)
     substeps.step("call", lambda: "recorded")
@@ -330,8 +331,9 @@ def test_a_tampered_sub_step_in_the_step_read_is_called_again(store, monkeypatch
 
 
 def test_the_run_scope_index_lives_one_cell_and_never_calls_twice(store, monkeypatch):
-    from nbdurable import engine, substeps
-    from nbdurable.magic import _pre_run_cell
+    from nbdurable.kernel import session as engine
+    from nbdurable.kernel import substeps
+    from nbdurable.kernel.magic import _pre_run_cell
 
     monkeypatch.setattr(engine, "_session", None)
     session = engine.get_session()
@@ -360,7 +362,7 @@ def test_the_run_scope_index_lives_one_cell_and_never_calls_twice(store, monkeyp
 
 @pytest.mark.parametrize("planted", ["text", 1.5, -3, 2**62, 10**9], ids=repr)
 def test_a_planted_non_bytes_row_is_a_corrupt_record(store, monkeypatch, planted):
-    from nbdurable import substeps
+    from nbdurable.kernel import substeps
 
     session = _in_step(store, monkeypatch)
     key = session.keys.sub("name:s", "call")
@@ -375,7 +377,7 @@ def test_a_planted_non_bytes_row_is_a_corrupt_record(store, monkeypatch, planted
 def test_a_store_deleted_during_a_step_is_not_replayed_from(store, monkeypatch):
     import shutil
 
-    from nbdurable import substeps
+    from nbdurable.kernel import substeps
 
     _in_step(store, monkeypatch)
     for i in range(2):
@@ -389,7 +391,7 @@ def test_a_store_deleted_during_a_step_is_not_replayed_from(store, monkeypatch):
 
 
 def test_a_failed_sub_step_can_be_retried_with_the_same_id(store, monkeypatch):
-    from nbdurable import substeps
+    from nbdurable.kernel import substeps
 
     _in_step(store, monkeypatch)
     attempts = []

@@ -30,7 +30,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from .errors import UsageProblem
+from ..errors import UsageProblem
 
 SUBQUESTIONS = 60
 #: Seconds per simulated call: long enough to watch, short enough for a demo.
@@ -108,7 +108,7 @@ def run_demo(
     quiet: bool = False,
 ) -> int:
     """Run the demo; returns the exit code (0 when it showed what it should)."""
-    from .runner import ConsoleProgress, Progress, run_notebook
+    from ..run.attempts import ConsoleProgress, Progress, run_notebook
     from .sim import ledger_calls
 
     if not 0 <= crash_at < SUBQUESTIONS:

@@ -43,8 +43,8 @@ import ast
 import hashlib
 import re
 
+from ..errors import UsageProblem
 from .analysis import CellAnalysis, _parse, analyse
-from .errors import UsageProblem
 from .fingerprint import args_fingerprint, fingerprint
 
 __all__ = [

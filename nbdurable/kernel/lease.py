@@ -22,8 +22,8 @@ import weakref
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from .errors import CorruptRecord, LeaseHeld
-from .store import RunKeys, Store
+from ..errors import CorruptRecord, LeaseHeld
+from ..store.disk import RunKeys, Store
 
 HEARTBEAT = 30.0
 STALE_AFTER = 120.0

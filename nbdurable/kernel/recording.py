@@ -14,9 +14,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import blobs, config, faults, redact, values
-from .records import VarRecord
-from .store import Store
+from .. import config, faults, redact
+from ..store import blobs, values
+from ..store.disk import Store
+from ..store.records import VarRecord
 
 
 @dataclass

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .errors import UsageProblem
+from ..errors import UsageProblem
 from .keys import _shown, source_fingerprint, validate_name
 
 DEFAULT_RUN = "default"

@@ -43,8 +43,9 @@ from typing import Any
 
 import diskcache
 
-from . import blobs, faults
-from .errors import CorruptRecord, FormatVersionError, StoreError
+from .. import faults
+from ..errors import CorruptRecord, FormatVersionError, StoreError
+from . import blobs
 from .records import FORMAT_VERSION, RECORD_FORMAT
 
 MAGIC = b"NBD\x01"

@@ -7,9 +7,10 @@ import shlex
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 
-from . import events, keys, locate, ops
-from .engine import SubIndex, get_session
-from .errors import LeaseHeld, StoreError, UsageProblem
+from .. import commands, events
+from ..errors import LeaseHeld, StoreError, UsageProblem
+from ..identity import keys, locate
+from .session import SubIndex, get_session
 
 USAGE = """\
 %%step [NAME] [--force]     record this cell as a step (replayed on rerun)
@@ -48,22 +49,24 @@ class StepMagics(Magics):
     def _line(self, line: str) -> None:
         args = _split(line)
         if not args:
-            commands = ", ".join(_SUBCOMMANDS)
-            raise UsageProblem(f"%step needs a command: {commands} (see %step?)")
+            known = ", ".join(_SUBCOMMANDS)
+            raise UsageProblem(f"%step needs a command: {known} (see %step?)")
         cmd, rest = args[0], args[1:]
         session = get_session(self.shell)
         if cmd == "list":
             _no_args(cmd, rest)
-            infos = ops.step_infos(session.store, session.run_id, session.notebook, session.status)
+            infos = commands.step_infos(
+                session.store, session.run_id, session.notebook, session.status
+            )
             print(f"run {session.run_id!r} in {session.store.path}")
-            print(ops.format_table(infos) if infos else "no steps recorded yet")
+            print(commands.format_table(infos) if infos else "no steps recorded yet")
         elif cmd == "clear":
             self._clear(session, rest)
         elif cmd in ("pin", "unpin"):
             if not rest:
                 raise UsageProblem(f"%step {cmd} needs a step NAME (see %step list)")
-            for key in ops.resolve(session.store, session.run_id, rest, session.notebook):
-                ops.set_pin(session.store, session.run_id, key, cmd == "pin")
+            for key in commands.resolve(session.store, session.run_id, rest, session.notebook):
+                commands.set_pin(session.store, session.run_id, key, cmd == "pin")
                 events.emit("store-changed", session.run_id, key, action=cmd)
             print(f"{cmd}ned: {', '.join(rest)}")
         elif cmd == "run":
@@ -80,25 +83,25 @@ class StepMagics(Magics):
             _no_args(cmd, rest)
             from IPython.display import display
 
-            from .steppanel import panel
+            from .panel import panel
 
             display(panel())
         else:
-            commands = ", ".join(_SUBCOMMANDS)
-            raise UsageProblem(f"%step: unknown command {keys._shown(cmd)}; commands: {commands}")
+            known = ", ".join(_SUBCOMMANDS)
+            raise UsageProblem(f"%step: unknown command {keys._shown(cmd)}; commands: {known}")
 
     def _clear(self, session, rest: list[str]) -> None:  # noqa: ANN001
         if rest == ["--all"]:
-            n = ops.clear_all(session.store, session.run_id)
+            n = commands.clear_all(session.store, session.run_id)
             session.status.clear()
             events.emit("store-changed", session.run_id, None, action="clear-all")
             print(f"cleared run {session.run_id!r} ({n} records)")
             return
         if not rest or any(a.startswith("-") for a in rest):
             raise UsageProblem("usage: %step clear NAME [NAME ...] or %step clear --all")
-        infos = {i.key: i.label for i in ops.step_infos(session.store, session.run_id)}
-        found = ops.resolve(session.store, session.run_id, rest, session.notebook)
-        stale = ops.clear(session.store, session.run_id, found)
+        infos = {i.key: i.label for i in commands.step_infos(session.store, session.run_id)}
+        found = commands.resolve(session.store, session.run_id, rest, session.notebook)
+        stale = commands.clear(session.store, session.run_id, found)
         for key in found:
             session.status.pop(key, None)
             events.emit("store-changed", session.run_id, key, action="clear")

@@ -44,8 +44,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from . import locate
-from .errors import CorruptRecord, UsageProblem
+from ..errors import CorruptRecord, UsageProblem
+from ..identity import locate
 
 EXIT_OK = 0
 EXIT_CELL_ERROR = 1
@@ -57,7 +57,7 @@ EXIT_INTERRUPTED = 130
 _SAVED_EXPR = (
     "(lambda m: __import__('json').dumps(None if m is None or m._session is None else "
     "[m._session.saved.steps, m._session.saved.calls, m._session.saved.seconds, "
-    "m._session.run_id]))(__import__('sys').modules.get('nbdurable.engine'))"
+    "m._session.run_id]))(__import__('sys').modules.get('nbdurable.kernel.session'))"
 )
 
 
@@ -439,7 +439,7 @@ class _Run:
         progress: Progress,
         startup_timeout: int,
     ) -> None:
-        from .store import RunKeys
+        from ..store.disk import RunKeys
 
         self.nb = read_notebook(notebook)
         self.notebook = notebook
@@ -491,7 +491,7 @@ class _Run:
         Opened up front so that the runner and the kernel never race to create
         the store's key file. A notebook that never mentions nbdurable gets no store.
         """
-        from .store import Store
+        from ..store.disk import Store
 
         uses = any("nbdurable" in c.source for c in self.nb.cells if c.cell_type == "code")
         if not (uses or self.steps or self.store_dir.exists()):
@@ -521,10 +521,10 @@ class _Run:
         """Step states before an attempt, to tell *invalidated* from *executed*."""
         if self.store is None:
             return {}
-        from . import ops
+        from .. import commands
 
         try:
-            infos = ops.step_infos(self.store, self.rk.run_id, self.notebook)
+            infos = commands.step_infos(self.store, self.rk.run_id, self.notebook)
         except UsageProblem:
             return {}
         return {i.key: i for i in infos}

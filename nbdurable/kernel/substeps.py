@@ -15,11 +15,13 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from . import config, events, faults, keys, redact, values
-from .engine import Session, SubIndex, get_session, warn
-from .errors import CorruptRecord, DivergenceError, StoreError, UsageProblem
-from .records import FORMAT_VERSION
-from .store import RUN_SCOPE
+from .. import config, events, faults, redact
+from ..errors import CorruptRecord, DivergenceError, StoreError, UsageProblem
+from ..identity import keys
+from ..store import values
+from ..store.disk import RUN_SCOPE
+from ..store.records import FORMAT_VERSION
+from .session import Session, SubIndex, get_session, warn
 
 T = TypeVar("T")
 _ENOVAL = object()  # "no record": a recorded value may well be None

@@ -11,11 +11,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import locate
 from .errors import CorruptRecord, UsageProblem
-from .keys import _shown, source_fingerprint
-from .records import StepRecord, StepState
-from .store import RUN_SCOPE, RunKeys, Store
+from .identity import locate
+from .identity.keys import _shown, source_fingerprint
+from .store.disk import RUN_SCOPE, RunKeys, Store
+from .store.records import StepRecord, StepState
 
 STATES = (
     "recorded",

@@ -25,11 +25,14 @@ from typing import Any
 
 from IPython.core.displayhook import DisplayHook
 
-from . import config, events, faults, keys, lease, locate, recording, redact, values
+from .. import config, events, faults, redact
+from ..errors import CorruptRecord, LeaseHeld, NbdurableError, StoreError, UsageProblem
+from ..identity import keys, locate
+from ..store import values
+from ..store.disk import RunKeys, Store
+from ..store.records import StepRecord, StepState
+from . import lease, recording
 from .capture import Capture, replay, show_last_expr, underlying
-from .errors import CorruptRecord, LeaseHeld, NbdurableError, StoreError, UsageProblem
-from .records import StepRecord, StepState
-from .store import RunKeys, Store
 
 _HIDDEN = re.compile(r"^(_+|_\d+|_i+|_i\d+|_ih|_oh|_dh|In|Out|get_ipython|exit|quit)$")
 

@@ -1,6 +1,6 @@
 """The step panel: an ipywidgets view of every step of the run, kept live by engine events.
 
-Rows come from :func:`nbdurable.ops.step_infos` (the same rows as ``%step
+Rows come from :func:`nbdurable.commands.step_infos` (the same rows as ``%step
 list`` and ``nbdurable status``), and the buttons call the same operations as
 the ``%step`` magics, so the panel, the magics and the CLI never disagree.
 
@@ -17,7 +17,7 @@ kernel's main thread so the counter moves while the cell is still running
 (ipykernel sends widget messages from any thread).
 
 Where widgets cannot render (plain IPython, nbconvert), the widget's
-``text/plain`` is the run header and :func:`nbdurable.ops.format_table`.
+``text/plain`` is the run header and :func:`nbdurable.commands.format_table`.
 """
 
 from __future__ import annotations
@@ -33,11 +33,11 @@ from typing import Any
 
 import ipywidgets as widgets
 
-from . import events, ops
-from .engine import Session, get_session
-from .errors import NbdurableError
-from .ops import StepInfo
-from .store import RUN_SCOPE, RunKeys
+from .. import commands, events
+from ..commands import StepInfo
+from ..errors import NbdurableError
+from ..store.disk import RUN_SCOPE, RunKeys
+from .session import Session, get_session
 
 #: Seconds between two flushes of the panel at most (live updates are batched).
 DEFAULT_INTERVAL = 0.25
@@ -220,7 +220,7 @@ class StepPanel(widgets.VBox):
         s = self.session
         self._run_id = s.run_id
         live = dict(s.status)
-        infos = ops.step_infos(s.store, self._run_id, s.notebook, live)
+        infos = commands.step_infos(s.store, self._run_id, s.notebook, live)
         # A step now running in a cell not yet saved to the notebook has no
         # record or state yet, so the store does not know it: show it anyway.
         known = {i.key for i in infos}
@@ -289,7 +289,7 @@ class StepPanel(widgets.VBox):
     def text(self) -> str:
         """The panel as plain text: the run, its totals, and the ``%step list`` table."""
         totals, spared = self._summary()
-        table = ops.format_table(self.infos) if self.infos else "no steps recorded yet"
+        table = commands.format_table(self.infos) if self.infos else "no steps recorded yet"
         return (
             f"nbdurable run {self._run_id!r} in {self.session.store.path}\n"
             f"{totals} — {spared}\n{table}"
@@ -346,7 +346,7 @@ class StepPanel(widgets.VBox):
         label = self.rows[key].info.label if key in self.rows else key
         with self._ui_lock:
             try:
-                stale = ops.clear(s.store, s.run_id, [key])
+                stale = commands.clear(s.store, s.run_id, [key])
             except NbdurableError as exc:
                 self._say(str(exc), error=True)
                 return
@@ -366,7 +366,7 @@ class StepPanel(widgets.VBox):
         action = "pin" if pinned else "unpin"
         with self._ui_lock:
             try:
-                ops.set_pin(s.store, s.run_id, key, pinned)
+                commands.set_pin(s.store, s.run_id, key, pinned)
             except NbdurableError as exc:
                 self._say(str(exc), error=True)
                 return
@@ -379,7 +379,7 @@ class StepPanel(widgets.VBox):
         s = self.session
         with self._ui_lock:
             try:
-                n = ops.clear_all(s.store, s.run_id)
+                n = commands.clear_all(s.store, s.run_id)
             except NbdurableError as exc:
                 self._say(str(exc), error=True)
                 return
@@ -501,7 +501,7 @@ class StepRow:
 
     @property
     def state(self) -> str:
-        """The state shown: one of :data:`nbdurable.ops.STATES`, or ``pinned-stale``."""
+        """The state shown: one of :data:`nbdurable.commands.STATES`, or ``pinned-stale``."""
         return _shown_state(self.info)
 
     def show(self, new: int = 0, replayed: int = 0) -> None:
@@ -614,7 +614,7 @@ def _facts(info: StepInfo, new: int, replayed: int) -> str:
     elif recorded and info.state == "not replayable" and info.calls:
         parts.append(f"replay saves {info.calls} call{'s' if info.calls != 1 else ''}")
     if info.size:
-        parts.append(ops.human_size(info.size))
+        parts.append(commands.human_size(info.size))
     return " · ".join(parts)
 
 

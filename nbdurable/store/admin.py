@@ -20,8 +20,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import CorruptRecord, UsageProblem
-from .store import RUN_SCOPE, RunKeys, Store
+from ..errors import CorruptRecord, UsageProblem
+from .disk import RUN_SCOPE, RunKeys, Store
 
 #: Version of the export document. Increment on a breaking change of its fields.
 EXPORT_FORMAT = 1
@@ -193,11 +193,11 @@ def export_run(
     value. With ``with_values``, values JSON can represent are included, others
     as ``{"type", "repr"}``.
     """
-    from . import ops
+    from .. import commands
 
     rk = RunKeys(run_id)
     steps = []
-    for info in ops.step_infos(store, run_id, notebook):
+    for info in commands.step_infos(store, run_id, notebook):
         rec = None if info.key == RUN_SCOPE else _header(store, rk.step(info.key))
         step: dict[str, Any] = {
             "key": info.key,

@@ -1,0 +1,6 @@
+"""The kernel side: everything that runs inside IPython.
+
+The run context and its lease (:mod:`.session`, :mod:`.lease`), the step
+runner, cell execution, sub-steps (:mod:`.substeps`), the ``%%step`` magic
+(:mod:`.magic`), output capture (:mod:`.capture`) and the panel (:mod:`.panel`).
+"""
