@@ -313,7 +313,7 @@ def _store_dir(args: argparse.Namespace, notebook: Path | None) -> Path:
 
 def _open(directory: Path, must_exist: bool = True) -> Any:
     """The store at ``directory``; None if it does not exist and ``must_exist`` is false."""
-    from .store.disk import Store
+    from .store import Store
 
     if not _is(lambda: Store.exists(directory)):
         if must_exist:
@@ -500,6 +500,7 @@ def cmd_pin(args: argparse.Namespace) -> int:
 
 def cmd_export(args: argparse.Namespace) -> int:
     """``nbdurable export``."""
+    from . import commands
     from .store import admin
 
     with _recorded_run(args) as (notebook, store, run_id, directory):
@@ -507,7 +508,8 @@ def cmd_export(args: argparse.Namespace) -> int:
             raise _usage(
                 f"nothing is recorded for run {run_id!r} in {directory}; run the notebook first"
             )
-        doc = admin.export_run(store, run_id, notebook, with_values=args.values)
+        rows = commands.step_infos(store, run_id, notebook)
+        doc = admin.export_run(store, run_id, rows, notebook, with_values=args.values)
     if args.format == "json":
         _emit(doc)
     else:

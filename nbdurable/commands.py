@@ -14,7 +14,7 @@ from typing import Any
 from .errors import CorruptRecord, UsageProblem
 from .identity import locate
 from .identity.keys import _shown, source_fingerprint
-from .store.disk import RUN_SCOPE, RunKeys, Store
+from .store import RUN_SCOPE, RunKeys, Store
 from .store.records import StepRecord, StepState
 
 STATES = (

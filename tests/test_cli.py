@@ -340,7 +340,7 @@ def test_gc_keeps_every_blob_when_a_step_record_is_unreadable(tmp_path):
     with Store(tmp_path / "store") as store:
         sha, _ = store.put_blob(b"some value")
         # A record that fails its signature check: it might reference any blob.
-        store._cache.set("r/0123456789abcdef/s/name:x", b"not a signed record")
+        store._rows.cache.set("r/0123456789abcdef/s/name:x", b"not a signed record")
         report = runs.gc(store, older_than=0)
         assert report.blobs == 0 and report.keys == 0 and len(report.notes) == 2, report
         assert bytes(store.get_blob(sha).stream) == b"some value"

@@ -84,15 +84,15 @@ def test_a_damaged_key_file_is_a_clear_error(tmp_path):
 
 def test_a_tampered_record_fails_its_signature(store):
     store.put("r/x/s/a", {"n": 1}, b"body")
-    raw = store._cache.get("r/x/s/a")
-    store._cache.set("r/x/s/a", raw[:-1] + b"B")
+    raw = store._rows.cache.get("r/x/s/a")
+    store._rows.cache.set("r/x/s/a", raw[:-1] + b"B")
     with pytest.raises(CorruptRecord, match="failed its signature check"):
         store.get("r/x/s/a")
 
 
 def test_a_record_moved_to_another_key_fails_its_signature(store):
     store.put("r/x/s/a", {"n": 1}, b"body")
-    store._cache.set("r/x/s/b", store._cache.get("r/x/s/a"))
+    store._rows.cache.set("r/x/s/b", store._rows.cache.get("r/x/s/a"))
     with pytest.raises(CorruptRecord, match="'r/x/s/b' failed its signature"):
         store.get("r/x/s/b")
 
@@ -165,14 +165,14 @@ def test_a_record_of_a_newer_format_is_refused(store):
 
 
 def test_eviction_policy_is_none_and_stays_none(store):
-    assert store._cache.eviction_policy == "none"
-    assert store._cache.cull_limit == 0
+    assert store._rows.cache.eviction_policy == "none"
+    assert store._rows.cache.cull_limit == 0
     with diskcache.Cache(str(store.cache_dir)) as plain:  # opened with diskcache's defaults
         assert plain.eviction_policy == "none"
 
 
 def test_nothing_is_evicted_past_the_size_limit(store):
-    store._cache.reset("size_limit", 4096)
+    store._rows.cache.reset("size_limit", 4096)
     for i in range(300):
         store.put(f"r/x/u/s/{i:03d}", {"i": i}, os.urandom(1000))
     assert store.stats("r/x/u/s/")[0] == 300
@@ -188,7 +188,7 @@ def test_apply_is_all_or_nothing(store, monkeypatch):
     def disk_full(key, *args, **kwargs):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(store._cache, "delete", disk_full)
+    monkeypatch.setattr(store._rows.cache, "delete", disk_full)
     with pytest.raises(StoreError, match="Nothing was recorded"):
         store.apply(
             puts=[("r/x/s/a", {"n": 1}, b""), ("r/x/s/b", {"n": 2}, b"")],
@@ -225,16 +225,16 @@ def test_scan_and_stats_cover_exactly_the_prefix(store):
 def test_scans_are_index_range_searches(store):
     """Per-step cost stays constant: listing one step never walks the whole store."""
     issued: list[str] = []
-    store._cache._con.set_trace_callback(issued.append)
+    store._rows.cache._con.set_trace_callback(issued.append)
     try:
         store.scan("r/x/s/")
         store.stats("r/x/u/")
         store.size_of("r/x/s/a")
     finally:
-        store._cache._con.set_trace_callback(None)
+        store._rows.cache._con.set_trace_callback(None)
     assert len(issued) == 3, issued
     for sql in issued:
-        plan = " ".join(row[-1] for row in store._cache._sql("EXPLAIN QUERY PLAN " + sql))
+        plan = " ".join(row[-1] for row in store._rows.cache._sql("EXPLAIN QUERY PLAN " + sql))
         assert plan.startswith("SEARCH Cache USING") and "INDEX" in plan, (sql, plan)
 
 
@@ -293,7 +293,7 @@ def _in_step(store: Store, monkeypatch: pytest.MonkeyPatch) -> object:
 @pytest.mark.parametrize("total_max", [32 * 1024 * 1024, 1_000], ids=["in-memory", "over-cap"])
 def test_a_steps_sub_steps_replay_from_one_read(store, monkeypatch, total_max):
     from nbdurable.kernel import substeps
-    from nbdurable.store import disk as store_mod
+    from nbdurable.store import base as store_mod
 
     monkeypatch.setattr(store_mod, "LOAD_TOTAL_MAX", total_max)
     values = {f"call:{i}": ("v" * (i * 5_000)) + str(i) for i in range(12)}  # 0 B to 55 KB
@@ -322,9 +322,9 @@ def test_a_tampered_sub_step_in_the_step_read_is_called_again(store, monkeypatch
     session = _in_step(store, monkeypatch)
     substeps.step("call", lambda: "recorded")
     key = session.keys.sub("name:s", "call")
-    raw = bytearray(store._read(key))
+    raw = bytearray(store.read(key))
     raw[-1] ^= 1
-    store._cache.set(key, bytes(raw))
+    store._rows.cache.set(key, bytes(raw))
     _in_step(store, monkeypatch)
     with pytest.warns(NbdurableWarning, match="'call' of step 's': its record cannot be used"):
         assert substeps.step("call", lambda: "called again") == "called again"

@@ -36,7 +36,7 @@ import ipywidgets as widgets
 from .. import commands, events
 from ..commands import StepInfo
 from ..errors import NbdurableError
-from ..store.disk import RUN_SCOPE, RunKeys
+from ..store.layout import RUN_SCOPE, RunKeys
 from .session import Session, get_session
 
 #: Seconds between two flushes of the panel at most (live updates are batched).

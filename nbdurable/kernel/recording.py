@@ -15,8 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import config, faults, redact
-from ..store import blobs, values
-from ..store.disk import Store
+from ..store import Store, blobs, values
 from ..store.records import VarRecord
 
 

@@ -28,8 +28,7 @@ from IPython.core.displayhook import DisplayHook
 from .. import config, events, faults, redact
 from ..errors import CorruptRecord, LeaseHeld, NbdurableError, StoreError, UsageProblem
 from ..identity import keys, locate
-from ..store import values
-from ..store.disk import RunKeys, Store
+from ..store import RunKeys, Store, values
 from ..store.records import StepRecord, StepState
 from . import lease, recording
 from .capture import Capture, replay, show_last_expr, underlying

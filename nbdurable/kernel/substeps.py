@@ -19,7 +19,7 @@ from .. import config, events, faults, redact
 from ..errors import CorruptRecord, DivergenceError, StoreError, UsageProblem
 from ..identity import keys
 from ..store import values
-from ..store.disk import RUN_SCOPE
+from ..store.layout import RUN_SCOPE
 from ..store.records import FORMAT_VERSION
 from .session import Session, SubIndex, get_session, warn
 

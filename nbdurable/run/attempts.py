@@ -439,7 +439,7 @@ class _Run:
         progress: Progress,
         startup_timeout: int,
     ) -> None:
-        from ..store.disk import RunKeys
+        from ..store import RunKeys
 
         self.nb = read_notebook(notebook)
         self.notebook = notebook
@@ -491,7 +491,7 @@ class _Run:
         Opened up front so that the runner and the kernel never race to create
         the store's key file. A notebook that never mentions nbdurable gets no store.
         """
-        from ..store.disk import Store
+        from ..store import Store
 
         uses = any("nbdurable" in c.source for c in self.nb.cells if c.cell_type == "code")
         if not (uses or self.steps or self.store_dir.exists()):
