@@ -172,11 +172,13 @@ class Nbdurable(SimplePeer):
         session = engine.get_session()
         session.set_store(store, RUN_ID)
         if self.in_step:
-            session.current = engine.StepContext("bench-step", "bench-step")
+            from nbdurable.kernel.context import StepContext
+
+            session.current = StepContext("bench-step", "bench-step")
         else:
             # All calls in one notebook cell: the extension's per-cell hook gives the
             # run scope a fresh index at the start of each cell, as here.
-            session.run_index = engine.SubIndex()
+            session.new_cell()
         import nbdurable
 
         return nbdurable.step

@@ -14,6 +14,7 @@ from .errors import (
     FormatVersionError,
     LeaseHeld,
     NbdurableError,
+    NbdurableWarning,
     StoreError,
     UsageProblem,
 )
@@ -44,6 +45,7 @@ __all__ = [
     "FormatVersionError",
     "LeaseHeld",
     "NbdurableError",
+    "NbdurableWarning",
     "StoreError",
     "UsageProblem",
     "configure",

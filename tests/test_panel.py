@@ -18,10 +18,10 @@ from kernel_util import REPO_ROOT, make_notebook, outputs_of, run_notebook
 import nbdurable
 from nbdurable import cli, events
 from nbdurable import commands as ops
+from nbdurable.errors import NbdurableWarning
 from nbdurable.identity import locate
 from nbdurable.kernel import session as engine
 from nbdurable.kernel.panel import STATE_HELP, StepPanel, row_html
-from nbdurable.kernel.session import NbdurableWarning
 from nbdurable.store import RUN_SCOPE, RunKeys, Store
 
 RUN = "panel-test"

@@ -11,9 +11,16 @@ from pathlib import Path
 import diskcache
 import pytest
 
-from nbdurable.errors import CorruptRecord, FormatVersionError, StoreError, UsageProblem
+from nbdurable.errors import (
+    CorruptRecord,
+    FormatVersionError,
+    NbdurableWarning,
+    StoreError,
+    UsageProblem,
+)
 from nbdurable.identity import locate
-from nbdurable.kernel.session import NbdurableWarning, Session
+from nbdurable.kernel.context import StepContext
+from nbdurable.kernel.session import Session
 from nbdurable.store import RUN_SCOPE, RunKeys, Store
 from nbdurable.store.records import FORMAT_VERSION, RECORD_FORMAT
 
@@ -132,7 +139,7 @@ def test_the_engine_ignores_a_planted_record_with_a_warning(store, tmp_path):
     session.set_store(store, "nb.ipynb")
     plant(store, session.keys.step("name:plan"), Planted(target))
     with pytest.warns(NbdurableWarning, match="step 'plan': its record cannot be used"):
-        assert session.load_record("name:plan", "plan") is None
+        assert session.steps.load_record("name:plan", "plan") is None
     assert not target.exists()
 
 
@@ -262,7 +269,7 @@ def test_a_recorded_sub_step_header_is_a_sub_record(store, monkeypatch):
     monkeypatch.setattr(engine, "_session", None)
     session = engine.get_session()
     session.set_store(store, "nb.ipynb")
-    session.current = engine.StepContext("name:s", "s")
+    session.current = StepContext("name:s", "s")
     try:
         assert substeps.step("call", _shout, "abc") == "ABC"
         header, body = store.get(session.keys.sub("name:s", "call"))
@@ -286,7 +293,7 @@ def _in_step(store: Store, monkeypatch: pytest.MonkeyPatch) -> object:
     monkeypatch.setattr(engine, "_session", None)
     session = engine.get_session()
     session.set_store(store, "nb.ipynb")
-    session.current = engine.StepContext("name:s", "s")
+    session.current = StepContext("name:s", "s")
     return session
 
 

@@ -10,7 +10,7 @@ from IPython.core.magic import Magics, line_cell_magic, magics_class
 from .. import commands, events
 from ..errors import LeaseHeld, StoreError, UsageProblem
 from ..identity import keys, locate
-from .session import SubIndex, get_session
+from .session import get_session
 
 USAGE = """\
 %%step [NAME] [--force]     record this cell as a step (replayed on rerun)
@@ -135,10 +135,8 @@ def unload(ipython) -> None:  # noqa: ANN001
         ipython.events.unregister("pre_run_cell", _pre_run_cell)
     except ValueError:
         pass
-    get_session().run_index = None  # nothing resets it per cell any more
+    get_session().new_cell(hooked=False)  # nothing marks cells any more
 
 
 def _pre_run_cell(info: object = None) -> None:
-    session = get_session()
-    session.cell_ordinals.clear()
-    session.run_index = SubIndex()  # the run scope's records are read afresh per cell
+    get_session().new_cell()

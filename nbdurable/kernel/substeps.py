@@ -21,7 +21,8 @@ from ..identity import keys
 from ..store import values
 from ..store.layout import RUN_SCOPE
 from ..store.records import FORMAT_VERSION
-from .session import Session, SubIndex, get_session, warn
+from .context import SubIndex, warn
+from .session import Session, get_session
 
 T = TypeVar("T")
 _ENOVAL = object()  # "no record": a recorded value may well be None
@@ -94,10 +95,7 @@ def _ordinal_id(session: Session, qual: str, args: tuple, kwargs: dict) -> str:
             ctx.ordinals[qual] = n + 1
         return f"{qual}#{n}"
     base = f"{qual}#{keys.args_fingerprint(args, kwargs)[:12]}"
-    with session._lock:
-        n = session.cell_ordinals.get(base, 0)
-        session.cell_ordinals[base] = n + 1
-    return f"{base}#{n}"
+    return f"{base}#{session.next_ordinal(base)}"
 
 
 def _substep(
@@ -206,9 +204,7 @@ def _lookup(session: Session, store_key: str, where: str, args_fp: str) -> Any:
     except Exception as exc:
         warn(f"{where}: its recorded value cannot be loaded ({exc!r}); calling again.")
         return _ENOVAL
-    with session._lock:
-        session.saved.calls += 1
-        session.saved.seconds += duration
+    session.count_replayed(duration)
     return value
 
 

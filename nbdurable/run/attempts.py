@@ -23,7 +23,7 @@ How outcomes are known, without changing what the kernel runs:
 - calls made: sub-step records whose ``started`` time falls in this attempt
   (read from the store, so a crashed attempt's calls are counted too);
 - calls replayed and time saved: asked of the final kernel at the end
-  (``engine.get_session().saved``), which counts exactly what it replayed.
+  (``nbdurable.kernel.session.run_summary()``), which counts exactly what it replayed.
 """
 
 from __future__ import annotations
@@ -53,11 +53,11 @@ EXIT_USAGE = 2
 EXIT_KERNEL_DIED = 3
 EXIT_INTERRUPTED = 130
 
-#: What the final kernel replayed: steps, calls, seconds, and its run id.
+#: Asked of the final kernel: nbdurable.kernel.session.run_summary(), read through
+#: sys.modules so that a kernel that never used nbdurable does not import it now.
 _SAVED_EXPR = (
-    "(lambda m: __import__('json').dumps(None if m is None or m._session is None else "
-    "[m._session.saved.steps, m._session.saved.calls, m._session.saved.seconds, "
-    "m._session.run_id]))(__import__('sys').modules.get('nbdurable.kernel.session'))"
+    "(lambda m: __import__('json').dumps(m and m.run_summary()))"
+    "(__import__('sys').modules.get('nbdurable.kernel.session'))"
 )
 
 
@@ -671,8 +671,7 @@ class _Run:
             return None
         if data is None:
             return None
-        steps, calls, seconds, run_id = data
-        return {"steps": steps, "calls": calls, "seconds": round(seconds, 3), "run": run_id}
+        return {**data, "seconds": round(data["seconds"], 3)}
 
     async def _cell(
         self, client: Any, att: Attempt, pre: dict[str, Any], index: int, cell: Any
