@@ -416,7 +416,7 @@ def _strip_ansi(text: str) -> str:
 
 def cmd_status(args: argparse.Namespace) -> int:
     """``nbdurable status``."""
-    from . import commands
+    from . import status
 
     notebook = _notebook(args)
     directory = _store_dir(args, notebook)
@@ -427,7 +427,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     else:
         with store:
             run_id = _run_id(args, notebook, store, directory)
-            infos = commands.step_infos(store, run_id, notebook)
+            infos = status.step_infos(store, run_id, notebook)
     if args.json:
         _emit(
             {
@@ -439,14 +439,14 @@ def cmd_status(args: argparse.Namespace) -> int:
         )
         return 0
     print(f"{notebook.name} · run {run_id!r} · store {directory}")
-    print(commands.format_table(infos) if infos else "no %%step cells and nothing recorded")
+    print(status.format_table(infos) if infos else "no %%step cells and nothing recorded")
     return 0
 
 
 def _pending(notebook: Path) -> list[Any]:
     """Status rows when no store exists yet: every step cell is pending."""
-    from .commands import StepInfo
     from .identity.locate import NotebookFile
+    from .status import StepInfo
 
     nbf = NotebookFile(notebook)
     nbf.refresh()
@@ -475,15 +475,10 @@ def cmd_clear(args: argparse.Namespace) -> int:
         raise _usage("give step names to clear, or --all for the whole run (not both)")
     with _recorded_run(args) as (notebook, store, run_id, _):
         if args.all:
-            n = commands.clear_all(store, run_id)
-            print(f"cleared run {run_id!r} ({n} records)")
-            return 0
-        found = commands.resolve(store, run_id, args.steps, notebook)
-        stale = commands.clear(store, run_id, found)
-    msg = f"cleared: {', '.join(args.steps)}"
-    if stale:
-        msg += f"; invalidated dependants: {', '.join(stale)}"
-    print(msg)
+            done = commands.clear_run(store, run_id)
+        else:
+            done = commands.clear_steps(store, run_id, args.steps, notebook)
+    print(done.message)
     return 0
 
 
@@ -492,15 +487,14 @@ def cmd_pin(args: argparse.Namespace) -> int:
     from . import commands
 
     with _recorded_run(args) as (notebook, store, run_id, _):
-        for key in commands.resolve(store, run_id, args.steps, notebook):
-            commands.set_pin(store, run_id, key, args.pinned)
-    print(f"{'pinned' if args.pinned else 'unpinned'}: {', '.join(args.steps)}")
+        done = commands.pin_steps(store, run_id, args.steps, notebook, pinned=args.pinned)
+    print(done.message)
     return 0
 
 
 def cmd_export(args: argparse.Namespace) -> int:
     """``nbdurable export``."""
-    from . import commands
+    from . import status
     from .store import admin
 
     with _recorded_run(args) as (notebook, store, run_id, directory):
@@ -508,7 +502,7 @@ def cmd_export(args: argparse.Namespace) -> int:
             raise _usage(
                 f"nothing is recorded for run {run_id!r} in {directory}; run the notebook first"
             )
-        rows = commands.step_infos(store, run_id, notebook)
+        rows = status.step_infos(store, run_id, notebook)
         doc = admin.export_run(store, run_id, rows, notebook, with_values=args.values)
     if args.format == "json":
         _emit(doc)
@@ -520,7 +514,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 def cmd_ls(args: argparse.Namespace) -> int:
     """``nbdurable ls``."""
-    from .commands import human_size
+    from ._text import human_size
     from .store import admin
 
     directory = _store_dir(args, None)
@@ -543,7 +537,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
 
 def cmd_gc(args: argparse.Namespace) -> int:
     """``nbdurable gc``."""
-    from .commands import human_size
+    from ._text import human_size
     from .store import admin
 
     age = admin.parse_age(args.older_than)

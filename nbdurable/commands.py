@@ -1,239 +1,106 @@
-"""Operations on a run's steps, shared by the magics, the panel and the CLI.
+"""Clear, pin, unpin and take over: one implementation for the magic, the panel and the CLI.
 
-Listing reads the store (and the notebook file when known) and never starts
-a kernel; clear, pin and unpin are single transactions on the store.
+Each command is one transaction on the store and returns a :class:`Done`:
+the one line to show the user (steps named by their labels, as
+``%step list`` shows them) and the steps it changed, so that a kernel can
+update what it shows (see ``Session.changed``). Nothing here imports
+IPython: the CLI runs these without a kernel.
 """
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .errors import CorruptRecord, UsageProblem
-from .identity import locate
-from .identity.keys import _shown, source_fingerprint
-from .store import RUN_SCOPE, RunKeys, Store
-from .store.records import StepRecord, StepState
-
-STATES = (
-    "recorded",
-    "replayed",
-    "running",
-    "pending",
-    "invalidated",
-    "pinned",
-    "failed",
-    "not replayable",
-    "orphaned",
-)
+from .errors import UsageProblem
+from .identity.keys import _shown
+from .status import StepInfo, step_infos
+from .store import RUN_SCOPE, RunKeys, RunView, Store
+from .store.records import StepState
 
 
 @dataclass(frozen=True)
-class StepInfo:
-    """One row of ``%step list`` / ``nbdurable status`` / the panel."""
+class Done:
+    """What a command did: ``message`` for the user; ``keys``, the steps it changed."""
 
-    key: str
-    label: str
-    state: str
-    detail: str = ""
-    position: int | None = None
-    recorded_at: float | None = None
-    duration: float = 0.0
-    substeps: int = 0
-    size: int = 0
-    pinned: bool = False
-    stale: bool = False
-    replayable: bool = True
-    calls: int = 0
-
-    def to_json(self) -> dict[str, Any]:
-        """A JSON-able dict of this row."""
-        return dict(self.__dict__)
+    action: str  # clear | clear-all | pin | unpin | takeover
+    message: str
+    keys: tuple[str, ...] = ()
 
 
-@functools.lru_cache(maxsize=512)
-def _python_source_fp(body: str) -> str:
-    from IPython.core.inputtransformer2 import TransformerManager
-
-    try:
-        py = TransformerManager().transform_cell(body)
-    except Exception:  # a cell IPython cannot transform: compare raw text
-        py = body
-    return source_fingerprint(py)
+# -- the commands, as the user gives them ----------------------------------------------
 
 
-def _records(store: Store, rk: RunKeys) -> dict[str, StepRecord | None]:
-    out: dict[str, StepRecord | None] = {}
-    for k in store.scan(rk.base + "s/"):
-        key = k[len(rk.base) + 2 :]
-        try:
-            got = store.get(k)
-            out[key] = StepRecord.from_header(got[0]) if got else None
-        except (CorruptRecord, KeyError, TypeError):
-            out[key] = None
-    return out
+def clear_steps(store: Store, run_id: str, names: list[str], notebook: Path | None = None) -> Done:
+    """``clear NAME ...``: forget the steps and their sub-steps; mark dependants stale."""
+    infos = step_infos(store, run_id, notebook)
+    found = resolve(store, run_id, names, notebook, infos)
+    stale = clear(store, run_id, found)
+    label = _labels(infos)
+    message = f"cleared: {', '.join(label(k) for k in found)}"
+    if stale:
+        message += f"; invalidated dependants: {', '.join(label(k) for k in stale)}"
+    return Done("clear", message, tuple(found))
 
 
-def _states(store: Store, rk: RunKeys) -> dict[str, StepState]:
-    out: dict[str, StepState] = {}
-    for k in store.scan(rk.base + "t/"):
-        try:
-            got = store.get(k)
-        except CorruptRecord:
-            continue
-        if got:
-            out[k[len(rk.base) + 2 :]] = StepState.from_header(got[0])
-    return out
+def clear_run(store: Store, run_id: str) -> Done:
+    """``clear --all``: forget everything recorded for the run, pins included."""
+    n = clear_all(store, run_id)
+    return Done("clear-all", f"cleared run {run_id!r} ({n} records)")
 
 
-def step_infos(
+def pin_steps(
+    store: Store, run_id: str, names: list[str], notebook: Path | None = None, pinned: bool = True
+) -> Done:
+    """``pin NAME ...`` / ``unpin NAME ...``."""
+    infos = step_infos(store, run_id, notebook)
+    found = resolve(store, run_id, names, notebook, infos)
+    for key in found:
+        set_pin(store, run_id, key, pinned)
+    action = "pin" if pinned else "unpin"
+    label = _labels(infos)
+    return Done(action, f"{action}ned: {', '.join(label(k) for k in found)}", tuple(found))
+
+
+def take_over(session: Any) -> Done:
+    """``%step takeover``: hold the run's lease even if another live process does.
+
+    ``session`` is the kernel's run context (``claim(takeover=True)`` and ``run_id``).
+    """
+    previous = session.claim(takeover=True)
+    who = f" from {previous.describe()}" if previous else ""
+    return Done("takeover", f"this kernel now holds run {session.run_id!r}{who}")
+
+
+def _labels(infos: list[StepInfo]) -> Any:
+    known = {i.key: i.label for i in infos}
+    return lambda key: known.get(key, key)
+
+
+# -- the operations on the store --------------------------------------------------------
+
+
+def resolve(
     store: Store,
     run_id: str,
+    names: list[str],
     notebook: Path | None = None,
-    live: dict[str, tuple[str, str]] | None = None,
-) -> list[StepInfo]:
-    """Every step of the run in notebook order, then steps no longer in the notebook."""
-    rk = RunKeys(run_id)
-    records, states, live = _records(store, rk), _states(store, rk), live or {}
-    cells: list[locate.StepCell] = []
-    if notebook is not None:
-        nbf = locate.NotebookFile(notebook)
-        if nbf.refresh():
-            cells = nbf.cells
-    rows: list[StepInfo] = []
-    seen: set[str] = set()
-    for cell in cells:
-        key = cell.key
-        if key in seen:
-            continue
-        seen.add(key)
-        rows.append(
-            _info(
-                store,
-                rk,
-                key,
-                cell.label,
-                cell.index,
-                records.get(key),
-                states.get(key),
-                live.get(key),
-                cell.body,
-                True,
-            )
-        )
+    infos: list[StepInfo] | None = None,
+) -> list[str]:
+    """Step keys for user-given names (a step name, label or key); unknown names raise.
 
-    def order(key: str) -> tuple[bool, int, float, str]:
-        # By position where known, else in the order the steps were recorded.
-        rec, st = records.get(key), states.get(key)
-        pos = rec.position if rec else (st.position if st else None)
-        return (pos is None, pos or 0, rec.started if rec else float("inf"), key)
-
-    extra = sorted((set(records) | set(states)) - seen, key=order)
-    for key in extra:
-        rec, st = records.get(key), states.get(key)
-        label = (rec.name if rec else None) or (st.name if st else None) or key
-        pos = rec.position if rec else (st.position if st else None)
-        rows.append(
-            _info(
-                store,
-                rk,
-                key,
-                label,
-                pos,
-                rec,
-                st,
-                live.get(key),
-                None,
-                # A step this kernel ran is in the notebook, even if not saved yet.
-                notebook is None or not cells or key in live,
-            )
-        )
-    n, size = store.stats(rk.subs_prefix(RUN_SCOPE))
-    if n:
-        rows.append(
-            StepInfo(RUN_SCOPE, "(outside steps)", "recorded", substeps=n, size=size, calls=n)
-        )
-    return rows
-
-
-def _info(
-    store: Store,
-    rk: RunKeys,
-    key: str,
-    label: str,
-    position: int | None,
-    rec: StepRecord | None,
-    st: StepState | None,
-    live: tuple[str, str] | None,
-    body: str | None,
-    in_notebook: bool,
-) -> StepInfo:
-    st = st or StepState()
-    subs, sub_bytes = store.stats(rk.subs_prefix(key))
-    size = sub_bytes + (store.size_of(rk.step(key)) if rec else 0)
-    if rec is not None:
-        size += sum(v.size for v in rec.variables)
-    state, detail = _state_of(rec, st, live, body, in_notebook)
-    return StepInfo(
-        key=key,
-        label=label,
-        state=state,
-        detail=detail,
-        position=position,
-        recorded_at=(rec.started + rec.duration) if rec else None,
-        duration=rec.duration if rec else 0.0,
-        substeps=subs,
-        size=size,
-        pinned=st.pinned,
-        stale=state == "pinned" and bool(detail),
-        replayable=rec.replayable if rec else True,
-        calls=rec.substeps if rec else subs,
-    )
-
-
-def _state_of(
-    rec: StepRecord | None,
-    st: StepState,
-    live: tuple[str, str] | None,
-    body: str | None,
-    in_notebook: bool,
-) -> tuple[str, str]:
-    live_state, live_detail = live or ("", "")
-    if live_state == "running":
-        return "running", ""
-    if rec is None:
-        if st.failed:
-            return "failed", st.failed
-        return "pending", ""
-    stale = st.stale or ""
-    if not stale and body is not None and _python_source_fp(body) != rec.source_fp:
-        stale = "its code changed"
-    if not stale and live_state in ("invalidated", "pinned-stale"):
-        stale = live_detail
-    if st.pinned:
-        return "pinned", stale
-    if live_state == "failed" or (st.failed and (st.failed_at or 0) > rec.started):
-        return "failed", st.failed or live_detail
-    if stale:
-        return "invalidated", stale
-    if not in_notebook:
-        return "orphaned", "no longer in the notebook"
-    if not rec.replayable:
-        unsaved = ", ".join(v.name for v in rec.variables if v.kind == "unsaved")
-        return "not replayable", f"cannot save {unsaved}; its body reruns, sub-steps replay"
-    if live_state in ("replayed", "pinned-stale"):
-        return "replayed", ""
-    return "recorded", ""
-
-
-def resolve(store: Store, run_id: str, names: list[str], notebook: Path | None = None) -> list[str]:
-    """Step keys for user-given names (a step name, label or key); unknown names raise."""
-    infos = step_infos(store, run_id, notebook)
+    A key the store holds anything under (a step that failed in a cell not
+    yet saved has sub-steps, and nothing else) is a step too.
+    """
+    if infos is None:
+        infos = step_infos(store, run_id, notebook)
+    view = RunView(store, run_id)
     out = []
     for name in names:
         match = [i.key for i in infos if name in (i.key, i.label) or i.key == f"name:{name}"]
+        if not match and _held(view, name):
+            match = [name]
         if not match:
             known = ", ".join(i.label for i in infos if i.key != RUN_SCOPE) or "none yet"
             raise UsageProblem(f"no step {_shown(name)} in run {run_id!r} (known steps: {known})")
@@ -241,14 +108,22 @@ def resolve(store: Store, run_id: str, names: list[str], notebook: Path | None =
     return out
 
 
+def _held(view: RunView, key: str) -> bool:
+    rk = view.keys
+    return bool(
+        view.store.has(rk.step(key)) or view.store.has(rk.state(key)) or view.sub_stats(key)[0]
+    )
+
+
 def clear(store: Store, run_id: str, step_keys: list[str]) -> list[str]:
     """Delete the steps' records, states and sub-steps; mark their dependants stale.
 
     Returns the keys of the dependants that were marked stale.
     """
-    rk = RunKeys(run_id)
-    records = _records(store, rk)
-    states = _states(store, rk)
+    view = RunView(store, run_id)
+    rk = view.keys
+    records = view.records()
+    states = view.states()
     cleared = set(step_keys)
     stale: dict[str, str] = {}
     # (step, the cleared step it depends on): a dependant's dependants name the cleared one.
@@ -284,53 +159,20 @@ def clear(store: Store, run_id: str, step_keys: list[str]) -> list[str]:
 
 def clear_all(store: Store, run_id: str) -> int:
     """Delete everything recorded for the run, pins included; returns the number of keys."""
-    rk = RunKeys(run_id)
-    keys = store.scan(rk.base)
+    keys = store.scan(RunKeys(run_id).base)
     store.apply(deletes=keys)
     return len(keys)
 
 
 def set_pin(store: Store, run_id: str, key: str, pinned: bool) -> None:
     """Pin or unpin one step."""
-    rk = RunKeys(run_id)
-    got = store.get(rk.step(key))
-    if got is None and pinned:
+    view = RunView(store, run_id)
+    rk = view.keys
+    if pinned and not store.has(rk.step(key)):
         raise UsageProblem(f"step {key!r} has no record to pin yet; run it first")
-    prev = store.get(rk.state(key))
-    st = StepState.from_header(prev[0]) if prev else StepState()
+    st = view.state(key)
     new = StepState(pinned, st.failed, st.failed_at, st.stale, st.name, st.position)
     if new.empty:
         store.apply(deletes=[rk.state(key)])
     else:
         store.apply(puts=[(rk.state(key), new.to_header(), b"")])
-
-
-def human_size(n: int) -> str:
-    """``1.2 MB`` style size."""
-    size = float(n)
-    for unit in ("B", "KB", "MB", "GB"):
-        if size < 1024 or unit == "GB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return f"{n} B"  # pragma: no cover
-
-
-def format_table(infos: list[StepInfo]) -> str:
-    """The plain-text table shown by ``%step list`` and ``nbdurable status``."""
-    import time
-
-    head = ("#", "step", "state", "recorded", "sub-steps", "size", "detail")
-    rows = [head]
-    for i in infos:
-        when = "-"
-        if i.recorded_at:
-            when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(i.recorded_at))
-        pos = "-" if i.position is None else str(i.position + 1)
-        state = i.state + (" (stale)" if i.stale else "")
-        rows.append((pos, i.label, state, when, str(i.substeps), human_size(i.size), i.detail))
-    widths = [max(len(r[c]) for r in rows) for c in range(len(head) - 1)]
-    lines = [
-        "  ".join(c.ljust(w) for c, w in zip(r[:-1], widths, strict=True)) + "  " + r[-1]
-        for r in rows
-    ]
-    return "\n".join(line.rstrip() for line in lines)

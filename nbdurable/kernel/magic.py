@@ -7,10 +7,10 @@ import shlex
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 
-from .. import commands, events
+from .. import commands, status
 from ..errors import LeaseHeld, StoreError, UsageProblem
 from ..identity import keys, locate
-from .session import get_session
+from .session import Session, get_session
 
 USAGE = """\
 %%step [NAME] [--force]     record this cell as a step (replayed on rerun)
@@ -55,20 +55,28 @@ class StepMagics(Magics):
         session = get_session(self.shell)
         if cmd == "list":
             _no_args(cmd, rest)
-            infos = commands.step_infos(
+            infos = status.step_infos(
                 session.store, session.run_id, session.notebook, session.status
             )
             print(f"run {session.run_id!r} in {session.store.path}")
-            print(commands.format_table(infos) if infos else "no steps recorded yet")
+            print(status.format_table(infos) if infos else "no steps recorded yet")
         elif cmd == "clear":
-            self._clear(session, rest)
+            if rest == ["--all"]:
+                self._done(session, commands.clear_run(session.store, session.run_id))
+            elif not rest or any(a.startswith("-") for a in rest):
+                raise UsageProblem("usage: %step clear NAME [NAME ...] or %step clear --all")
+            else:
+                self._done(
+                    session,
+                    commands.clear_steps(session.store, session.run_id, rest, session.notebook),
+                )
         elif cmd in ("pin", "unpin"):
             if not rest:
                 raise UsageProblem(f"%step {cmd} needs a step NAME (see %step list)")
-            for key in commands.resolve(session.store, session.run_id, rest, session.notebook):
-                commands.set_pin(session.store, session.run_id, key, cmd == "pin")
-                events.emit("store-changed", session.run_id, key, action=cmd)
-            print(f"{cmd}ned: {', '.join(rest)}")
+            done = commands.pin_steps(
+                session.store, session.run_id, rest, session.notebook, pinned=cmd == "pin"
+            )
+            self._done(session, done)
         elif cmd == "run":
             if len(rest) > 1:
                 raise UsageProblem(f"%step run takes one NAME, got {len(rest)}")
@@ -76,9 +84,7 @@ class StepMagics(Magics):
             print(f"nbdurable run: {session.set_run(name)!r}")
         elif cmd == "takeover":
             _no_args(cmd, rest)
-            previous = session.claim(takeover=True)
-            who = f" from {previous.describe()}" if previous else ""
-            print(f"this kernel now holds run {session.run_id!r}{who}")
+            self._done(session, commands.take_over(session))
         elif cmd == "panel":
             _no_args(cmd, rest)
             from IPython.display import display
@@ -90,25 +96,10 @@ class StepMagics(Magics):
             known = ", ".join(_SUBCOMMANDS)
             raise UsageProblem(f"%step: unknown command {keys._shown(cmd)}; commands: {known}")
 
-    def _clear(self, session, rest: list[str]) -> None:  # noqa: ANN001
-        if rest == ["--all"]:
-            n = commands.clear_all(session.store, session.run_id)
-            session.status.clear()
-            events.emit("store-changed", session.run_id, None, action="clear-all")
-            print(f"cleared run {session.run_id!r} ({n} records)")
-            return
-        if not rest or any(a.startswith("-") for a in rest):
-            raise UsageProblem("usage: %step clear NAME [NAME ...] or %step clear --all")
-        infos = {i.key: i.label for i in commands.step_infos(session.store, session.run_id)}
-        found = commands.resolve(session.store, session.run_id, rest, session.notebook)
-        stale = commands.clear(session.store, session.run_id, found)
-        for key in found:
-            session.status.pop(key, None)
-            events.emit("store-changed", session.run_id, key, action="clear")
-        msg = f"cleared: {', '.join(rest)}"
-        if stale:
-            msg += f"; invalidated dependants: {', '.join(infos.get(k, k) for k in stale)}"
-        print(msg)
+    @staticmethod
+    def _done(session: Session, done: commands.Done) -> None:
+        session.changed(done)
+        print(done.message)
 
 
 def _split(line: str) -> list[str]:

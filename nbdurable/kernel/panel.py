@@ -1,8 +1,9 @@
 """The step panel: an ipywidgets view of every step of the run, kept live by engine events.
 
-Rows come from :func:`nbdurable.commands.step_infos` (the same rows as ``%step
-list`` and ``nbdurable status``), and the buttons call the same operations as
-the ``%step`` magics, so the panel, the magics and the CLI never disagree.
+Rows come from :func:`nbdurable.status.step_infos` (the same rows as ``%step
+list`` and ``nbdurable status``), and the buttons call the same commands as
+the ``%step`` magics (:mod:`nbdurable.commands`), so the panel, the magics
+and the CLI never disagree.
 
 Live updates and batching. The panel listens to :mod:`nbdurable.events`. The
 listener runs on the step's hot path, so it only touches memory: a sub-step
@@ -17,7 +18,7 @@ kernel's main thread so the counter moves while the cell is still running
 (ipykernel sends widget messages from any thread).
 
 Where widgets cannot render (plain IPython, nbconvert), the widget's
-``text/plain`` is the run header and :func:`nbdurable.commands.format_table`.
+``text/plain`` is the run header and :func:`nbdurable.status.format_table`.
 """
 
 from __future__ import annotations
@@ -33,9 +34,10 @@ from typing import Any
 
 import ipywidgets as widgets
 
-from .. import commands, events
-from ..commands import StepInfo
+from .. import commands, events, status
+from .._text import human_size, seconds
 from ..errors import NbdurableError
+from ..status import StepInfo
 from ..store.layout import RUN_SCOPE, RunKeys
 from .session import Session, get_session
 
@@ -220,7 +222,7 @@ class StepPanel(widgets.VBox):
         s = self.session
         self._run_id = s.run_id
         live = dict(s.status)
-        infos = commands.step_infos(s.store, self._run_id, s.notebook, live)
+        infos = status.step_infos(s.store, self._run_id, s.notebook, live)
         # A step now running in a cell not yet saved to the notebook has no
         # record or state yet, so the store does not know it: show it anyway.
         known = {i.key for i in infos}
@@ -269,7 +271,7 @@ class StepPanel(widgets.VBox):
         steps = f"{saved.steps} step{'s' if saved.steps != 1 else ''}"
         return (
             " · ".join(totals),
-            f"replay saved {_secs(saved.seconds)} and {calls} in this kernel ({steps})",
+            f"replay saved {seconds(saved.seconds)} and {calls} in this kernel ({steps})",
         )
 
     def _show_header(self) -> None:
@@ -289,7 +291,7 @@ class StepPanel(widgets.VBox):
     def text(self) -> str:
         """The panel as plain text: the run, its totals, and the ``%step list`` table."""
         totals, spared = self._summary()
-        table = commands.format_table(self.infos) if self.infos else "no steps recorded yet"
+        table = status.format_table(self.infos) if self.infos else "no steps recorded yet"
         return (
             f"nbdurable run {self._run_id!r} in {self.session.store.path}\n"
             f"{totals} — {spared}\n{table}"
@@ -339,53 +341,31 @@ class StepPanel(widgets.VBox):
             with contextlib.suppress(Exception):
                 self._say(f"the panel could not update: {exc!r}; press Refresh", error=True)
 
-    # -- actions (the same operations as %step clear / pin / unpin) -------------------
+    # -- actions (the same commands as %step clear / pin / unpin) ---------------------
     def clear_step(self, key: str) -> None:
         """Clear one step, as ``%step clear`` does; dependants are marked stale."""
         s = self.session
-        label = self.rows[key].info.label if key in self.rows else key
-        with self._ui_lock:
-            try:
-                stale = commands.clear(s.store, s.run_id, [key])
-            except NbdurableError as exc:
-                self._say(str(exc), error=True)
-                return
-            s.status.pop(key, None)
-            events.emit("store-changed", s.run_id, key, action="clear")
-            msg = f"cleared {label!r}"
-            if stale:
-                names = [self.rows[k].info.label if k in self.rows else k for k in stale]
-                msg += f"; invalidated dependants: {', '.join(names)}"
-            self._say(msg)
-            self.refresh()
+        self._act(lambda: commands.clear_steps(s.store, s.run_id, [key], s.notebook))
 
     def set_pin(self, key: str, pinned: bool) -> None:
         """Pin or unpin one step, as ``%step pin`` / ``%step unpin`` do."""
         s = self.session
-        label = self.rows[key].info.label if key in self.rows else key
-        action = "pin" if pinned else "unpin"
-        with self._ui_lock:
-            try:
-                commands.set_pin(s.store, s.run_id, key, pinned)
-            except NbdurableError as exc:
-                self._say(str(exc), error=True)
-                return
-            events.emit("store-changed", s.run_id, key, action=action)
-            self._say(f"{action}ned {label!r}")
-            self.refresh()
+        self._act(lambda: commands.pin_steps(s.store, s.run_id, [key], s.notebook, pinned))
 
     def clear_all(self) -> None:
         """Clear the whole run, pins included, as ``%step clear --all`` does."""
         s = self.session
+        self._act(lambda: commands.clear_run(s.store, s.run_id))
+
+    def _act(self, command: Callable[[], commands.Done]) -> None:
         with self._ui_lock:
             try:
-                n = commands.clear_all(s.store, s.run_id)
+                done = command()
             except NbdurableError as exc:
                 self._say(str(exc), error=True)
                 return
-            s.status.clear()
-            events.emit("store-changed", s.run_id, None, action="clear-all")
-            self._say(f"cleared run {s.run_id!r} ({n} records)")
+            self.session.changed(done)
+            self._say(done.message)
             self.refresh()
 
     def _ask_clear(self, row: StepRow) -> None:
@@ -501,7 +481,7 @@ class StepRow:
 
     @property
     def state(self) -> str:
-        """The state shown: one of :data:`nbdurable.commands.STATES`, or ``pinned-stale``."""
+        """The state shown: a key of :data:`STATE_HELP`, or ``pinned-stale``."""
         return _shown_state(self.info)
 
     def show(self, new: int = 0, replayed: int = 0) -> None:
@@ -608,13 +588,13 @@ def _facts(info: StepInfo, new: int, replayed: int) -> str:
         parts.append(f'<span title="recorded {full}">at {short}</span>')
     calls = f", {info.calls} call{'s' if info.calls != 1 else ''}" if info.calls else ""
     if recorded and info.state == "replayed":
-        parts.append(f"saved {_secs(info.duration)}{calls}")
+        parts.append(f"saved {seconds(info.duration)}{calls}")
     elif recorded and info.state in ("recorded", "pinned", "orphaned"):
-        parts.append(f"replay saves {_secs(info.duration)}{calls}")
+        parts.append(f"replay saves {seconds(info.duration)}{calls}")
     elif recorded and info.state == "not replayable" and info.calls:
         parts.append(f"replay saves {info.calls} call{'s' if info.calls != 1 else ''}")
     if info.size:
-        parts.append(commands.human_size(info.size))
+        parts.append(human_size(info.size))
     return " · ".join(parts)
 
 
@@ -635,15 +615,6 @@ def _progress(have: int, expected: int) -> str:
     if 0 < expected and have <= expected:
         return f"{have}/{expected} recorded"
     return f"{have} recorded"
-
-
-def _secs(seconds: float) -> str:
-    """``0.4 s``, ``12.3 s``, ``4 min 5 s``, ``1 h 3 min``."""
-    if seconds < 60:
-        return f"{seconds:.1f} s"
-    if seconds < 3600:
-        return f"{int(seconds // 60)} min {int(seconds % 60)} s"
-    return f"{int(seconds // 3600)} h {int(seconds % 3600 // 60)} min"
 
 
 def _e(text: str) -> str:

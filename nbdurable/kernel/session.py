@@ -241,6 +241,17 @@ class Session:
             pos if isinstance(pos, int) else None
         )
 
+    def changed(self, done: Any) -> None:
+        """A command (:mod:`nbdurable.commands`) changed the run: update what this kernel shows."""
+        if done.action == "clear-all":
+            self.status.clear()
+            events.emit("store-changed", self.run_id, None, action="clear-all")
+            return
+        for key in done.keys:
+            if done.action == "clear":
+                self.status.pop(key, None)
+            events.emit("store-changed", self.run_id, key, action=done.action)
+
     # -- cells and steps ----------------------------------------------------------------
     def run_step(self, body: str, *, name: str | None = None, force: bool = False) -> None:
         """Replay the ``%%step`` cell ``body`` if its record is valid; else execute and record."""

@@ -521,10 +521,10 @@ class _Run:
         """Step states before an attempt, to tell *invalidated* from *executed*."""
         if self.store is None:
             return {}
-        from .. import commands
+        from .. import status
 
         try:
-            infos = commands.step_infos(self.store, self.rk.run_id, self.notebook)
+            infos = status.step_infos(self.store, self.rk.run_id, self.notebook)
         except UsageProblem:
             return {}
         return {i.key: i for i in infos}

@@ -1,0 +1,210 @@
+"""The state of every step of a run: the rows of ``%step list``, ``nbdurable status`` and the panel.
+
+Reads the store (through :class:`~nbdurable.store.RunView`) and the notebook
+file when known, and never starts a kernel. A kernel adds what only it
+knows (``live``: running, replayed, invalidated in this kernel).
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ._text import human_size
+from .identity import locate
+from .identity.keys import source_fingerprint
+from .store import RUN_SCOPE, RunView, Store
+from .store.records import StepRecord, StepState
+
+
+@dataclass(frozen=True)
+class StepInfo:
+    """One row of ``%step list`` / ``nbdurable status`` / the panel."""
+
+    key: str
+    label: str
+    state: str
+    detail: str = ""
+    position: int | None = None
+    recorded_at: float | None = None
+    duration: float = 0.0
+    substeps: int = 0
+    size: int = 0
+    pinned: bool = False
+    stale: bool = False
+    replayable: bool = True
+    calls: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-able dict of this row."""
+        return dict(self.__dict__)
+
+
+@functools.lru_cache(maxsize=512)
+def _python_source_fp(body: str) -> str:
+    from IPython.core.inputtransformer2 import TransformerManager
+
+    try:
+        py = TransformerManager().transform_cell(body)
+    except Exception:  # a cell IPython cannot transform: compare raw text
+        py = body
+    return source_fingerprint(py)
+
+
+def step_infos(
+    store: Store,
+    run_id: str,
+    notebook: Path | None = None,
+    live: dict[str, tuple[str, str]] | None = None,
+) -> list[StepInfo]:
+    """Every step of the run in notebook order, then steps no longer in the notebook."""
+    view = RunView(store, run_id)
+    records, states, live = view.records(), view.states(), live or {}
+    cells: list[locate.StepCell] = []
+    if notebook is not None:
+        nbf = locate.NotebookFile(notebook)
+        if nbf.refresh():
+            cells = nbf.cells
+    rows: list[StepInfo] = []
+    seen: set[str] = set()
+    for cell in cells:
+        key = cell.key
+        if key in seen:
+            continue
+        seen.add(key)
+        rows.append(
+            _info(
+                view,
+                key,
+                cell.label,
+                cell.index,
+                records.get(key),
+                states.get(key),
+                live.get(key),
+                cell.body,
+                True,
+            )
+        )
+
+    def order(key: str) -> tuple[bool, int, float, str]:
+        # By position where known, else in the order the steps were recorded.
+        rec, st = records.get(key), states.get(key)
+        pos = rec.position if rec else (st.position if st else None)
+        return (pos is None, pos or 0, rec.started if rec else float("inf"), key)
+
+    extra = sorted((set(records) | set(states)) - seen, key=order)
+    for key in extra:
+        rec, st = records.get(key), states.get(key)
+        label = (rec.name if rec else None) or (st.name if st else None) or key
+        pos = rec.position if rec else (st.position if st else None)
+        rows.append(
+            _info(
+                view,
+                key,
+                label,
+                pos,
+                rec,
+                st,
+                live.get(key),
+                None,
+                # A step this kernel ran is in the notebook, even if not saved yet.
+                notebook is None or not cells or key in live,
+            )
+        )
+    n, size = view.sub_stats(RUN_SCOPE)
+    if n:
+        rows.append(
+            StepInfo(RUN_SCOPE, "(outside steps)", "recorded", substeps=n, size=size, calls=n)
+        )
+    return rows
+
+
+def _info(
+    view: RunView,
+    key: str,
+    label: str,
+    position: int | None,
+    rec: StepRecord | None,
+    st: StepState | None,
+    live: tuple[str, str] | None,
+    body: str | None,
+    in_notebook: bool,
+) -> StepInfo:
+    st = st or StepState()
+    subs, sub_bytes = view.sub_stats(key)
+    size = sub_bytes + (view.store.size_of(view.keys.step(key)) if rec else 0)
+    if rec is not None:
+        size += sum(v.size for v in rec.variables)
+    state, detail = _state_of(rec, st, live, body, in_notebook)
+    return StepInfo(
+        key=key,
+        label=label,
+        state=state,
+        detail=detail,
+        position=position,
+        recorded_at=(rec.started + rec.duration) if rec else None,
+        duration=rec.duration if rec else 0.0,
+        substeps=subs,
+        size=size,
+        pinned=st.pinned,
+        stale=state == "pinned" and bool(detail),
+        replayable=rec.replayable if rec else True,
+        calls=rec.substeps if rec else subs,
+    )
+
+
+def _state_of(
+    rec: StepRecord | None,
+    st: StepState,
+    live: tuple[str, str] | None,
+    body: str | None,
+    in_notebook: bool,
+) -> tuple[str, str]:
+    live_state, live_detail = live or ("", "")
+    if live_state == "running":
+        return "running", ""
+    if rec is None:
+        if st.failed:
+            return "failed", st.failed
+        return "pending", ""
+    stale = st.stale or ""
+    if not stale and body is not None and _python_source_fp(body) != rec.source_fp:
+        stale = "its code changed"
+    if not stale and live_state in ("invalidated", "pinned-stale"):
+        stale = live_detail
+    if st.pinned:
+        return "pinned", stale
+    if live_state == "failed" or (st.failed and (st.failed_at or 0) > rec.started):
+        return "failed", st.failed or live_detail
+    if stale:
+        return "invalidated", stale
+    if not in_notebook:
+        return "orphaned", "no longer in the notebook"
+    if not rec.replayable:
+        unsaved = ", ".join(v.name for v in rec.variables if v.kind == "unsaved")
+        return "not replayable", f"cannot save {unsaved}; its body reruns, sub-steps replay"
+    if live_state in ("replayed", "pinned-stale"):
+        return "replayed", ""
+    return "recorded", ""
+
+
+def format_table(infos: list[StepInfo]) -> str:
+    """The plain-text table shown by ``%step list`` and ``nbdurable status``."""
+    head = ("#", "step", "state", "recorded", "sub-steps", "size", "detail")
+    rows = [head]
+    for i in infos:
+        when = "-"
+        if i.recorded_at:
+            when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(i.recorded_at))
+        pos = "-" if i.position is None else str(i.position + 1)
+        state = i.state + (" (stale)" if i.stale else "")
+        rows.append((pos, i.label, state, when, str(i.substeps), human_size(i.size), i.detail))
+    widths = [max(len(r[c]) for r in rows) for c in range(len(head) - 1)]
+    lines = [
+        "  ".join(c.ljust(w) for c, w in zip(r[:-1], widths, strict=True)) + "  " + r[-1]
+        for r in rows
+    ]
+    return "\n".join(line.rstrip() for line in lines)
