@@ -356,7 +356,7 @@ def _when(t: float | None) -> str:
 
 def cmd_run(args: argparse.Namespace) -> int:
     """``nbdurable run``."""
-    from .run.attempts import ConsoleProgress, Progress, run_notebook
+    from .run import ConsoleProgress, Progress, run_notebook
 
     if args.run_name is not None:
         from .identity.keys import validate_name

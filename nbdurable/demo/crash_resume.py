@@ -108,7 +108,7 @@ def run_demo(
     quiet: bool = False,
 ) -> int:
     """Run the demo; returns the exit code (0 when it showed what it should)."""
-    from ..run.attempts import ConsoleProgress, Progress, run_notebook
+    from ..run import ConsoleProgress, Progress, run_notebook
     from .sim import ledger_calls
 
     if not 0 <= crash_at < SUBQUESTIONS:
