@@ -3,9 +3,9 @@
 Options shared by several commands are defined once, as parent parsers.
 Heavy modules (nbclient, the store, IPython) are imported inside the
 command that needs them, so ``nbdurable --help`` and the inspection
-commands start fast. Exit codes: 0 success, 1 a notebook cell raised,
-2 bad usage (one line on stderr, never a traceback), 3 the kernel died more
-than ``--retries`` times, 130 interrupted.
+commands start fast. Exit codes: 0 success, 1 a notebook cell raised (or
+``check`` left a problem), 2 bad usage (one line on stderr, never a
+traceback), 3 the kernel died more than ``--retries`` times, 130 interrupted.
 """
 
 from __future__ import annotations
@@ -206,6 +206,28 @@ def build_parser() -> argparse.ArgumentParser:
     )
     gc.add_argument("--dry-run", action="store_true", help="report what would go; change nothing")
     gc.set_defaults(func=cmd_gc)
+
+    check = sub.add_parser(
+        "check",
+        parents=[p["store"], p["json"]],
+        help="check a store's records and files; repair what can be",
+        description="Check the store of NOTEBOOK (or --store DIR): the database's integrity, "
+        "every record's value file, files no record points to. Repairs what can be (a record "
+        "whose value file is lost or truncated is removed: its step runs again; an orphan file "
+        "is removed) and says what it found and what it repaired. Exit 1 if a problem remains. "
+        "Run it while no kernel records to the store.",
+    )
+    check.add_argument(
+        "notebook",
+        metavar="NOTEBOOK.ipynb",
+        type=Path,
+        nargs="?",
+        help="the notebook whose store to check (default: NBDURABLE_DIR, else ./.nbdurable)",
+    )
+    check.add_argument(
+        "--dry-run", action="store_true", help="report what is wrong; repair nothing"
+    )
+    check.set_defaults(func=cmd_check)
 
     demo = sub.add_parser(
         "demo",
@@ -560,6 +582,21 @@ def cmd_gc(args: argparse.Namespace) -> int:
     for note in report.notes:
         print(f"  note: {note}")
     return 0
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    """``nbdurable check``."""
+    from .store import admin
+
+    notebook = _notebook(args) if args.notebook is not None else None
+    directory = _store_dir(args, notebook)
+    with _open(directory) as store:
+        report = admin.check(store, fix=not args.dry_run)
+    if args.json:
+        _emit(report.to_json())
+    else:
+        print(report.text())
+    return 0 if not report.left else 1
 
 
 def cmd_demo(args: argparse.Namespace) -> int:

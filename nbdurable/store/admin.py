@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .._text import plural
 from ..errors import CorruptRecord, UsageProblem
 from . import layout
 from .base import Store
@@ -404,24 +405,58 @@ def gc(
 # -- check ------------------------------------------------------------------------------
 
 
+#: How the engine marks a problem it repaired (see Store.check).
+_REPAIRED = "; removed"
+
+
 @dataclass
 class CheckReport:
     """What ``check`` found in a store, and what it repaired."""
 
     store: str
-    fixed: bool
-    problems: list[str] = field(default_factory=list)
+    dry_run: bool
+    found: list[str] = field(default_factory=list)  # every problem, as the engine words it
 
     @property
-    def sound(self) -> bool:
-        """True when nothing was found."""
-        return not self.problems
+    def repaired(self) -> list[str]:
+        """The problems repaired (a record or file removed)."""
+        return [p for p in self.found if p.endswith(_REPAIRED)]
+
+    @property
+    def left(self) -> list[str]:
+        """The problems still there (all of them with ``dry_run``)."""
+        return [p for p in self.found if not p.endswith(_REPAIRED)]
+
+    def text(self) -> str:
+        """What ``nbdurable check`` prints."""
+        if not self.found:
+            return f"store {self.store}: sound, nothing to repair"
+        lines = [
+            f"store {self.store}: {plural(len(self.found), 'problem')} found, "
+            f"{len(self.repaired)} repaired"
+            + (" (--dry-run: nothing was changed)" if self.dry_run else "")
+        ]
+        lines += [f"  repaired: {p.removesuffix(_REPAIRED)}" for p in self.repaired]
+        lines += [f"  found: {p}" for p in self.left]
+        if self.left and not self.dry_run:
+            lines.append(
+                "  what is left cannot be repaired in place: restore the store from a backup, "
+                "or move it aside and run the notebook again"
+            )
+        return "\n".join(lines)
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-able dict."""
-        return {**asdict(self), "sound": self.sound}
+        return {
+            "store": self.store,
+            "dry_run": self.dry_run,
+            "sound": not self.found,
+            "found": self.found,
+            "repaired": self.repaired,
+            "left": self.left,
+        }
 
 
 def check(store: Store, fix: bool = True) -> CheckReport:
     """Check the store's medium and records; with ``fix``, repair what can be (see Store.check)."""
-    return CheckReport(str(store.path), fix, store.check(fix=fix))
+    return CheckReport(str(store.path), not fix, store.check(fix=fix))
