@@ -197,7 +197,7 @@ class Nbdurable(SimplePeer):
 
 
 def diskcache_settings() -> dict[str, Any]:
-    """The diskcache settings nbdurable's Store uses (see nbdurable/store.py)."""
+    """The diskcache settings nbdurable's Store uses (see nbdurable/store/_diskcache.py)."""
     return {
         "eviction_policy": "none",
         "cull_limit": 0,

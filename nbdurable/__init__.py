@@ -58,7 +58,7 @@ __version__ = "0.1.0"
 
 
 def panel() -> Any:
-    """The step panel widget for the current run (see :mod:`nbdurable.steppanel`)."""
+    """The step panel widget for the current run (see :mod:`nbdurable.kernel.panel`)."""
     from .kernel.panel import panel as _panel
 
     return _panel()

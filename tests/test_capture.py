@@ -1,4 +1,4 @@
-"""Tests for nbdurable.capture: unit tests on a plain shell, then real kernels."""
+"""Tests for nbdurable.kernel.capture: unit tests on a plain shell, then real kernels."""
 
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ Each test runs one notebook several times, each time in a fresh kernel, and
 checks several things per run to keep the kernel starts few. Re-execution is
 detected outside the store: every step body calls ``ran(NAME)``, which
 appends to ``ran.log`` in the kernel's working directory, and the simulated
-model and search (:mod:`nbdurable.sim`) append every real call to a ledger.
+model and search (:mod:`nbdurable.demo.sim`) append every real call to a ledger.
 """
 
 from __future__ import annotations

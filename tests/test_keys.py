@@ -1,4 +1,4 @@
-"""Unit tests for nbdurable.keys: source normalization, cell analysis, fingerprints, names."""
+"""Unit tests for nbdurable.identity.keys: source normalization, analysis, fingerprints, names."""
 
 from __future__ import annotations
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 import nbdurable
 
 ROOT = Path(nbdurable.__file__).parent
@@ -123,3 +125,35 @@ def test_the_walk_sees_lazy_relative_and_indirect_imports():
         for line in bad
     ), bad
     assert any(line.startswith("nbdurable.run.fake reaches nbdurable.kernel") for line in bad), bad
+
+
+def test_old_import_paths_keep_working_for_one_release(tmp_path):
+    from nbdurable import engine
+    from nbdurable.kernel import context, session
+    from nbdurable.store import MAGIC, RUN_SCOPE, RunKeys, Store
+    from nbdurable.store.disk import DiskStore
+
+    assert engine.get_session is session.get_session
+    assert engine.reset_session is session.reset_session
+    assert engine.Session is session.Session and engine.SubIndex is context.SubIndex
+    assert engine.NbdurableWarning is nbdurable.NbdurableWarning
+    session.reset_session()
+    assert engine._session is None
+    assert session.get_session() is engine._session
+    session.reset_session()
+    with Store(tmp_path / "store") as store:  # the interface opens the embedded engine
+        assert isinstance(store, Store) and isinstance(store, DiskStore)
+        store.put(RunKeys("nb.ipynb").sub(RUN_SCOPE, "x"), {"n": 1})
+        assert store.read(RunKeys("nb.ipynb").sub(RUN_SCOPE, "x")).startswith(MAGIC)
+    assert Store.exists(tmp_path / "store")
+
+
+def test_the_public_api_is_unchanged():
+    import warnings
+
+    for name in ("step", "recorded", "idempotency_key", "configure", "panel"):
+        assert callable(getattr(nbdurable, name)), name
+    assert issubclass(nbdurable.NbdurableWarning, UserWarning)
+    assert "NbdurableWarning" in nbdurable.__all__
+    with pytest.warns(nbdurable.NbdurableWarning):
+        warnings.warn("x", nbdurable.NbdurableWarning, stacklevel=1)

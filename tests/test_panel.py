@@ -1,4 +1,4 @@
-"""Tests for nbdurable.steppanel: the widget's rows, buttons, live updates and batching.
+"""Tests for nbdurable.kernel.panel: the widget's rows, buttons, live updates and batching.
 
 The in-process tests drive a real Session on a plain InteractiveShell with a
 real Store in tmp_path (no kernel: widgets get ipywidgets' dummy comm); the

@@ -1,6 +1,6 @@
 """The user's story, end to end in real kernels: crash inside the loop, rerun, rerun again.
 
-The simulated model and search (nbdurable.sim) append every real call to a
+The simulated model and search (nbdurable.demo.sim) append every real call to a
 ledger file outside the store and return different text on every call; the
 kernel is killed for real (``os._exit``) inside the 41st answer call.
 """

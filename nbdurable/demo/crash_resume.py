@@ -2,7 +2,7 @@
 
 It copies the bundled research-agent notebook (sixty sub-questions, each a
 search and an answer, then a synthesis and a mail) into a working directory,
-and runs it with the simulated model, search and mail of :mod:`nbdurable.sim`
+and runs it with the simulated model, search and mail of :mod:`nbdurable.demo.sim`
 (offline; different text on every call; latency; token counts):
 
 1. a first attempt whose kernel is killed for real (``os._exit``) inside the

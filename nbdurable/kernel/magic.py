@@ -12,15 +12,6 @@ from ..errors import LeaseHeld, StoreError, UsageProblem
 from ..identity import keys, locate
 from .session import Session, get_session
 
-USAGE = """\
-%%step [NAME] [--force]     record this cell as a step (replayed on rerun)
-%step list                   every step of the run and its state
-%step clear NAME [NAME ...]  forget steps (and their sub-steps); --all for the whole run
-%step pin NAME | unpin NAME  replay a step even when invalidated / stop doing so
-%step run [NAME]             switch to a named run (no NAME: the notebook's own run)
-%step panel                  show the step panel
-%step takeover               take the run's lease from another (stuck) runner"""
-
 _SUBCOMMANDS = locate.STEP_COMMANDS
 
 
@@ -30,7 +21,18 @@ class StepMagics(Magics):
 
     @line_cell_magic
     def step(self, line: str = "", cell: str | None = None) -> None:
-        """Record a cell as a durable step, or manage the run's steps (``%step list``)."""
+        """Record a cell as a durable step, or manage the run's steps.
+
+        ::
+
+            %%step [NAME] [--force]     record this cell as a step (replayed on rerun)
+            %step list                   every step of the run and its state
+            %step clear NAME [NAME ...]  forget steps (and their sub-steps); --all: the run
+            %step pin NAME | unpin NAME  replay a step even when invalidated / stop doing so
+            %step run [NAME]             switch to a named run (no NAME: the notebook's own)
+            %step panel                  show the step panel
+            %step takeover               take the run's lease from another (stuck) runner
+        """
         __tracebackhide__ = True
         try:
             if cell is None:

@@ -195,7 +195,7 @@ class Session:
 
     # -- identity --------------------------------------------------------------
     def resolve_key(self, name: str | None, body: str) -> tuple[str, str, int | None]:
-        """``(key, label, position)`` of the cell being executed (see :mod:`nbdurable.keys`)."""
+        """``(key, label, position)`` of the executing cell (see :mod:`nbdurable.identity.keys`)."""
         cell_id, position = self._frontend_cell()
         self._locate()
         if self.nbfile is not None and self.nbfile.refresh():

@@ -102,209 +102,211 @@ def _substep(
     session: Session, sub_id: str, fn: Callable[..., Any], args: tuple, kwargs: dict
 ) -> Any:
     __tracebackhide__ = True
-    ctx = session.current
-    scope = ctx.key if ctx is not None else RUN_SCOPE
-    where = f"sub-step {sub_id!r}" + (f" of step {ctx.label!r}" if ctx else "")
-    if ctx is not None:
-        with ctx.lock:
-            if sub_id in ctx.seen:
-                raise UsageProblem(
-                    f"{where} was already used in this step; give each call its own id, "
-                    f"e.g. step(f'search:{{i}}', ...)"
-                )
-            ctx.seen.add(sub_id)
+    call = _Call(session, sub_id, fn)
+    call.take_id()
     try:
-        return _run(session, ctx, scope, sub_id, where, fn, args, kwargs)
+        return call.run(args, kwargs)
     except BaseException:
-        _forget(ctx, sub_id)  # nothing was recorded: a retry may use the same id
+        call.forget()  # nothing was recorded: a retry may use the same id
         raise
 
 
-def _forget(ctx: Any, sub_id: str) -> None:
-    if ctx is not None:
-        with ctx.lock:
-            ctx.seen.discard(sub_id)
+class _Call:
+    """One sub-step call: what its lookup, its execution and its record share.
 
+    Sync and async calls take the same path: :meth:`run` looks the id up and
+    calls ``fn``; a plain result is recorded by :meth:`save` at once, a
+    coroutine's when it is awaited (:meth:`finish`), by the same :meth:`save`.
+    """
 
-def _run(
-    session: Session,
-    ctx: Any,
-    scope: str,
-    sub_id: str,
-    where: str,
-    fn: Callable[..., Any],
-    args: tuple,
-    kwargs: dict,
-) -> Any:
-    __tracebackhide__ = True
-    store_key = session.keys.sub(scope, sub_id)
-    args_fp = keys.args_fingerprint(args, kwargs)
-    value = _lookup(session, store_key, where, args_fp)
-    is_async = inspect.iscoroutinefunction(fn)
-    if value is not _ENOVAL:
+    __slots__ = (
+        "args_fp",
+        "ctx",
+        "fn",
+        "scope",
+        "session",
+        "started",
+        "store_key",
+        "sub_id",
+        "t0",
+        "where",
+    )
+
+    def __init__(self, session: Session, sub_id: str, fn: Callable[..., Any]) -> None:
+        ctx = session.current
+        self.session, self.ctx, self.sub_id, self.fn = session, ctx, sub_id, fn
+        self.scope = ctx.key if ctx is not None else RUN_SCOPE
+        self.where = f"sub-step {sub_id!r}" + (f" of step {ctx.label!r}" if ctx else "")
+
+    def take_id(self) -> None:
+        """Claim the id within the running step: each call of a step needs its own."""
+        ctx = self.ctx
         if ctx is not None:
             with ctx.lock:
-                ctx.subs_replayed += 1
-        events.emit("sub-replayed", session.run_id, scope, id=sub_id)
-        return _ready(value) if is_async else value
-    if ctx is None:
-        session.claim(verify=False)  # inside a step, the step already holds the lease
-    token = _current_sub.set(sub_id)
-    started, t0 = time.time(), time.perf_counter()
-    try:
-        result = fn(*args, **kwargs)
-    finally:
-        _current_sub.reset(token)
-    if inspect.isawaitable(result):  # a coroutine function's call: it runs when awaited
-        return _finish_async(
-            session, store_key, scope, sub_id, where, fn, result, args_fp, started, t0
-        )
-    _save(session, store_key, scope, sub_id, where, fn, result, args_fp, started, t0)
-    return result
+                if self.sub_id in ctx.seen:
+                    raise UsageProblem(
+                        f"{self.where} was already used in this step; give each call its own "
+                        f"id, e.g. step(f'search:{{i}}', ...)"
+                    )
+                ctx.seen.add(self.sub_id)
 
+    def forget(self) -> None:
+        """Give the id back (the call raised: nothing was recorded)."""
+        ctx = self.ctx
+        if ctx is not None:
+            with ctx.lock:
+                ctx.seen.discard(self.sub_id)
 
-def _lookup(session: Session, store_key: str, where: str, args_fp: str) -> Any:
-    ctx = session.current
-    scope = ctx.key if ctx is not None else RUN_SCOPE
-    index = _index_for(session, scope)
-    try:
-        if index is None:
-            got = session.store.get(store_key)
-        else:
-            store = session.store
-            found, raw = index.find(store, session.keys.subs_prefix(scope), store_key)
-            got = store.get_loaded(store_key, raw) if found else None
-    except CorruptRecord as exc:
-        warn(f"{where}: its record cannot be used ({exc}); calling again.")
-        return _ENOVAL
-    if got is None:
-        return _ENOVAL
-    header, body = got
-    # Only two fields matter here: no SubRecord is built on the replay path.
-    recorded_fp, duration = header.get("args_fp"), header.get("duration")
-    if not isinstance(recorded_fp, str) or not isinstance(duration, (int, float)):
-        warn(f"{where}: its record is malformed (no args_fp or duration); calling again.")
-        return _ENOVAL
-    if recorded_fp != args_fp:
-        mode = config.get().on_divergence
-        msg = (
-            f"{where} was called with arguments other than those recorded "
-            f"(recorded {recorded_fp[:12]}, now {args_fp[:12]}): the run has diverged"
-        )
-        if mode == "error":
-            raise DivergenceError(
-                msg + "; clear the step, or configure(on_divergence='rerun'|'replay')"
-            )
-        if mode == "warn":
-            warn(msg + "; calling again and recording the new result.")
-        if mode != "replay":
+    def run(self, args: tuple, kwargs: dict) -> Any:
+        """The recorded value, or ``fn``'s result (recorded; for a coroutine, once awaited)."""
+        __tracebackhide__ = True
+        session, ctx = self.session, self.ctx
+        self.store_key = session.keys.sub(self.scope, self.sub_id)
+        self.args_fp = keys.args_fingerprint(args, kwargs)
+        value = self.lookup()
+        is_async = inspect.iscoroutinefunction(self.fn)
+        if value is not _ENOVAL:
+            if ctx is not None:
+                with ctx.lock:
+                    ctx.subs_replayed += 1
+            events.emit("sub-replayed", session.run_id, self.scope, id=self.sub_id)
+            return _ready(value) if is_async else value
+        if ctx is None:
+            session.claim(verify=False)  # inside a step, the step already holds the lease
+        token = _current_sub.set(self.sub_id)
+        self.started, self.t0 = time.time(), time.perf_counter()
+        try:
+            result = self.fn(*args, **kwargs)
+        finally:
+            _current_sub.reset(token)
+        if inspect.isawaitable(result):  # a coroutine function's call: it runs when awaited
+            return self.finish(result)
+        self.save(result)
+        return result
+
+    async def finish(self, awaitable: Any) -> Any:
+        """Await a coroutine's body, then record its result as :meth:`run` does a plain one."""
+        token = _current_sub.set(self.sub_id)  # the body runs now: idempotency_key() sees its id
+        try:
+            result = await awaitable
+            self.save(result)
+        except BaseException:
+            self.forget()
+            raise
+        finally:
+            _current_sub.reset(token)
+        return result
+
+    def index(self) -> SubIndex | None:
+        """The scope's :class:`SubIndex`: the current step's, or the cell's for the run scope."""
+        session, scope = self.session, self.scope
+        ctx = session.current
+        if ctx is not None and ctx.key == scope:
+            return ctx.sub_index
+        return session.run_index if scope == RUN_SCOPE else None
+
+    def lookup(self) -> Any:
+        """The recorded value of this call, or ``_ENOVAL`` (with a warning when unusable)."""
+        session, where, store_key, args_fp = self.session, self.where, self.store_key, self.args_fp
+        index = self.index()
+        try:
+            if index is None:
+                got = session.store.get(store_key)
+            else:
+                store = session.store
+                found, raw = index.find(store, session.keys.subs_prefix(self.scope), store_key)
+                got = store.get_loaded(store_key, raw) if found else None
+        except CorruptRecord as exc:
+            warn(f"{where}: its record cannot be used ({exc}); calling again.")
             return _ENOVAL
-    try:
-        value = values.loads(body, session.user_ns)
-    except Exception as exc:
-        warn(f"{where}: its recorded value cannot be loaded ({exc!r}); calling again.")
-        return _ENOVAL
-    session.count_replayed(duration)
-    return value
+        if got is None:
+            return _ENOVAL
+        header, body = got
+        # Only two fields matter here: no SubRecord is built on the replay path.
+        recorded_fp, duration = header.get("args_fp"), header.get("duration")
+        if not isinstance(recorded_fp, str) or not isinstance(duration, (int, float)):
+            warn(f"{where}: its record is malformed (no args_fp or duration); calling again.")
+            return _ENOVAL
+        if recorded_fp != args_fp:
+            mode = config.get().on_divergence
+            msg = (
+                f"{where} was called with arguments other than those recorded "
+                f"(recorded {recorded_fp[:12]}, now {args_fp[:12]}): the run has diverged"
+            )
+            if mode == "error":
+                raise DivergenceError(
+                    msg + "; clear the step, or configure(on_divergence='rerun'|'replay')"
+                )
+            if mode == "warn":
+                warn(msg + "; calling again and recording the new result.")
+            if mode != "replay":
+                return _ENOVAL
+        try:
+            value = values.loads(body, session.user_ns)
+        except Exception as exc:
+            warn(f"{where}: its recorded value cannot be loaded ({exc!r}); calling again.")
+            return _ENOVAL
+        session.count_replayed(duration)
+        return value
 
-
-def _save(
-    session: Session,
-    store_key: str,
-    scope: str,
-    sub_id: str,
-    where: str,
-    fn: Callable[..., Any],
-    result: Any,
-    args_fp: str,
-    started: float,
-    t0: float,
-) -> None:
-    duration = time.perf_counter() - t0
-    try:
-        body = values.dumps(result)
-    except values.Unsaveable as exc:
-        warn(
-            f"{where} returned a {values.type_name(result)} that cannot be saved ({exc}); "
-            "it was NOT recorded and will be called again on the next run. Return plain "
-            "data (e.g. the text or a dict) from the function given to step()."
+    def save(self, result: Any) -> None:
+        """Record ``result`` (one transaction); say so loudly if it cannot be."""
+        where, fn = self.where, self.fn
+        duration = time.perf_counter() - self.t0
+        try:
+            body = values.dumps(result)
+        except values.Unsaveable as exc:
+            warn(
+                f"{where} returned a {values.type_name(result)} that cannot be saved ({exc}); "
+                "it was NOT recorded and will be called again on the next run. Return plain "
+                "data (e.g. the text or a dict) from the function given to step()."
+            )
+            return
+        faults.point("sub-returned")
+        found = redact.find_secrets(body, redact.secrets_in_env())
+        if found:
+            warn(
+                f"{where} returned a value holding the value of ${', $'.join(found)}; secrets "
+                "are never written to the store, so it was NOT recorded and will be called "
+                "again on the next run."
+            )
+            return
+        if len(body) > config.get().warn_size_mb * 1024 * 1024:
+            warn(
+                f"{where} returned {len(body) / 1e6:.1f} MB (over warn_size_mb="
+                f"{config.get().warn_size_mb:g}); it is recorded, but consider returning less."
+            )
+        # SubRecord's header, built directly (a frozen dataclass costs more than the write).
+        header = {
+            "run": self.session.run_id,
+            "scope": self.scope,
+            "id": self.sub_id,
+            "fn": f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}",
+            "args_fp": self.args_fp,
+            "started": self.started,
+            "duration": duration,
+            "size": len(body),
+            "type": values.type_name(result),
+            "format": FORMAT_VERSION,
+            "kind": "sub",
+        }
+        try:
+            self.session.store.put(self.store_key, header, body)
+        except StoreError as exc:
+            raise StoreError(f"{where} returned but its result was NOT recorded: {exc}") from exc
+        faults.point("sub-written")
+        index = self.index()
+        if index is not None:
+            index.recorded(self.store_key)
+        ctx = self.session.current
+        if ctx is not None:
+            with ctx.lock:
+                ctx.subs_recorded += 1
+                ctx.sub_seconds += duration
+        events.emit(
+            "sub-recorded", self.session.run_id, self.scope, id=self.sub_id, duration=duration
         )
-        return
-    faults.point("sub-returned")
-    found = redact.find_secrets(body, redact.secrets_in_env())
-    if found:
-        warn(
-            f"{where} returned a value holding the value of ${', $'.join(found)}; secrets "
-            "are never written to the store, so it was NOT recorded and will be called "
-            "again on the next run."
-        )
-        return
-    if len(body) > config.get().warn_size_mb * 1024 * 1024:
-        warn(
-            f"{where} returned {len(body) / 1e6:.1f} MB (over warn_size_mb="
-            f"{config.get().warn_size_mb:g}); it is recorded, but consider returning less."
-        )
-    # SubRecord's header, built directly (a frozen dataclass costs more than the write).
-    header = {
-        "run": session.run_id,
-        "scope": scope,
-        "id": sub_id,
-        "fn": f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}",
-        "args_fp": args_fp,
-        "started": started,
-        "duration": duration,
-        "size": len(body),
-        "type": values.type_name(result),
-        "format": FORMAT_VERSION,
-        "kind": "sub",
-    }
-    try:
-        session.store.put(store_key, header, body)
-    except StoreError as exc:
-        raise StoreError(f"{where} returned but its result was NOT recorded: {exc}") from exc
-    faults.point("sub-written")
-    index = _index_for(session, scope)
-    if index is not None:
-        index.recorded(store_key)
-    ctx = session.current
-    if ctx is not None:
-        with ctx.lock:
-            ctx.subs_recorded += 1
-            ctx.sub_seconds += duration
-    events.emit("sub-recorded", session.run_id, scope, id=sub_id, duration=duration)
-
-
-def _index_for(session: Session, scope: str) -> SubIndex | None:
-    """The scope's :class:`SubIndex`: the current step's, or the cell's for the run scope."""
-    ctx = session.current
-    if ctx is not None and ctx.key == scope:
-        return ctx.sub_index
-    return session.run_index if scope == RUN_SCOPE else None
 
 
 async def _ready(value: Any) -> Any:
     return value
-
-
-async def _finish_async(
-    session: Session,
-    store_key: str,
-    scope: str,
-    sub_id: str,
-    where: str,
-    fn: Callable[..., Any],
-    awaitable: Any,
-    args_fp: str,
-    started: float,
-    t0: float,
-) -> Any:
-    token = _current_sub.set(sub_id)  # the body runs now: idempotency_key() sees its id
-    try:
-        result = await awaitable
-        _save(session, store_key, scope, sub_id, where, fn, result, args_fp, started, t0)
-    except BaseException:
-        _forget(session.current, sub_id)
-        raise
-    finally:
-        _current_sub.reset(token)
-    return result

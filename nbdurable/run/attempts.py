@@ -8,7 +8,7 @@ unfinished work runs. At most ``retries`` deaths are survived.
 What the kernel is told, so its keys match interactive use:
 
 - ``NBDURABLE_NOTEBOOK`` = the notebook's absolute path, so the run id is the
-  one JupyterLab gives the same file (see :func:`nbdurable.locate.run_id_for`);
+  one JupyterLab gives the same file (see :func:`nbdurable.identity.locate.run_id_for`);
 - every execute request carries ``{"cellId": <id>, "nbdurable": {"position":
   <index>}}`` in its metadata (jupyter_client copies ``Session.metadata`` into
   each message; the engine reads it from the parent header).
@@ -87,7 +87,7 @@ class _Run:
         run_id = run_name or locate.run_id_for(notebook, self.store_dir)
         self.rk = RunKeys(run_id)
         self.kernel_env = {**os.environ, **env, "NBDURABLE_NOTEBOOK": str(notebook)}
-        # Who holds the run's lease, as a second runner is told (see nbdurable.lease).
+        # Who holds the run's lease, as a second runner is told (see nbdurable.kernel.lease).
         self.kernel_env.setdefault("NBDURABLE_HOLDER", f"nbdurable run (pid {os.getpid()})")
         if run_name:
             self.kernel_env["NBDURABLE_RUN"] = run_name
