@@ -432,4 +432,5 @@ def _place(path: Path, notebook: Path | None) -> str:
     return str(path)
 
 
+_panel: StepPanel | None = None
 _panel_lock = threading.Lock()
