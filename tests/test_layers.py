@@ -157,3 +157,19 @@ def test_the_public_api_is_unchanged():
     assert "NbdurableWarning" in nbdurable.__all__
     with pytest.warns(nbdurable.NbdurableWarning):
         warnings.warn("x", nbdurable.NbdurableWarning, stacklevel=1)
+
+
+def test_the_readme_architecture_names_every_module():
+    readme = (ROOT.parent / "README.md").read_text(encoding="utf-8")
+    tree = readme.split("## Architecture", 1)[1].split("```")[1]
+    missing = [
+        str(p.relative_to(ROOT))
+        for p in sorted(ROOT.rglob("*.py"))
+        if p.name != "__init__.py" and p.name not in tree
+    ]
+    missing += [
+        d.name + "/"
+        for d in sorted(ROOT.iterdir())
+        if (d / "__init__.py").exists() and d.name + "/" not in tree
+    ]
+    assert not missing, f"README's Architecture tree does not name: {missing}"

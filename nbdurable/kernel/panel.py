@@ -37,7 +37,7 @@ from .. import commands, events, status
 from .._text import seconds
 from ..errors import NbdurableError
 from ..status import StepInfo
-from ..store.layout import RUN_SCOPE, RunKeys
+from ..store import RUN_SCOPE, RunView
 from .rows import _BUTTON, _GREY, _GROUP, STATE_HELP, StepRow, _attr, _e, row_html
 from .session import Session, get_session
 
@@ -196,7 +196,7 @@ class StepPanel(widgets.VBox):
         known = {i.key for i in infos}
         for key, (state, detail) in live.items():
             if key not in known and state in ("running", "failed"):
-                subs, size = s.store.stats(RunKeys(self._run_id).subs_prefix(key))
+                subs, size = RunView(s.store, self._run_id).sub_stats(key)
                 infos.append(
                     StepInfo(
                         key,
