@@ -116,7 +116,11 @@ class Store(abc.ABC):
     def _put_blob_file(
         self, parts: Sequence[blobs.Buffer], total: int, secrets: dict[str, bytes]
     ) -> tuple[str, int]:
-        """Store a large blob (streamed, hashed as written); ``(sha, bytes written)``."""
+        """Store a large blob (streamed, hashed as written); ``(sha, bytes written)``.
+
+        0 bytes written if the blob was there already, unless this object
+        found it damaged or missing (``_suspect``): then it is written again.
+        """
 
     @abc.abstractmethod
     def get_blob(self, sha: str) -> blobs.Blob | None:
