@@ -49,7 +49,7 @@ def _shell() -> Any:
 
 def _session(shell: Any, d: Path) -> Any:
     """A fresh nbdurable session on the store at ``d`` (what a kernel restart gives)."""
-    from nbdurable import engine
+    from nbdurable.kernel import session as engine
     from nbdurable.store import Store
 
     engine.reset_session()
@@ -241,8 +241,7 @@ def _through_the_store(cfg: Any, root: Path, found: dict[str, float]) -> Table:
     does: ``Store.put_blob`` (what recording a variable writes) against
     ``pickle.dump``, and ``Store.get_blob`` + unpickle against ``pickle.load``.
     """
-    from nbdurable import values
-    from nbdurable.store import Store
+    from nbdurable.store import Store, values
 
     t = Table(
         f"3b. One {fmt_bytes(cfg.big_bytes)} variable through the store, freed memory reused",
@@ -314,7 +313,7 @@ def _restored_into_ten(cfg: Any, shell: Any, root: Path) -> Table:
     _run(shell, f"data = np.random.default_rng(7).random({n_big})")
     for k in range(10):
         _run(shell, f"%%step hold{k}\nx{k} = data")
-    from nbdurable import engine
+    from nbdurable.kernel import session as engine
 
     engine.reset_session()  # closes the store, so SQLite's WAL is folded in
     used = disk_usage(d) - base

@@ -10,7 +10,7 @@ start, cells, shutdown):
 The simulated model has no latency (``NBDURABLE_SIM_LATENCY=0``) so the
 first run measures recording, not sleeping; its ledger proves the replays
 made no call. The notebook is the bundled ``research_agent.ipynb`` when
-present, else an equivalent built here from :mod:`nbdurable.sim`.
+present, else an equivalent built here from :mod:`nbdurable.demo.sim`.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ BUNDLED = REPO / "nbdurable" / "notebooks" / "research_agent.ipynb"
 CELLS = [
     "%load_ext nbdurable\n"
     "from nbdurable import step\n"
-    "from nbdurable.sim import llm_plan, search_web, llm_answer, llm_synthesize\n"
+    "from nbdurable.demo.sim import llm_plan, search_web, llm_answer, llm_synthesize\n"
     "topic = 'durable notebooks'",
     '%%step plan\nplan = llm_plan(topic)\nprint(plan["title"])',
     "%%step research\n"

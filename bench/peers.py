@@ -164,7 +164,7 @@ class Nbdurable(SimplePeer):
         self.name = "nbdurable" + (f" ({', '.join(extra)})" if extra else "")
 
     def _open(self, d: Path) -> Any:
-        from nbdurable import engine
+        from nbdurable.kernel import session as engine
         from nbdurable.store import Store
 
         engine.reset_session()
@@ -172,11 +172,13 @@ class Nbdurable(SimplePeer):
         session = engine.get_session()
         session.set_store(store, RUN_ID)
         if self.in_step:
-            session.current = engine.StepContext("bench-step", "bench-step")
+            from nbdurable.kernel.context import StepContext
+
+            session.current = StepContext("bench-step", "bench-step")
         else:
             # All calls in one notebook cell: the extension's per-cell hook gives the
             # run scope a fresh index at the start of each cell, as here.
-            session.run_index = engine.SubIndex()
+            session.new_cell()
         import nbdurable
 
         return nbdurable.step
@@ -185,7 +187,7 @@ class Nbdurable(SimplePeer):
         return step(step_id(i), produce, i)
 
     def _close(self, h: Any) -> None:
-        from nbdurable import engine
+        from nbdurable.kernel import session as engine
 
         engine.get_session().current = None
         engine.reset_session()
@@ -195,7 +197,7 @@ class Nbdurable(SimplePeer):
 
 
 def diskcache_settings() -> dict[str, Any]:
-    """The diskcache settings nbdurable's Store uses (see nbdurable/store.py)."""
+    """The diskcache settings nbdurable's Store uses (see nbdurable/store/_diskcache.py)."""
     return {
         "eviction_policy": "none",
         "cull_limit": 0,

@@ -14,15 +14,16 @@ from .errors import (
     FormatVersionError,
     LeaseHeld,
     NbdurableError,
+    NbdurableWarning,
     StoreError,
     UsageProblem,
 )
 
 _LAZY = {
     "configure": "config",
-    "idempotency_key": "substeps",
-    "recorded": "substeps",
-    "step": "substeps",
+    "idempotency_key": "kernel.substeps",
+    "recorded": "kernel.substeps",
+    "step": "kernel.substeps",
 }
 
 
@@ -44,6 +45,7 @@ __all__ = [
     "FormatVersionError",
     "LeaseHeld",
     "NbdurableError",
+    "NbdurableWarning",
     "StoreError",
     "UsageProblem",
     "configure",
@@ -56,21 +58,21 @@ __version__ = "0.1.0"
 
 
 def panel() -> Any:
-    """The step panel widget for the current run (see :mod:`nbdurable.steppanel`)."""
-    from .steppanel import panel as _panel
+    """The step panel widget for the current run (see :mod:`nbdurable.kernel.panel`)."""
+    from .kernel.panel import panel as _panel
 
     return _panel()
 
 
 def load_ipython_extension(ipython: Any) -> None:
     """``%load_ext nbdurable``."""
-    from .magic import load
+    from .kernel.magic import load
 
     load(ipython)
 
 
 def unload_ipython_extension(ipython: Any) -> None:
     """``%unload_ext nbdurable``: remove the hooks ``load`` added."""
-    from .magic import unload
+    from .kernel.magic import unload
 
     unload(ipython)

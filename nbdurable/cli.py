@@ -3,9 +3,9 @@
 Options shared by several commands are defined once, as parent parsers.
 Heavy modules (nbclient, the store, IPython) are imported inside the
 command that needs them, so ``nbdurable --help`` and the inspection
-commands start fast. Exit codes: 0 success, 1 a notebook cell raised,
-2 bad usage (one line on stderr, never a traceback), 3 the kernel died more
-than ``--retries`` times, 130 interrupted.
+commands start fast. Exit codes: 0 success, 1 a notebook cell raised (or
+``check`` left a problem), 2 bad usage (one line on stderr, never a
+traceback), 3 the kernel died more than ``--retries`` times, 130 interrupted.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ class _Parser(argparse.ArgumentParser):
     """An ArgumentParser whose errors are one line, naming the way to get help."""
 
     def error(self, message: str) -> NoReturn:
-        from .keys import one_line
+        from .identity.keys import one_line
 
         message = one_line(message)
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
@@ -207,6 +207,28 @@ def build_parser() -> argparse.ArgumentParser:
     gc.add_argument("--dry-run", action="store_true", help="report what would go; change nothing")
     gc.set_defaults(func=cmd_gc)
 
+    check = sub.add_parser(
+        "check",
+        parents=[p["store"], p["json"]],
+        help="check a store's records and files; repair what can be",
+        description="Check the store of NOTEBOOK (or --store DIR): the database's integrity, "
+        "every record's value file, files no record points to. Repairs what can be (a record "
+        "whose value file is lost or truncated is removed: its step runs again; an orphan file "
+        "is removed) and says what it found and what it repaired. Exit 1 if a problem remains. "
+        "Run it while no kernel records to the store.",
+    )
+    check.add_argument(
+        "notebook",
+        metavar="NOTEBOOK.ipynb",
+        type=Path,
+        nargs="?",
+        help="the notebook whose store to check (default: NBDURABLE_DIR, else ./.nbdurable)",
+    )
+    check.add_argument(
+        "--dry-run", action="store_true", help="report what is wrong; repair nothing"
+    )
+    check.set_defaults(func=cmd_check)
+
     demo = sub.add_parser(
         "demo",
         parents=[p["json"], p["quiet"]],
@@ -306,7 +328,7 @@ def _usage(message: str) -> Exception:
 def _store_dir(args: argparse.Namespace, notebook: Path | None) -> Path:
     if getattr(args, "store", None) is not None:
         return _path(args.store)
-    from .locate import store_dir
+    from .identity.locate import store_dir
 
     return store_dir(notebook)
 
@@ -328,15 +350,15 @@ def _open(directory: Path, must_exist: bool = True) -> Any:
 def _run_id(args: argparse.Namespace, notebook: Path, store: Any, directory: Path) -> str:
     """The run the command works on; a named run must exist."""
     if args.run_name is None:
-        from .locate import run_id_for
+        from .identity.locate import run_id_for
 
         return run_id_for(notebook, directory)
-    from . import runs
-    from .keys import validate_name
+    from .identity.keys import validate_name
+    from .store import admin
 
     validate_name(args.run_name, "run name")
-    if store is None or not runs.known_run(store, args.run_name):
-        known = ", ".join(repr(r) for r in runs.run_names(store)) if store else "none"
+    if store is None or not admin.known_run(store, args.run_name):
+        known = ", ".join(repr(r) for r in admin.run_names(store)) if store else "none"
         raise _usage(f"no run {args.run_name!r} in the store at {directory} (runs: {known})")
     return args.run_name
 
@@ -356,10 +378,10 @@ def _when(t: float | None) -> str:
 
 def cmd_run(args: argparse.Namespace) -> int:
     """``nbdurable run``."""
-    from .runner import ConsoleProgress, Progress, run_notebook
+    from .run import ConsoleProgress, Progress, run_notebook
 
     if args.run_name is not None:
-        from .keys import validate_name
+        from .identity.keys import validate_name
 
         validate_name(args.run_name, "run name")
     quiet = args.quiet or args.json
@@ -416,7 +438,7 @@ def _strip_ansi(text: str) -> str:
 
 def cmd_status(args: argparse.Namespace) -> int:
     """``nbdurable status``."""
-    from . import ops
+    from . import status
 
     notebook = _notebook(args)
     directory = _store_dir(args, notebook)
@@ -427,7 +449,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     else:
         with store:
             run_id = _run_id(args, notebook, store, directory)
-            infos = ops.step_infos(store, run_id, notebook)
+            infos = status.step_infos(store, run_id, notebook)
     if args.json:
         _emit(
             {
@@ -439,14 +461,14 @@ def cmd_status(args: argparse.Namespace) -> int:
         )
         return 0
     print(f"{notebook.name} · run {run_id!r} · store {directory}")
-    print(ops.format_table(infos) if infos else "no %%step cells and nothing recorded")
+    print(status.format_table(infos) if infos else "no %%step cells and nothing recorded")
     return 0
 
 
 def _pending(notebook: Path) -> list[Any]:
     """Status rows when no store exists yet: every step cell is pending."""
-    from .locate import NotebookFile
-    from .ops import StepInfo
+    from .identity.locate import NotebookFile
+    from .status import StepInfo
 
     nbf = NotebookFile(notebook)
     nbf.refresh()
@@ -469,61 +491,57 @@ def _recorded_run(args: argparse.Namespace) -> Iterator[tuple[Path, Any, str, Pa
 
 def cmd_clear(args: argparse.Namespace) -> int:
     """``nbdurable clear``."""
-    from . import ops
+    from . import commands
 
     if args.all == bool(args.steps):
         raise _usage("give step names to clear, or --all for the whole run (not both)")
     with _recorded_run(args) as (notebook, store, run_id, _):
         if args.all:
-            n = ops.clear_all(store, run_id)
-            print(f"cleared run {run_id!r} ({n} records)")
-            return 0
-        found = ops.resolve(store, run_id, args.steps, notebook)
-        stale = ops.clear(store, run_id, found)
-    msg = f"cleared: {', '.join(args.steps)}"
-    if stale:
-        msg += f"; invalidated dependants: {', '.join(stale)}"
-    print(msg)
+            done = commands.clear_run(store, run_id)
+        else:
+            done = commands.clear_steps(store, run_id, args.steps, notebook)
+    print(done.message)
     return 0
 
 
 def cmd_pin(args: argparse.Namespace) -> int:
     """``nbdurable pin`` / ``unpin``."""
-    from . import ops
+    from . import commands
 
     with _recorded_run(args) as (notebook, store, run_id, _):
-        for key in ops.resolve(store, run_id, args.steps, notebook):
-            ops.set_pin(store, run_id, key, args.pinned)
-    print(f"{'pinned' if args.pinned else 'unpinned'}: {', '.join(args.steps)}")
+        done = commands.pin_steps(store, run_id, args.steps, notebook, pinned=args.pinned)
+    print(done.message)
     return 0
 
 
 def cmd_export(args: argparse.Namespace) -> int:
     """``nbdurable export``."""
-    from . import runs
+    from . import status
+    from .store import admin
 
     with _recorded_run(args) as (notebook, store, run_id, directory):
-        if args.run_name is None and not runs.known_run(store, run_id):
+        if args.run_name is None and not admin.known_run(store, run_id):
             raise _usage(
                 f"nothing is recorded for run {run_id!r} in {directory}; run the notebook first"
             )
-        doc = runs.export_run(store, run_id, notebook, with_values=args.values)
+        rows = status.step_infos(store, run_id, notebook)
+        doc = admin.export_run(store, run_id, rows, notebook, with_values=args.values)
     if args.format == "json":
         _emit(doc)
     else:
-        for line in runs.export_lines(doc):
+        for line in admin.export_lines(doc):
             print(json.dumps(line, default=str))
     return 0
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
     """``nbdurable ls``."""
-    from . import runs
-    from .ops import human_size
+    from ._text import human_size
+    from .store import admin
 
     directory = _store_dir(args, None)
     with _open(directory) as store:
-        infos = runs.list_runs(store)
+        infos = admin.list_runs(store)
     if args.json:
         _emit({"store": str(directory), "runs": [r.to_json() for r in infos]})
         return 0
@@ -541,13 +559,13 @@ def cmd_ls(args: argparse.Namespace) -> int:
 
 def cmd_gc(args: argparse.Namespace) -> int:
     """``nbdurable gc``."""
-    from . import runs
-    from .ops import human_size
+    from ._text import human_size
+    from .store import admin
 
-    age = runs.parse_age(args.older_than)
+    age = admin.parse_age(args.older_than)
     directory = _store_dir(args, None)
     with _open(directory) as store:
-        report = runs.gc(store, age, dry_run=args.dry_run)
+        report = admin.gc(store, age, dry_run=args.dry_run)
     if args.json:
         _emit(report.to_json())
         return 0
@@ -564,6 +582,21 @@ def cmd_gc(args: argparse.Namespace) -> int:
     for note in report.notes:
         print(f"  note: {note}")
     return 0
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    """``nbdurable check``."""
+    from .store import admin
+
+    notebook = _notebook(args) if args.notebook is not None else None
+    directory = _store_dir(args, notebook)
+    with _open(directory) as store:
+        report = admin.check(store, fix=not args.dry_run)
+    if args.json:
+        _emit(report.to_json())
+    else:
+        print(report.text())
+    return 0 if not report.left else 1
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -586,7 +619,7 @@ def main(argv: list[str] | None = None) -> int:
     if any(v == [] for k, v in vars(args).items() if k != "steps"):
         parser.error("an option's value is '--'; give the value itself")  # argparse gives []
     from .errors import NbdurableError
-    from .keys import one_line
+    from .identity.keys import one_line
 
     # jupyter_client imports ipykernel to find the native kernel, and with older
     # ipykernel releases that imports debugpy, which prints a four-line "frozen

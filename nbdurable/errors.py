@@ -1,4 +1,4 @@
-"""Every exception nbdurable raises.
+"""Every exception and warning class nbdurable raises.
 
 Each one subclasses a builtin, so a user's ``except ValueError`` or
 ``except RuntimeError`` keeps working, and all of them share
@@ -45,3 +45,7 @@ class DivergenceError(NbdurableError, RuntimeError):
 
 class LeaseHeld(NbdurableError, RuntimeError):
     """Another live process holds the lease on this run."""
+
+
+class NbdurableWarning(UserWarning):
+    """Something was not recorded, or a record could not be used (always shown, never silent)."""

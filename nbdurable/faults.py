@@ -24,8 +24,6 @@ _lock = threading.Lock()
 _spec: tuple[str, int] | None = None
 _loaded = False
 
-POINTS = ("sub-returned", "sub-written", "blob-written", "step-written", "replay", "store-write")
-
 
 def _load() -> tuple[str, int] | None:
     raw = os.environ.get("NBDURABLE_FAULT", "")

@@ -53,7 +53,9 @@ from IPython.core.interactiveshell import InteractiveShell
 from kernel_util import make_notebook
 
 import nbdurable
-from nbdurable import cli, engine, locate
+from nbdurable import cli
+from nbdurable.identity import locate
+from nbdurable.kernel import session as engine
 from nbdurable.store import RUN_SCOPE, Store
 
 # When a property fails, hypothesis' pytest plugin imports its patch writer
@@ -146,7 +148,7 @@ class Env:
 
 def _close_panel() -> None:
     # `%step panel` leaves a live panel listening to the engine; close it with its session.
-    from nbdurable import steppanel
+    from nbdurable.kernel import panel as steppanel
 
     if steppanel._panel is not None:
         steppanel._panel.close()
@@ -180,7 +182,7 @@ def durable_env() -> Iterator[Env]:
         for name in ("JPY_SESSION_NAME", "NBDURABLE_RUN", "NBDURABLE_TAKEOVER"):
             mp.delenv(name, raising=False)
         mp.chdir(root / "cwd")
-        mp.setattr("nbdurable.runner._Run", _no_kernel)
+        mp.setattr("nbdurable.run.attempts._Run", _no_kernel)
         mp.setattr("nbdurable.demo.run_demo", _no_kernel)
         (root / "nb.ipynb").write_text(NOTEBOOK_TEXT)
 

@@ -9,9 +9,8 @@ import pickle
 import numpy as np
 import pytest
 
-from nbdurable import blobs, values
 from nbdurable.errors import CorruptRecord, StoreError
-from nbdurable.store import MAGIC, Store
+from nbdurable.store import MAGIC, Store, blobs, values
 
 BIG = 6 * 1024 * 1024  # over blobs.THREAD_OVER and blobs.MAP_OVER: the threaded/mapped paths
 
@@ -29,7 +28,7 @@ def load(store: Store, sha: str) -> object:
 
 
 def value_file(store: Store, sha: str) -> str:
-    (filename,) = store._cache._sql(
+    (filename,) = store._rows.cache._sql(
         "SELECT filename FROM Cache WHERE key = ?", ("b/" + sha,)
     ).fetchone()
     return str(store.cache_dir / filename) if filename else ""
@@ -115,7 +114,7 @@ def test_a_planted_blob_never_runs(store, tmp_path):
     real_sha = save(store, np.arange(10))
     # Replace the blob's bytes by a well-formed blob holding a malicious pickle.
     evil = blobs.head(stream, []) + stream
-    store._cache._sql("UPDATE Cache SET value = ? WHERE key = ?", (evil, "b/" + real_sha))
+    store._rows.cache._sql("UPDATE Cache SET value = ? WHERE key = ?", (evil, "b/" + real_sha))
     with pytest.raises(CorruptRecord, match="SHA-256"):
         store.get_blob(real_sha)
     assert not target.exists()
@@ -146,7 +145,7 @@ def test_format_1_blobs_still_load(store):
     data = pickle.dumps({"old": [1, 2, 3]}, protocol=5)
     sha = hashlib.sha256(data).hexdigest()
     store.put("b/" + sha, {"kind": "blob"}, data)
-    assert store._read("b/" + sha).startswith(MAGIC)
+    assert store.read("b/" + sha).startswith(MAGIC)
     assert load(store, sha) == {"old": [1, 2, 3]}
     big = pickle.dumps(b"y" * 100_000, protocol=5)  # in a value file
     sha2 = hashlib.sha256(big).hexdigest()
@@ -246,7 +245,8 @@ def test_mappings_are_capped_and_read_past_the_cap(store, monkeypatch):
 _CHILD = """
 import os, sys
 import numpy as np
-from nbdurable import blobs, values
+from nbdurable.store import blobs
+from nbdurable.store import values
 from nbdurable.store import Store
 
 where, point = sys.argv[1], sys.argv[2]
@@ -262,13 +262,15 @@ if point == "mid-write":
 
     blobs._HashThread.feed = feed
 else:  # "after-commit": the row is in, the call has not returned
-    real = Store._insert_file
+    from nbdurable.store._diskcache import Rows
 
-    def insert(db, key, filename, size):
-        real(db, key, filename, size)
+    real = Rows.point_at
+
+    def insert(rows, key, filename, size):
+        real(rows, key, filename, size)
         os.kill(os.getpid(), 9)
 
-    Store._insert_file = staticmethod(insert)
+    Rows.point_at = insert
 a = np.random.default_rng(7).random(int(sys.argv[3]))
 store.put_blob(*values.dumps_parts(a))
 """

@@ -30,7 +30,7 @@ import nbformat
 import pytest
 from kernel_util import REPO_ROOT, make_notebook, run_notebook
 
-from nbdurable import ops
+from nbdurable import commands, status
 from nbdurable.store import Store
 
 pytestmark = pytest.mark.browser
@@ -184,9 +184,9 @@ def _tail(path: Path, n: int = 40) -> str:
     return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
 
 
-def _infos(store_dir: Path, notebook: Path) -> dict[str, ops.StepInfo]:
+def _infos(store_dir: Path, notebook: Path) -> dict[str, status.StepInfo]:
     with Store(store_dir) as store:
-        return {i.label: i for i in ops.step_infos(store, RUN_ID, notebook)}
+        return {i.label: i for i in status.step_infos(store, RUN_ID, notebook)}
 
 
 def test_panel_in_jupyterlab(tmp_path):
@@ -203,7 +203,7 @@ def _check_panel(lab):
     env = {"NBDURABLE_DIR": str(store), "NBDURABLE_NOTEBOOK": str(notebook)}
     run_notebook(make_notebook(FIRST), cwd=root, env=env)
     with Store(store) as s:
-        ops.set_pin(s, RUN_ID, "name:pinned", True)
+        commands.set_pin(s, RUN_ID, "name:pinned", True)
     nbformat.write(make_notebook(SECOND), notebook)
     ARTIFACTS.mkdir(exist_ok=True)
 

@@ -1,4 +1,4 @@
-"""Tests for nbdurable.capture: unit tests on a plain shell, then real kernels."""
+"""Tests for nbdurable.kernel.capture: unit tests on a plain shell, then real kernels."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from IPython.core.interactiveshell import InteractiveShell
 from IPython.display import HTML, clear_output, display
 from kernel_util import make_notebook, outputs_of, run_notebook, stream_text
 
-from nbdurable.capture import (
+from nbdurable.kernel.capture import (
     WIDGET_PLACEHOLDER,
     WIDGET_VIEW_MIME,
     Capture,
@@ -413,7 +413,7 @@ def test_replay_refuses_unknown_outputs_before_emitting_anything(shell, capsys):
 SETUP = """\
 import ast, json, pathlib, sys
 from IPython.core.magic import register_cell_magic
-from nbdurable.capture import Capture, replay, show_last_expr
+from nbdurable.kernel.capture import Capture, replay, show_last_expr
 
 saved = {}
 

@@ -294,7 +294,8 @@ def test_status_export_pin_clear_gc_through_the_cli(tmp_path, capsys, monkeypatc
 
     # clear a (and edit b): the next kernel executes a and b again, and replays pinned c.
     code, out, err = inproc(capsys, monkeypatch, tmp_path, "clear", nb, "a")
-    assert code == 0 and "cleared: a" in out, out + err
+    # Steps are named by their labels, as %step clear names them (not by their keys).
+    assert code == 0 and out.strip() == "cleared: a; invalidated dependants: c", out + err
     assert status()["name:a"]["state"] == "pending"
     edited.cells[2].source = "%%step\nb = [step(f'b:{i}', call, f'b{i}') for i in range(5)]"
     nbformat.write(edited, nb)
@@ -334,13 +335,13 @@ def test_status_export_pin_clear_gc_through_the_cli(tmp_path, capsys, monkeypatc
 
 
 def test_gc_keeps_every_blob_when_a_step_record_is_unreadable(tmp_path):
-    from nbdurable import runs
     from nbdurable.store import Store
+    from nbdurable.store import admin as runs
 
     with Store(tmp_path / "store") as store:
         sha, _ = store.put_blob(b"some value")
         # A record that fails its signature check: it might reference any blob.
-        store._cache.set("r/0123456789abcdef/s/name:x", b"not a signed record")
+        store._rows.cache.set("r/0123456789abcdef/s/name:x", b"not a signed record")
         report = runs.gc(store, older_than=0)
         assert report.blobs == 0 and report.keys == 0 and len(report.notes) == 2, report
         assert bytes(store.get_blob(sha).stream) == b"some value"
@@ -349,7 +350,7 @@ def test_gc_keeps_every_blob_when_a_step_record_is_unreadable(tmp_path):
 
 def test_parse_age():
     from nbdurable.errors import UsageProblem
-    from nbdurable.runs import parse_age
+    from nbdurable.store.admin import parse_age
 
     assert parse_age("30d") == parse_age("30") == 30 * 86400
     assert (
@@ -376,3 +377,53 @@ def test_quickstart_notebook_runs_top_to_bottom(tmp_path, capsys, monkeypatch):
     printed = "".join(o.get("text", "") for c in done.cells if c.cell_type == "code"
                       for o in c.outputs)  # fmt: skip
     assert "[0, 1, 4, 9, 16]" in printed and "pinned: total" in printed
+
+
+def test_check_says_what_it_found_and_what_it_repaired(tmp_path, capsys, monkeypatch):
+    import shutil
+
+    from test_hostile import age_files
+
+    from nbdurable.store import Store
+
+    big = os.urandom(64 * 1024)  # kept in value files, not in the database
+    with Store(tmp_path / "store") as store:
+        store.put("r/x/s/a", {"n": 1}, big)
+        store.put("r/x/s/b", {"n": 2}, big)
+
+        def file_of(key):
+            (name,) = store._rows.cache._sql("SELECT filename FROM Cache WHERE key = ?", (key,))
+            return store.cache_dir / name[0]
+
+        # b loses its value file; a file no record points to is left (as a killed write does).
+        file_of("r/x/s/b").unlink()
+        orphan = store.cache_dir / "ab" / "cd" / ("e" * 28 + ".val")
+        orphan.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(file_of("r/x/s/a"), orphan)
+        age_files(store.cache_dir)
+    where = tmp_path / "store"
+
+    code, out, err = inproc(capsys, monkeypatch, tmp_path, "check", "--store", where, "--dry-run")
+    assert code == 1, out + err
+    lines = out.splitlines()
+    assert (
+        lines[0] == f"store {where}: 2 problems found, 0 repaired (--dry-run: nothing was changed)"
+    )
+    assert "  found: record 'r/x/s/b' has lost its value file" in lines
+    assert f"  found: file {orphan} belongs to no record" in lines
+    assert orphan.exists(), "a dry run changes nothing"
+
+    code, out, err = inproc(capsys, monkeypatch, tmp_path, "check", "--store", where, "--json")
+    assert code == 0, out + err
+    report = json.loads(out)
+    assert not report["sound"] and report["left"] == [] and len(report["repaired"]) == 2, report
+    assert not orphan.exists()
+
+    nb = write(tmp_path, ["x = 1"])  # its store is NBDURABLE_DIR, the same one
+    code, out, err = inproc(capsys, monkeypatch, tmp_path, "check", nb)
+    assert code == 0 and out.strip() == f"store {where}: sound, nothing to repair", out + err
+    with Store(where) as store:
+        assert store.get("r/x/s/a") == ({"n": 1}, big) and store.get("r/x/s/b") is None
+
+    code, out, err = inproc(capsys, monkeypatch, tmp_path, "check", "--store", tmp_path / "none")
+    assert code == 2 and "no nbdurable store at" in err and out == "", out + err

@@ -19,7 +19,7 @@ import pytest
 from kernel_util import REPO_ROOT, kernel_name
 
 from nbdurable import cli
-from nbdurable.sim import MailProvider, cost, ledger_calls
+from nbdurable.demo.sim import MailProvider, cost, ledger_calls
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -115,7 +115,7 @@ def test_demo_json_matches_the_ledger(tmp_path, clean_env, capsys):
 
 
 def test_demo_dir_is_reset_only_when_it_holds_an_earlier_demo(tmp_path):
-    from nbdurable.demo import _workdir
+    from nbdurable.demo.crash_resume import _workdir
 
     work = _workdir(tmp_path / "demo")
     for name in ("ledger.jsonl", "mailbox.sqlite", "research_agent.ipynb"):

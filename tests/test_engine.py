@@ -4,7 +4,7 @@ Each test runs one notebook several times, each time in a fresh kernel, and
 checks several things per run to keep the kernel starts few. Re-execution is
 detected outside the store: every step body calls ``ran(NAME)``, which
 appends to ``ran.log`` in the kernel's working directory, and the simulated
-model and search (:mod:`nbdurable.sim`) append every real call to a ledger.
+model and search (:mod:`nbdurable.demo.sim`) append every real call to a ledger.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ import pytest
 from kernel_util import make_notebook, outputs_of, run_notebook, stream_text
 from nbclient.exceptions import CellExecutionError, DeadKernelError
 
-from nbdurable.capture import WIDGET_VIEW_MIME
-from nbdurable.sim import ledger_calls
+from nbdurable.demo.sim import ledger_calls
+from nbdurable.kernel.capture import WIDGET_VIEW_MIME
 
 pytestmark = pytest.mark.kernel
 
@@ -31,7 +31,7 @@ SETUP = (
     "from IPython.display import HTML, display\n"
     "import nbdurable\n"
     "from nbdurable import idempotency_key, recorded, step\n"
-    "from nbdurable.sim import llm_plan, llm_synthesize, search_web\n"
+    "from nbdurable.demo.sim import llm_plan, llm_synthesize, search_web\n"
     "def ran(name):\n"
     "    with open('ran.log', 'a') as f:\n"
     "        f.write(name + '\\n')"
@@ -564,7 +564,7 @@ def substep_cells(arg: str) -> list[str]:
         ),
         "nbdurable.configure(on_divergence='warn');",
         "%%step dup\nstep('same', len, 'a')\nstep('same', len, 'b')",
-        "from nbdurable.engine import get_session\n"
+        "from nbdurable.kernel.session import get_session\n"
         "s = get_session()\n"
         "def ids(scope):\n"
         "    return sorted(k.rsplit('/', 1)[1] for k in s.store.scan(s.keys.subs_prefix(scope)))\n"
@@ -614,7 +614,7 @@ def test_substeps_async_threads_recorded_divergence(tmp_path):
 # -- idempotency keys across a crash ----------------------------------------------------
 
 NOTIFY = [
-    SETUP + "\nfrom nbdurable.sim import MailProvider\nmail = MailProvider('mailbox.sqlite')",
+    SETUP + "\nfrom nbdurable.demo.sim import MailProvider\nmail = MailProvider('mailbox.sqlite')",
     "%%step notify\n"
     "outer = idempotency_key('welcome')\n"
     "def send(to):\n"

@@ -34,9 +34,9 @@ import pytest
 from kernel_util import make_notebook, run_notebook
 from nbclient.exceptions import CellExecutionError, DeadKernelError
 
-from nbdurable.records import SubRecord
-from nbdurable.sim import MailProvider, ledger_calls
+from nbdurable.demo.sim import MailProvider, ledger_calls
 from nbdurable.store import Store
+from nbdurable.store.records import SubRecord
 
 pytestmark = pytest.mark.kernel
 
@@ -48,7 +48,9 @@ CELLS = [
     "import os, json, hashlib, asyncio\n"
     "from pathlib import Path\n"
     "from nbdurable import step, idempotency_key\n"
-    "from nbdurable.sim import llm_plan, search_web, llm_answer, llm_synthesize, MailProvider\n"
+    "from nbdurable.demo.sim import (\n"
+    "    llm_plan, search_web, llm_answer, llm_synthesize, MailProvider\n"
+    ")\n"
     "Path(os.environ['FAULT_PID_FILE']).write_text(str(os.getpid()))\n"
     "topic = 'crash safety'",
     f'%%step plan\nplan = step("plan", llm_plan, topic, {N_QUESTIONS})\nprint(plan["title"])',

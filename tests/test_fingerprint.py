@@ -1,4 +1,4 @@
-"""Unit tests for content fingerprints of values and callables (nbdurable.fingerprint).
+"""Unit tests for content fingerprints of values and callables (nbdurable.identity.fingerprint).
 
 tests/test_keys.py covers the basic data types; this file covers objects described
 by their pickle state, the type-only fallback, callables (code, globals, local
@@ -35,14 +35,14 @@ from hypothesis import strategies as st
 from kernel_util import make_notebook, run_notebook, stream_text
 
 import nbdurable
-from nbdurable.callables import callable_fingerprint, first_change
-from nbdurable.fingerprint import (
+from nbdurable.identity.callables import callable_fingerprint, first_change
+from nbdurable.identity.fingerprint import (
     FINGERPRINT_VERSION,
     args_fingerprint,
     fingerprint,
     fingerprint_info,
 )
-from nbdurable.keys import normalize_source, source_fingerprint
+from nbdurable.identity.keys import normalize_source, source_fingerprint
 
 ROOT = pathlib.Path(nbdurable.__file__).resolve().parents[1]
 
@@ -630,8 +630,8 @@ def test_modules_as_values(local_module):
 _PROBE = r"""
 import json, sys, collections, functools, re, zoneinfo, operator, array
 import numpy as np, pandas as pd
-from nbdurable.fingerprint import fingerprint
-from nbdurable.callables import callable_fingerprint
+from nbdurable.identity.fingerprint import fingerprint
+from nbdurable.identity.callables import callable_fingerprint
 SRC = sys.argv[1]
 ns = {"__name__": "__main__", "scale": 2}
 exec(compile(SRC, sys.argv[2], "exec"), ns)
@@ -756,8 +756,8 @@ def test_semicolons_that_do_not_hide_output_do_not_count():
 
 _KERNEL_CELLS = [
     "import json, dataclasses, re\nimport numpy as np, pandas as pd\nimport helpers_nbd\n"
-    "from nbdurable.fingerprint import fingerprint, fingerprint_info\n"
-    "from nbdurable.callables import callable_fingerprint",
+    "from nbdurable.identity.fingerprint import fingerprint, fingerprint_info\n"
+    "from nbdurable.identity.callables import callable_fingerprint",
     'MODEL = "small"\nWORDS = {"alpha", "beta", "gamma", "delta"}',
     "class Box:\n    def __init__(self, v):\n        self.v = v\n"
     "    def area(self):\n        return helpers_nbd.SCALE * self.v",

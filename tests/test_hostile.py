@@ -33,11 +33,13 @@ import nbformat
 import pytest
 from kernel_util import make_notebook, outputs_of, run_notebook, stream_text
 
-from nbdurable import cli, locate, runs
-from nbdurable import store as nbd_store
+from nbdurable import cli
 from nbdurable.errors import CorruptRecord, StoreError
-from nbdurable.records import StepRecord
+from nbdurable.identity import locate
 from nbdurable.store import RUN_SCOPE, RunKeys, Store
+from nbdurable.store import admin as runs
+from nbdurable.store import disk as nbd_store
+from nbdurable.store.records import StepRecord
 
 BIG = b"v" * 50_000  # diskcache keeps values of 32 KB and more in files
 
@@ -124,8 +126,8 @@ def reads(sql: str) -> bool:
 
 def fail_sql(mp: pytest.MonkeyPatch, store: Store, make: Callable[[], Exception], when) -> None:
     """Make this thread's connection of ``store`` fail as a full or read-only database does."""
-    con = store._cache._con
-    mp.setattr(store._cache._local, "con", FailingConnection(con, make, when))
+    con = store._rows.cache._con
+    mp.setattr(store._rows.cache._local, "con", FailingConnection(con, make, when))
 
 
 def fail_value_files(mp: pytest.MonkeyPatch, make: Callable[[], OSError], partial: bool) -> None:
@@ -524,7 +526,7 @@ def test_check_reports_and_removes_records_whose_value_file_is_damaged(store):
 
 
 def value_file(store: Store, key: str) -> Path:
-    (filename,) = store._cache._sql(
+    (filename,) = store._rows.cache._sql(
         "SELECT filename FROM Cache WHERE key = ? AND raw = 1", (key,)
     ).fetchone()
     assert filename, f"{key} is not kept in a file"
@@ -539,7 +541,7 @@ def test_a_planted_row_naming_a_file_outside_the_store_neither_reads_nor_deletes
     store.put("r/x/s/a", {"n": 1}, BIG)
     inside = value_file(store, "r/x/s/a")
     outside = os.path.relpath(victim, store.cache_dir)
-    store._cache._sql("UPDATE Cache SET filename = ? WHERE key = ?", (outside, "r/x/s/a"))
+    store._rows.cache._sql("UPDATE Cache SET filename = ? WHERE key = ?", (outside, "r/x/s/a"))
     inside.unlink()
 
     with pytest.raises(CorruptRecord, match="outside the store"):
@@ -549,7 +551,7 @@ def test_a_planted_row_naming_a_file_outside_the_store_neither_reads_nor_deletes
     store.put("r/x/s/a", {"n": 2}, BIG)  # overwriting the row cleans up its "old file"
     assert victim.read_bytes() == b"not the store's"
     store.delete("r/x/s/a")
-    store._cache._sql(  # and once more, for check(fix=True)
+    store._rows.cache._sql(  # and once more, for check(fix=True)
         "INSERT INTO Cache (key, raw, store_time, expire_time, access_time, access_count, "
         "tag, size, mode, filename, value) VALUES ('r/x/s/c', 1, 0, NULL, 0, 0, NULL, 15, 2, ?, "
         "NULL)",
@@ -564,7 +566,7 @@ def test_a_planted_pickled_key_is_never_unpickled(store, tmp_path):
     target = tmp_path / "pwned"
     store.put(RunKeys("nb.ipynb").step("name:a"), {"n": 1})
     plant(store, Planted(target), b"value")  # diskcache pickles the key: a raw=0 row
-    (raw,) = store._cache._sql("SELECT raw FROM Cache WHERE typeof(key) = 'blob'").fetchone()
+    (raw,) = store._rows.cache._sql("SELECT raw FROM Cache WHERE typeof(key) = 'blob'").fetchone()
     assert raw == 0 and not target.exists()
 
     assert store.scan("r/") == [RunKeys("nb.ipynb").step("name:a")]
@@ -578,8 +580,8 @@ def test_a_planted_pickled_key_is_never_unpickled(store, tmp_path):
 def test_a_damaged_format_record_is_a_clear_error_on_open(tmp_path):
     path = tmp_path / "store"
     with Store(path) as s:
-        raw = s._cache.get("meta/format")
-        s._cache.set("meta/format", raw[:-2] + b"?}")
+        raw = s._rows.cache.get("meta/format")
+        s._rows.cache.set("meta/format", raw[:-2] + b"?}")
     with pytest.raises(StoreError) as err:
         Store(path)
     assert_clear(err.value, path, "cannot be verified", "Restore the key")
@@ -648,9 +650,9 @@ EXPECTED = {
 
 
 def flip_a_byte(store: Store, key: str) -> None:
-    raw = store._cache.get(key)
+    raw = store._rows.cache.get(key)
     i = len(raw) // 2
-    store._cache.set(key, raw[:i] + bytes([raw[i] ^ 0x55]) + raw[i + 1 :])
+    store._rows.cache.set(key, raw[:i] + bytes([raw[i] ^ 0x55]) + raw[i + 1 :])
 
 
 def truncate(path: Path) -> None:

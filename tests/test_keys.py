@@ -1,4 +1,4 @@
-"""Unit tests for nbdurable.keys: source normalization, cell analysis, fingerprints, names."""
+"""Unit tests for nbdurable.identity.keys: source normalization, analysis, fingerprints, names."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ import pytest
 
 import nbdurable
 from nbdurable.errors import UsageProblem
-from nbdurable.keys import (
+from nbdurable.identity.keys import (
     CellAnalysis,
     analyse,
     args_fingerprint,
@@ -770,7 +770,7 @@ def test_pandas_like_objects_are_pickled(monkeypatch):
 
 _CROSS_PROCESS = """
 import json, sys
-from nbdurable.keys import fingerprint, args_fingerprint, source_fingerprint
+from nbdurable.identity.keys import fingerprint, args_fingerprint, source_fingerprint
 ns = {}
 exec(compile(SRC, sys.argv[1], "exec"), ns)
 values = {

@@ -18,7 +18,7 @@ from jupyter_client.manager import KernelManager
 from kernel_util import REPO_ROOT, kernel_name, make_notebook, private_sockets, run_notebook
 from nbclient.exceptions import CellExecutionError
 
-from nbdurable import lease
+from nbdurable.kernel import lease
 from nbdurable.store import Store
 
 pytestmark = pytest.mark.kernel

@@ -7,11 +7,12 @@ import re
 
 import pytest
 
-from nbdurable import ops
+from nbdurable import commands, status
+from nbdurable._text import human_size
 from nbdurable.errors import UsageProblem
-from nbdurable.keys import source_fingerprint
-from nbdurable.records import StepRecord, StepState, SubRecord, VarRecord
+from nbdurable.identity.keys import source_fingerprint
 from nbdurable.store import RUN_SCOPE, RunKeys, Store
+from nbdurable.store.records import StepRecord, StepState, SubRecord, VarRecord
 
 RUN = "nb.ipynb"
 RK = RunKeys(RUN)
@@ -57,7 +58,7 @@ def state(store: Store, key: str, **fields: object) -> None:
     store.put(RK.state(key), StepState(**fields).to_header())
 
 
-def states(infos: list[ops.StepInfo]) -> dict[str, tuple[str, str]]:
+def states(infos: list[status.StepInfo]) -> dict[str, tuple[str, str]]:
     return {i.label: (i.state, i.detail) for i in infos}
 
 
@@ -97,7 +98,7 @@ def test_list_shows_every_state_in_notebook_order(store, tmp_path):
     state(store, "name:stale", stale="upstream step 'a' was cleared")
     record(store, "pos:7", source="u = 7")
     record(store, "name:gone", source="g = 1")
-    infos = ops.step_infos(store, RUN, path)
+    infos = status.step_infos(store, RUN, path)
 
     assert [(i.label, i.position) for i in infos] == [
         ("fresh", 1),
@@ -128,7 +129,7 @@ def test_list_counts_substeps_and_sizes(store):
     sizes = [sub(store, "name:a", f"s{i}") for i in range(3)]
     sub(store, "name:ab", "other")  # a step whose key extends "name:a"
     outside = [sub(store, RUN_SCOPE, "top", b"x" * 10)]
-    infos = {i.label: i for i in ops.step_infos(store, RUN)}
+    infos = {i.label: i for i in status.step_infos(store, RUN)}
     a = infos["a"]
     assert a.substeps == 3
     assert a.size == sum(sizes) + store.size_of(RK.step("name:a")) + 300
@@ -143,7 +144,7 @@ def test_list_without_a_notebook_follows_position_then_recording_order(store):
     record(store, "name:at-3", position=3, started=9.0)
     record(store, "name:at-0", position=0, started=8.0)
     state(store, "name:never", failed="boom", failed_at=3.0, name="never")
-    labels = [i.label for i in ops.step_infos(store, RUN)]
+    labels = [i.label for i in status.step_infos(store, RUN)]
     assert labels == ["at-0", "at-3", "z-first", "a-second", "never"]
 
 
@@ -151,12 +152,12 @@ def test_live_state_of_a_pinned_stale_replay(store):
     record(store, "name:a")
     state(store, "name:a", pinned=True)
     live = {"name:a": ("pinned-stale", "input 'x' changed")}
-    (info,) = ops.step_infos(store, RUN, live=live)
+    (info,) = status.step_infos(store, RUN, live=live)
     assert (info.state, info.detail, info.stale) == ("pinned", "input 'x' changed", True)
-    assert "pinned (stale)" in ops.format_table([info])
+    assert "pinned (stale)" in status.format_table([info])
 
-    ops.set_pin(store, RUN, "name:a", False)  # unpinned: the next run executes it
-    (info,) = ops.step_infos(store, RUN, live=live)
+    commands.set_pin(store, RUN, "name:a", False)  # unpinned: the next run executes it
+    (info,) = status.step_infos(store, RUN, live=live)
     assert (info.state, info.detail, info.stale) == ("invalidated", "input 'x' changed", False)
 
 
@@ -169,7 +170,7 @@ def test_live_states_override_what_the_store_says(store):
         "name:b": ("replayed", ""),
         "name:c": ("invalidated", "input 'topic' changed"),
     }
-    assert states(ops.step_infos(store, RUN, live=live)) == {
+    assert states(status.step_infos(store, RUN, live=live)) == {
         "a": ("running", ""),
         "b": ("replayed", ""),
         "c": ("invalidated", "input 'topic' changed"),
@@ -179,14 +180,14 @@ def test_live_states_override_what_the_store_says(store):
 def test_a_step_that_cannot_be_replayed_says_why(store):
     unsaved = VarRecord("client", "unsaved", "cannot pickle", "fp", 0, "Client")
     record(store, "name:a", variables=(unsaved,))
-    ((label, (st, detail)),) = states(ops.step_infos(store, RUN)).items()
+    ((label, (st, detail)),) = states(status.step_infos(store, RUN)).items()
     assert st == "not replayable" and "cannot save client" in detail
 
 
 def test_format_table(store):
     record(store, "name:plan", position=1)
     sub(store, "name:plan", "s", b"x" * 2000)
-    text = ops.format_table(ops.step_infos(store, RUN))
+    text = status.format_table(status.step_infos(store, RUN))
     head, row = text.splitlines()
     assert re.split(r"\s{2,}", head) == [
         "#",
@@ -201,7 +202,7 @@ def test_format_table(store):
     assert cols[:3] == ["2", "plan", "recorded"] and cols[4] == "1"
     assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d", cols[3])
     assert re.fullmatch(r"\d\.\d KB", cols[5])
-    assert ops.human_size(512) == "512 B" and ops.human_size(3 * 1024**2) == "3.0 MB"
+    assert human_size(512) == "512 B" and human_size(3 * 1024**2) == "3.0 MB"
 
 
 # -- resolve, clear, pin ------------------------------------------------------------------------
@@ -210,14 +211,14 @@ def test_format_table(store):
 def test_resolve_by_name_label_or_key(store):
     record(store, "name:plan")
     record(store, "pos:4", name="cell #5", source="y = 2")
-    assert ops.resolve(store, RUN, ["plan", "name:plan", "cell #5", "pos:4"]) == [
+    assert commands.resolve(store, RUN, ["plan", "name:plan", "cell #5", "pos:4"]) == [
         "name:plan",
         "name:plan",
         "pos:4",
         "pos:4",
     ]
     with pytest.raises(UsageProblem) as err:
-        ops.resolve(store, RUN, ["plan", "nope"])
+        commands.resolve(store, RUN, ["plan", "nope"])
     assert str(err.value) == "no step 'nope' in run 'nb.ipynb' (known steps: plan, cell #5)"
 
 
@@ -233,11 +234,11 @@ def test_clear_removes_the_step_and_its_substeps_and_invalidates_dependants(stor
     sub(store, "name:a", "s2")
     sub(store, "name:b", "s1")
 
-    assert ops.clear(store, RUN, ["name:a"]) == ["name:b", "name:c"]
+    assert commands.clear(store, RUN, ["name:a"]) == ["name:b", "name:c"]
     assert store.get(RK.step("name:a")) is None and store.get(RK.state("name:a")) is None
     assert store.scan(RK.subs_prefix("name:a")) == []
     assert store.scan(RK.subs_prefix("name:b")) == [RK.sub("name:b", "s1")], "kept"
-    got = states(ops.step_infos(store, RUN))
+    got = states(status.step_infos(store, RUN))
     assert "a" not in got
     assert got["b"] == ("invalidated", "upstream step 'a' was cleared")
     assert got["c"] == ("pinned", "upstream step 'a' was cleared"), "still pinned, now stale"
@@ -250,26 +251,26 @@ def test_clear_all_forgets_one_run_and_nothing_else(store):
     sub(store, "name:a", "s")
     sub(store, RUN_SCOPE, "top")
     record(store, "name:a", run="other.ipynb")
-    assert ops.clear_all(store, RUN) == 4
-    assert ops.step_infos(store, RUN) == []
-    assert [i.label for i in ops.step_infos(store, "other.ipynb")] == ["a"]
+    assert commands.clear_all(store, RUN) == 4
+    assert status.step_infos(store, RUN) == []
+    assert [i.label for i in status.step_infos(store, "other.ipynb")] == ["a"]
 
 
 def test_pin_and_unpin(store):
     record(store, "name:a")
-    ops.set_pin(store, RUN, "name:a", True)
+    commands.set_pin(store, RUN, "name:a", True)
     assert StepState.from_header(store.get(RK.state("name:a"))[0]).pinned
-    ops.set_pin(store, RUN, "name:a", False)
+    commands.set_pin(store, RUN, "name:a", False)
     assert store.get(RK.state("name:a")) is None, "an empty state is not kept"
 
     state(store, "name:a", stale="upstream step 'z' was cleared")
-    ops.set_pin(store, RUN, "name:a", True)
-    ops.set_pin(store, RUN, "name:a", False)
+    commands.set_pin(store, RUN, "name:a", True)
+    commands.set_pin(store, RUN, "name:a", False)
     kept = StepState.from_header(store.get(RK.state("name:a"))[0])
     assert not kept.pinned and kept.stale == "upstream step 'z' was cleared"
 
     with pytest.raises(UsageProblem, match="has no record to pin yet; run it first"):
-        ops.set_pin(store, RUN, "name:never", True)
+        commands.set_pin(store, RUN, "name:never", True)
 
 
 def test_cells_the_magic_refuses_do_not_break_the_listing(store, tmp_path):
@@ -277,9 +278,9 @@ def test_cells_the_magic_refuses_do_not_break_the_listing(store, tmp_path):
     refused += ["%%step list\nx = 1", "%%step 'unclosed\nx = 1"]
     path = notebook(tmp_path, [*refused, "%%step ok --force\nx = 1", "%%step -f\nx = 2"])
     record(store, "name:ok")
-    infos = ops.step_infos(store, RUN, path)
+    infos = status.step_infos(store, RUN, path)
     assert [(i.label, i.state, i.position) for i in infos] == [
         ("ok", "recorded", 5),
         ("cell #7", "pending", 6),
     ]
-    assert ops.resolve(store, RUN, ["ok"], path) == ["name:ok"]
+    assert commands.resolve(store, RUN, ["ok"], path) == ["name:ok"]

@@ -1,4 +1,4 @@
-"""Tests for nbdurable.steppanel: the widget's rows, buttons, live updates and batching.
+"""Tests for nbdurable.kernel.panel: the widget's rows, buttons, live updates and batching.
 
 The in-process tests drive a real Session on a plain InteractiveShell with a
 real Store in tmp_path (no kernel: widgets get ipywidgets' dummy comm); the
@@ -16,9 +16,11 @@ from IPython.core.interactiveshell import InteractiveShell
 from kernel_util import REPO_ROOT, make_notebook, outputs_of, run_notebook
 
 import nbdurable
-from nbdurable import cli, engine, events, locate, ops
-from nbdurable.engine import NbdurableWarning
-from nbdurable.steppanel import STATE_HELP, StepPanel, row_html
+from nbdurable import cli, commands, events, status
+from nbdurable.errors import NbdurableWarning
+from nbdurable.identity import locate
+from nbdurable.kernel import session as engine
+from nbdurable.kernel.panel import STATE_HELP, StepPanel, row_html
 from nbdurable.store import RUN_SCOPE, RunKeys, Store
 
 RUN = "panel-test"
@@ -69,7 +71,7 @@ def every_state(session):
     session.status.pop("name:gone")  # ... and this is a new kernel as far as it knows
     session.run_step(STEPS["plan"], name="plan")  # replayed
     for name in ("frozen", "pinned"):
-        ops.set_pin(session.store, RUN, f"name:{name}", True)
+        commands.set_pin(session.store, RUN, f"name:{name}", True)
     write_notebook(session.notebook, {**STEPS, **CHANGED_LATER})
     return session
 
@@ -129,7 +131,7 @@ def test_text_fallback_is_the_list_table(every_state):
         bundle = p._repr_mimebundle_()
         assert "application/vnd.jupyter.widget-view+json" in bundle
         text = bundle["text/plain"]
-        assert ops.format_table(p.infos) in text
+        assert status.format_table(p.infos) in text
         assert text.startswith(f"nbdurable run {RUN!r}")
         assert "invalidated" in text and "orphaned" in text
         # What plain IPython (and nbconvert) shows: the text, not a widget repr.
@@ -147,13 +149,13 @@ def test_buttons_change_the_store_and_the_rows(every_state):
         rows = {r.info.label: r for r in p.rows.values()}
         # Pin / Unpin
         rows["research"].pin_button.click()
-        assert ops.step_infos(s.store, RUN, s.notebook)[1].pinned
+        assert status.step_infos(s.store, RUN, s.notebook)[1].pinned
         assert (
             rows["research"].state == "pinned"
             and rows["research"].pin_button.description == "Unpin"
         )
         rows["research"].pin_button.click()
-        assert not ops.step_infos(s.store, RUN, s.notebook)[1].pinned
+        assert not status.step_infos(s.store, RUN, s.notebook)[1].pinned
         assert rows["research"].state == "recorded"
 
         # Clear a step with sub-steps: asks first; Cancel keeps everything.
@@ -168,7 +170,7 @@ def test_buttons_change_the_store_and_the_rows(every_state):
         assert not s.store.has(rk.step("name:research"))
         assert s.store.scan(rk.subs_prefix("name:research")) == []
         assert rows["research"].state == "pending"
-        assert "cleared 'research'" in p.message.value
+        assert "cleared: research" in p.message.value
 
         # Clear a step without sub-steps: no question; its dependants go stale.
         rows["plan"].clear_button.click()
@@ -197,7 +199,7 @@ def test_changes_made_elsewhere_show_on_refresh(every_state, capsys):
         p.refresh_button.click()
         assert p.rows["name:research"].state == "pinned"
         # The magics emit store-changed; the panel follows without a click.
-        ops.set_pin(s.store, RUN, "name:research", False)
+        commands.set_pin(s.store, RUN, "name:research", False)
         events.emit("store-changed", RUN, "name:research", action="unpin")
         wait_for(lambda: p.rows["name:research"].state == "recorded")
     finally:
@@ -347,7 +349,7 @@ def test_closed_panel_stops_listening(session):
 
 
 def test_outside_steps_row_and_badge_text():
-    info = ops.StepInfo(RUN_SCOPE, "(outside steps)", "recorded", substeps=4, calls=4, size=2048)
+    info = status.StepInfo(RUN_SCOPE, "(outside steps)", "recorded", substeps=4, calls=4, size=2048)
     html = row_html(info)
     assert "4 recorded" in html and "2.0 KB" in html and "✓ recorded" in html
 

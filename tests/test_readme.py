@@ -89,7 +89,7 @@ def test_substep_fragment(tmp_path):
     setup = (
         "%load_ext nbdurable\n"
         "from types import SimpleNamespace\n"
-        "from nbdurable.sim import search_web\n"
+        "from nbdurable.demo.sim import search_web\n"
         "i, q = 0, 'what is durable execution?'\n"
         "answered = []\n"
         "def create(model, input):\n"
@@ -120,7 +120,7 @@ def test_idempotency_fragment(tmp_path):
     setup = (
         "%load_ext nbdurable\n"
         "from nbdurable import step, idempotency_key\n"
-        "from nbdurable.sim import MailProvider\n"
+        "from nbdurable.demo.sim import MailProvider\n"
         f"mail = MailProvider({str(mailbox)!r})\n"
         "user, report = 'reader@example.com', 'the report'"
     )

@@ -11,11 +11,18 @@ from pathlib import Path
 import diskcache
 import pytest
 
-from nbdurable import locate
-from nbdurable.engine import NbdurableWarning, Session
-from nbdurable.errors import CorruptRecord, FormatVersionError, StoreError, UsageProblem
-from nbdurable.records import FORMAT_VERSION, RECORD_FORMAT
+from nbdurable.errors import (
+    CorruptRecord,
+    FormatVersionError,
+    NbdurableWarning,
+    StoreError,
+    UsageProblem,
+)
+from nbdurable.identity import locate
+from nbdurable.kernel.context import StepContext
+from nbdurable.kernel.session import Session
 from nbdurable.store import RUN_SCOPE, RunKeys, Store
+from nbdurable.store.records import FORMAT_VERSION, RECORD_FORMAT
 
 
 class Planted:
@@ -84,15 +91,15 @@ def test_a_damaged_key_file_is_a_clear_error(tmp_path):
 
 def test_a_tampered_record_fails_its_signature(store):
     store.put("r/x/s/a", {"n": 1}, b"body")
-    raw = store._cache.get("r/x/s/a")
-    store._cache.set("r/x/s/a", raw[:-1] + b"B")
+    raw = store._rows.cache.get("r/x/s/a")
+    store._rows.cache.set("r/x/s/a", raw[:-1] + b"B")
     with pytest.raises(CorruptRecord, match="failed its signature check"):
         store.get("r/x/s/a")
 
 
 def test_a_record_moved_to_another_key_fails_its_signature(store):
     store.put("r/x/s/a", {"n": 1}, b"body")
-    store._cache.set("r/x/s/b", store._cache.get("r/x/s/a"))
+    store._rows.cache.set("r/x/s/b", store._rows.cache.get("r/x/s/a"))
     with pytest.raises(CorruptRecord, match="'r/x/s/b' failed its signature"):
         store.get("r/x/s/b")
 
@@ -132,7 +139,7 @@ def test_the_engine_ignores_a_planted_record_with_a_warning(store, tmp_path):
     session.set_store(store, "nb.ipynb")
     plant(store, session.keys.step("name:plan"), Planted(target))
     with pytest.warns(NbdurableWarning, match="step 'plan': its record cannot be used"):
-        assert session.load_record("name:plan", "plan") is None
+        assert session.steps.load_record("name:plan", "plan") is None
     assert not target.exists()
 
 
@@ -165,14 +172,14 @@ def test_a_record_of_a_newer_format_is_refused(store):
 
 
 def test_eviction_policy_is_none_and_stays_none(store):
-    assert store._cache.eviction_policy == "none"
-    assert store._cache.cull_limit == 0
+    assert store._rows.cache.eviction_policy == "none"
+    assert store._rows.cache.cull_limit == 0
     with diskcache.Cache(str(store.cache_dir)) as plain:  # opened with diskcache's defaults
         assert plain.eviction_policy == "none"
 
 
 def test_nothing_is_evicted_past_the_size_limit(store):
-    store._cache.reset("size_limit", 4096)
+    store._rows.cache.reset("size_limit", 4096)
     for i in range(300):
         store.put(f"r/x/u/s/{i:03d}", {"i": i}, os.urandom(1000))
     assert store.stats("r/x/u/s/")[0] == 300
@@ -188,7 +195,7 @@ def test_apply_is_all_or_nothing(store, monkeypatch):
     def disk_full(key, *args, **kwargs):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(store._cache, "delete", disk_full)
+    monkeypatch.setattr(store._rows.cache, "delete", disk_full)
     with pytest.raises(StoreError, match="Nothing was recorded"):
         store.apply(
             puts=[("r/x/s/a", {"n": 1}, b""), ("r/x/s/b", {"n": 2}, b"")],
@@ -225,16 +232,16 @@ def test_scan_and_stats_cover_exactly_the_prefix(store):
 def test_scans_are_index_range_searches(store):
     """Per-step cost stays constant: listing one step never walks the whole store."""
     issued: list[str] = []
-    store._cache._con.set_trace_callback(issued.append)
+    store._rows.cache._con.set_trace_callback(issued.append)
     try:
         store.scan("r/x/s/")
         store.stats("r/x/u/")
         store.size_of("r/x/s/a")
     finally:
-        store._cache._con.set_trace_callback(None)
+        store._rows.cache._con.set_trace_callback(None)
     assert len(issued) == 3, issued
     for sql in issued:
-        plan = " ".join(row[-1] for row in store._cache._sql("EXPLAIN QUERY PLAN " + sql))
+        plan = " ".join(row[-1] for row in store._rows.cache._sql("EXPLAIN QUERY PLAN " + sql))
         assert plan.startswith("SEARCH Cache USING") and "INDEX" in plan, (sql, plan)
 
 
@@ -255,13 +262,14 @@ def test_finding_a_saved_cell_fingerprints_each_cell_once_per_read(tmp_path, mon
 
 def test_a_recorded_sub_step_header_is_a_sub_record(store, monkeypatch):
     # The sub-step hot path builds SubRecord's header by hand: it must stay that schema.
-    from nbdurable import engine, substeps
-    from nbdurable.records import SubRecord
+    from nbdurable.kernel import session as engine
+    from nbdurable.kernel import substeps
+    from nbdurable.store.records import SubRecord
 
     monkeypatch.setattr(engine, "_session", None)
     session = engine.get_session()
     session.set_store(store, "nb.ipynb")
-    session.current = engine.StepContext("name:s", "s")
+    session.current = StepContext("name:s", "s")
     try:
         assert substeps.step("call", _shout, "abc") == "ABC"
         header, body = store.get(session.keys.sub("name:s", "call"))
@@ -280,19 +288,19 @@ def _shout(text: str) -> str:
 
 def _in_step(store: Store, monkeypatch: pytest.MonkeyPatch) -> object:
     """A fresh session on ``store`` whose current step is ``name:s`` (as a restart gives)."""
-    from nbdurable import engine
+    from nbdurable.kernel import session as engine
 
     monkeypatch.setattr(engine, "_session", None)
     session = engine.get_session()
     session.set_store(store, "nb.ipynb")
-    session.current = engine.StepContext("name:s", "s")
+    session.current = StepContext("name:s", "s")
     return session
 
 
 @pytest.mark.parametrize("total_max", [32 * 1024 * 1024, 1_000], ids=["in-memory", "over-cap"])
 def test_a_steps_sub_steps_replay_from_one_read(store, monkeypatch, total_max):
-    from nbdurable import store as store_mod
-    from nbdurable import substeps
+    from nbdurable.kernel import substeps
+    from nbdurable.store import base as store_mod
 
     monkeypatch.setattr(store_mod, "LOAD_TOTAL_MAX", total_max)
     values = {f"call:{i}": ("v" * (i * 5_000)) + str(i) for i in range(12)}  # 0 B to 55 KB
@@ -316,22 +324,23 @@ def test_a_steps_sub_steps_replay_from_one_read(store, monkeypatch, total_max):
 
 
 def test_a_tampered_sub_step_in_the_step_read_is_called_again(store, monkeypatch):
-    from nbdurable import substeps
+    from nbdurable.kernel import substeps
 
     session = _in_step(store, monkeypatch)
     substeps.step("call", lambda: "recorded")
     key = session.keys.sub("name:s", "call")
-    raw = bytearray(store._read(key))
+    raw = bytearray(store.read(key))
     raw[-1] ^= 1
-    store._cache.set(key, bytes(raw))
+    store._rows.cache.set(key, bytes(raw))
     _in_step(store, monkeypatch)
     with pytest.warns(NbdurableWarning, match="'call' of step 's': its record cannot be used"):
         assert substeps.step("call", lambda: "called again") == "called again"
 
 
 def test_the_run_scope_index_lives_one_cell_and_never_calls_twice(store, monkeypatch):
-    from nbdurable import engine, substeps
-    from nbdurable.magic import _pre_run_cell
+    from nbdurable.kernel import session as engine
+    from nbdurable.kernel import substeps
+    from nbdurable.kernel.magic import _pre_run_cell
 
     monkeypatch.setattr(engine, "_session", None)
     session = engine.get_session()
@@ -360,7 +369,7 @@ def test_the_run_scope_index_lives_one_cell_and_never_calls_twice(store, monkeyp
 
 @pytest.mark.parametrize("planted", ["text", 1.5, -3, 2**62, 10**9], ids=repr)
 def test_a_planted_non_bytes_row_is_a_corrupt_record(store, monkeypatch, planted):
-    from nbdurable import substeps
+    from nbdurable.kernel import substeps
 
     session = _in_step(store, monkeypatch)
     key = session.keys.sub("name:s", "call")
@@ -375,7 +384,7 @@ def test_a_planted_non_bytes_row_is_a_corrupt_record(store, monkeypatch, planted
 def test_a_store_deleted_during_a_step_is_not_replayed_from(store, monkeypatch):
     import shutil
 
-    from nbdurable import substeps
+    from nbdurable.kernel import substeps
 
     _in_step(store, monkeypatch)
     for i in range(2):
@@ -389,7 +398,7 @@ def test_a_store_deleted_during_a_step_is_not_replayed_from(store, monkeypatch):
 
 
 def test_a_failed_sub_step_can_be_retried_with_the_same_id(store, monkeypatch):
-    from nbdurable import substeps
+    from nbdurable.kernel import substeps
 
     _in_step(store, monkeypatch)
     attempts = []

@@ -1,6 +1,6 @@
 """The user's story, end to end in real kernels: crash inside the loop, rerun, rerun again.
 
-The simulated model and search (nbdurable.sim) append every real call to a
+The simulated model and search (nbdurable.demo.sim) append every real call to a
 ledger file outside the store and return different text on every call; the
 kernel is killed for real (``os._exit``) inside the 41st answer call.
 """
@@ -14,14 +14,14 @@ import pytest
 from kernel_util import make_notebook, outputs_of, run_notebook
 from nbclient.exceptions import DeadKernelError
 
-from nbdurable.sim import digest, ledger_calls
+from nbdurable.demo.sim import digest, ledger_calls
 
 pytestmark = pytest.mark.kernel
 
 CELLS = [
     "%load_ext nbdurable\n"
     "from nbdurable import step\n"
-    "from nbdurable.sim import llm_plan, search_web, llm_answer, llm_synthesize\n"
+    "from nbdurable.demo.sim import llm_plan, search_web, llm_answer, llm_synthesize\n"
     "topic = 'durable notebooks'",
     '%%step plan\nplan = llm_plan(topic)\nprint(plan["title"])',
     "%%step research\n"

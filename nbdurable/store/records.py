@@ -17,7 +17,7 @@ from typing import Any
 #: a store whose format is newer than this is refused on open with a clear message.
 FORMAT_VERSION = 1
 #: Newest record format this version reads and writes. A step record of
-#: format 2 refers to format-2 blobs (see :mod:`nbdurable.blobs`), which
+#: format 2 refers to format-2 blobs (see :mod:`nbdurable.store.blobs`), which
 #: nbdurable 0.1 cannot read: it refuses such a record as "newer, upgrade
 #: nbdurable" instead of finding its blobs damaged. Sub-step records are
 #: unchanged and still written as format 1.

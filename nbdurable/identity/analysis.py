@@ -1,6 +1,6 @@
 """Which names a cell reads, binds and mutates: the static analysis behind step inputs.
 
-See :mod:`nbdurable.keys` for how the results feed the key recipe.
+See :mod:`nbdurable.identity.keys` for how the results feed the key recipe.
 """
 
 from __future__ import annotations
@@ -519,6 +519,8 @@ def ends_with_semicolon(source: str) -> bool:
     >>> ends_with_semicolon("'a;'")
     False
     """
+    if ";" not in source:
+        return False
     try:
         tokens = list(tokenize.generate_tokens(io.StringIO(source).readline))
     except (tokenize.TokenError, SyntaxError):

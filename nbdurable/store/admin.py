@@ -1,6 +1,6 @@
-"""Whole runs in a store: list them, export one as an audit log, collect garbage.
+"""Whole runs in a store: list them, export one as an audit log, collect garbage, check.
 
-Used by ``nbdurable ls``, ``export`` and ``gc``. Everything here reads the
+Used by ``nbdurable ls``, ``export``, ``gc`` and ``check``. Everything here reads the
 signed JSON headers of records; a value is unpickled only for
 ``export --values``, and only after the store verified its signature.
 
@@ -15,13 +15,17 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import CorruptRecord, UsageProblem
-from .store import RUN_SCOPE, RunKeys, Store
+from .._text import plural
+from ..errors import CorruptRecord, UsageProblem
+from . import layout
+from .base import Store
+from .layout import RUN_SCOPE, RunKeys
+from .view import RunView, read_header
 
 #: Version of the export document. Increment on a breaking change of its fields.
 EXPORT_FORMAT = 1
@@ -62,19 +66,11 @@ class _Run:
 
     @property
     def base(self) -> str:
-        return f"r/{self.hash}/"
+        return RunKeys.of_hash(self.hash).base
 
     def pinned(self) -> set[str]:
         """Pinned steps, and steps whose state is unreadable (kept to be safe)."""
         return {k for k, st in self.states.items() if st is None or st.get("pinned")}
-
-
-def _header(store: Store, key: str) -> dict[str, Any] | None:
-    try:
-        got = store.get(key)
-    except CorruptRecord:
-        return None
-    return None if got is None else got[0]
 
 
 def _later(a: float | None, b: Any) -> float | None:
@@ -85,35 +81,31 @@ def _later(a: float | None, b: Any) -> float | None:
 
 def _read_runs(store: Store) -> dict[str, _Run]:
     runs: dict[str, _Run] = {}
-    for key in store.scan("r/"):
-        parts = key.split("/", 3)
-        if len(parts) < 3:
+    for key in store.scan(layout.RUNS):
+        where = layout.parse(key)
+        if where is None:
             continue
-        run = runs.setdefault(parts[1], _Run(parts[1]))
+        run = runs.setdefault(where.run_hash, _Run(where.run_hash))
         run.keys.append(key)
-        rest = key[len(run.base) :]
-        if _header(store, key) is None:
+        h = read_header(store, key)
+        if h is None:
             run.unreadable.append(key)
-        if rest == "meta":
-            run.meta = _header(store, key)
+        if where.kind == "meta":
+            run.meta = h
             if run.meta:
                 run.run_id = run.meta.get("run") or run.run_id
                 run.last = _later(run.last, run.meta.get("last"))
-        elif rest.startswith("s/"):
-            h = _header(store, key)
-            run.steps[rest[2:]] = h
+        elif where.kind == "step":
+            run.steps[where.step] = h
             if h:
                 run.run_id = run.run_id or h.get("run")
                 run.last = _later(run.last, h.get("started", 0) + h.get("duration", 0))
-        elif rest.startswith("t/"):
-            h = _header(store, key)
-            run.states[rest[2:]] = h
+        elif where.kind == "state":
+            run.states[where.step] = h
             if h:
                 run.last = _later(run.last, h.get("failed_at"))
-        elif rest.startswith("u/"):
-            scope = rest[2:].split("/", 1)[0]
-            run.subs.setdefault(scope, []).append(key)
-            h = _header(store, key)
+        elif where.kind == "sub":
+            run.subs.setdefault(where.step, []).append(key)
             if h:
                 run.run_id = run.run_id or h.get("run")
                 run.last = _later(run.last, h.get("started", 0) + h.get("duration", 0))
@@ -132,7 +124,7 @@ def list_runs(store: Store) -> list[RunInfo]:
         refs: set[str] = set()
         for h in run.steps.values():
             refs |= _blob_refs(h or {})
-        size += sum(store.size_of("b/" + sha) for sha in refs)
+        size += sum(store.size_of(layout.blob(sha)) for sha in refs)
         out.append(
             RunInfo(
                 run=run.run_id or f"(unknown run {run.hash})",
@@ -151,7 +143,7 @@ def list_runs(store: Store) -> list[RunInfo]:
 
 def known_run(store: Store, run_id: str) -> bool:
     """True if the store holds any record of ``run_id``."""
-    return store.stats(RunKeys(run_id).base)[0] > 0
+    return RunView(store, run_id).known()
 
 
 def run_names(store: Store) -> list[str]:
@@ -184,21 +176,25 @@ def _load_value(data: bytes | memoryview, type_name: str, buffers: Any = None) -
 
 
 def export_run(
-    store: Store, run_id: str, notebook: Path | None = None, with_values: bool = False
+    store: Store,
+    run_id: str,
+    rows: Iterable[Any],
+    notebook: Path | None = None,
+    with_values: bool = False,
 ) -> dict[str, Any]:
     """The run's log: steps in notebook order, each with its sub-steps in call order.
 
-    Times are seconds since the epoch; fingerprints are the ones the engine
-    compares (source, inputs, call arguments) plus a SHA-256 of each stored
-    value. With ``with_values``, values JSON can represent are included, others
-    as ``{"type", "repr"}``.
+    ``rows`` are the run's steps as ``nbdurable status`` lists them
+    (:func:`nbdurable.status.step_infos`: they know the notebook's order
+    and each step's state). Times are seconds since the epoch; fingerprints
+    are the ones the engine compares (source, inputs, call arguments) plus a
+    SHA-256 of each stored value. With ``with_values``, values JSON can
+    represent are included, others as ``{"type", "repr"}``.
     """
-    from . import ops
-
     rk = RunKeys(run_id)
     steps = []
-    for info in ops.step_infos(store, run_id, notebook):
-        rec = None if info.key == RUN_SCOPE else _header(store, rk.step(info.key))
+    for info in rows:
+        rec = None if info.key == RUN_SCOPE else read_header(store, rk.step(info.key))
         step: dict[str, Any] = {
             "key": info.key,
             "label": info.label,
@@ -227,7 +223,7 @@ def export_run(
                 step["output_data"] = rec["outputs"]
         step["substeps"] = _substeps(store, rk.subs_prefix(info.key), with_values)
         steps.append(step)
-    meta = _header(store, rk.meta) or {}
+    meta = read_header(store, rk.meta) or {}
     return {
         "format": EXPORT_FORMAT,
         "run": run_id,
@@ -363,9 +359,10 @@ def gc(
         if run.last is not None and run.last >= report.cutoff:
             continue
         keep_steps = run.pinned()
-        keep = {run.base + "meta"} if keep_steps else set()
+        rk = RunKeys.of_hash(run.hash)
+        keep = {rk.meta} if keep_steps else set()
         for step in keep_steps:
-            keep |= {run.base + "s/" + step, run.base + "t/" + step}
+            keep |= {rk.step(step), rk.state(step)}
             keep |= set(run.subs.get(step, ()))
         gone = [k for k in run.keys if k not in keep]
         if not gone:
@@ -384,7 +381,7 @@ def gc(
     unreadable = []
     for run in runs.values():
         for step, header in run.steps.items():
-            if run.base + "s/" + step in deleted:
+            if RunKeys.of_hash(run.hash).step(step) in deleted:
                 continue
             if header is None:
                 unreadable.append(f"{run.run_id or run.hash}: {step}")
@@ -396,10 +393,70 @@ def gc(
             f"({', '.join(unreadable[:3])}), and any of them may use any variable"
         )
     else:
-        blobs = [k for k in store.scan("b/") if k[2:] not in refs]
+        blobs = [k for k in store.scan(layout.BLOBS) if k[len(layout.BLOBS) :] not in refs]
         report.blobs = len(blobs)
         report.blob_bytes = sum(store.size_of(k) for k in blobs)
         deletes += blobs
     if deletes and not dry_run:
         store.apply(deletes=deletes)
     return report
+
+
+# -- check ------------------------------------------------------------------------------
+
+
+#: How the engine marks a problem it repaired (see Store.check).
+_REPAIRED = "; removed"
+
+
+@dataclass
+class CheckReport:
+    """What ``check`` found in a store, and what it repaired."""
+
+    store: str
+    dry_run: bool
+    found: list[str] = field(default_factory=list)  # every problem, as the engine words it
+
+    @property
+    def repaired(self) -> list[str]:
+        """The problems repaired (a record or file removed)."""
+        return [p for p in self.found if p.endswith(_REPAIRED)]
+
+    @property
+    def left(self) -> list[str]:
+        """The problems still there (all of them with ``dry_run``)."""
+        return [p for p in self.found if not p.endswith(_REPAIRED)]
+
+    def text(self) -> str:
+        """What ``nbdurable check`` prints."""
+        if not self.found:
+            return f"store {self.store}: sound, nothing to repair"
+        lines = [
+            f"store {self.store}: {plural(len(self.found), 'problem')} found, "
+            f"{len(self.repaired)} repaired"
+            + (" (--dry-run: nothing was changed)" if self.dry_run else "")
+        ]
+        lines += [f"  repaired: {p.removesuffix(_REPAIRED)}" for p in self.repaired]
+        lines += [f"  found: {p}" for p in self.left]
+        if self.left and not self.dry_run:
+            lines.append(
+                "  what is left cannot be repaired in place: restore the store from a backup, "
+                "or move it aside and run the notebook again"
+            )
+        return "\n".join(lines)
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-able dict."""
+        return {
+            "store": self.store,
+            "dry_run": self.dry_run,
+            "sound": not self.found,
+            "found": self.found,
+            "repaired": self.repaired,
+            "left": self.left,
+        }
+
+
+def check(store: Store, fix: bool = True) -> CheckReport:
+    """Check the store's medium and records; with ``fix``, repair what can be (see Store.check)."""
+    return CheckReport(str(store.path), not fix, store.check(fix=fix))

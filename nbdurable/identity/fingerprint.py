@@ -1,6 +1,6 @@
 """Content fingerprints of values: how a step's inputs are compared across runs.
 
-See :mod:`nbdurable.keys` for how fingerprints feed the key recipe.
+See :mod:`nbdurable.identity.keys` for how fingerprints feed the key recipe.
 """
 
 from __future__ import annotations
@@ -850,7 +850,7 @@ def fingerprint(value: object, *, read_globals: bool = True) -> str:
     * Classes of libraries by module and qualified name; classes of the
       notebook or a local module also by their bases and members, so editing
       a method changes the class's fingerprint. Library modules by name,
-      local modules also by their source file (:mod:`nbdurable.localcode`).
+      local modules also by their source file (:mod:`nbdurable.identity.localcode`).
     * Any other object by its documented pickle state (:func:`_reduced`):
       instances of notebook classes, ChainMap, ``operator.itemgetter``,
       ``ZoneInfo``, pydantic models. Nothing is serialized and ``repr`` is

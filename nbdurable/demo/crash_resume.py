@@ -2,7 +2,7 @@
 
 It copies the bundled research-agent notebook (sixty sub-questions, each a
 search and an answer, then a synthesis and a mail) into a working directory,
-and runs it with the simulated model, search and mail of :mod:`nbdurable.sim`
+and runs it with the simulated model, search and mail of :mod:`nbdurable.demo.sim`
 (offline; different text on every call; latency; token counts):
 
 1. a first attempt whose kernel is killed for real (``os._exit``) inside the
@@ -30,7 +30,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from .errors import UsageProblem
+from ..errors import UsageProblem
 
 SUBQUESTIONS = 60
 #: Seconds per simulated call: long enough to watch, short enough for a demo.
@@ -108,7 +108,7 @@ def run_demo(
     quiet: bool = False,
 ) -> int:
     """Run the demo; returns the exit code (0 when it showed what it should)."""
-    from .runner import ConsoleProgress, Progress, run_notebook
+    from ..run import ConsoleProgress, Progress, run_notebook
     from .sim import ledger_calls
 
     if not 0 <= crash_at < SUBQUESTIONS:

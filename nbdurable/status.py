@@ -1,33 +1,23 @@
-"""Operations on a run's steps, shared by the magics, the panel and the CLI.
+"""The state of every step of a run: the rows of ``%step list``, ``nbdurable status`` and the panel.
 
-Listing reads the store (and the notebook file when known) and never starts
-a kernel; clear, pin and unpin are single transactions on the store.
+Reads the store (through :class:`~nbdurable.store.RunView`) and the notebook
+file when known, and never starts a kernel. A kernel adds what only it
+knows (``live``: running, replayed, invalidated in this kernel).
 """
 
 from __future__ import annotations
 
 import functools
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import locate
-from .errors import CorruptRecord, UsageProblem
-from .keys import _shown, source_fingerprint
-from .records import StepRecord, StepState
-from .store import RUN_SCOPE, RunKeys, Store
-
-STATES = (
-    "recorded",
-    "replayed",
-    "running",
-    "pending",
-    "invalidated",
-    "pinned",
-    "failed",
-    "not replayable",
-    "orphaned",
-)
+from ._text import human_size
+from .identity import locate
+from .identity.keys import source_fingerprint
+from .store import RUN_SCOPE, RunView, Store
+from .store.records import StepRecord, StepState
 
 
 @dataclass(frozen=True)
@@ -64,30 +54,6 @@ def _python_source_fp(body: str) -> str:
     return source_fingerprint(py)
 
 
-def _records(store: Store, rk: RunKeys) -> dict[str, StepRecord | None]:
-    out: dict[str, StepRecord | None] = {}
-    for k in store.scan(rk.base + "s/"):
-        key = k[len(rk.base) + 2 :]
-        try:
-            got = store.get(k)
-            out[key] = StepRecord.from_header(got[0]) if got else None
-        except (CorruptRecord, KeyError, TypeError):
-            out[key] = None
-    return out
-
-
-def _states(store: Store, rk: RunKeys) -> dict[str, StepState]:
-    out: dict[str, StepState] = {}
-    for k in store.scan(rk.base + "t/"):
-        try:
-            got = store.get(k)
-        except CorruptRecord:
-            continue
-        if got:
-            out[k[len(rk.base) + 2 :]] = StepState.from_header(got[0])
-    return out
-
-
 def step_infos(
     store: Store,
     run_id: str,
@@ -95,8 +61,8 @@ def step_infos(
     live: dict[str, tuple[str, str]] | None = None,
 ) -> list[StepInfo]:
     """Every step of the run in notebook order, then steps no longer in the notebook."""
-    rk = RunKeys(run_id)
-    records, states, live = _records(store, rk), _states(store, rk), live or {}
+    view = RunView(store, run_id)
+    records, states, live = view.records(), view.states(), live or {}
     cells: list[locate.StepCell] = []
     if notebook is not None:
         nbf = locate.NotebookFile(notebook)
@@ -111,8 +77,7 @@ def step_infos(
         seen.add(key)
         rows.append(
             _info(
-                store,
-                rk,
+                view,
                 key,
                 cell.label,
                 cell.index,
@@ -137,8 +102,7 @@ def step_infos(
         pos = rec.position if rec else (st.position if st else None)
         rows.append(
             _info(
-                store,
-                rk,
+                view,
                 key,
                 label,
                 pos,
@@ -150,7 +114,7 @@ def step_infos(
                 notebook is None or not cells or key in live,
             )
         )
-    n, size = store.stats(rk.subs_prefix(RUN_SCOPE))
+    n, size = view.sub_stats(RUN_SCOPE)
     if n:
         rows.append(
             StepInfo(RUN_SCOPE, "(outside steps)", "recorded", substeps=n, size=size, calls=n)
@@ -159,8 +123,7 @@ def step_infos(
 
 
 def _info(
-    store: Store,
-    rk: RunKeys,
+    view: RunView,
     key: str,
     label: str,
     position: int | None,
@@ -171,8 +134,8 @@ def _info(
     in_notebook: bool,
 ) -> StepInfo:
     st = st or StepState()
-    subs, sub_bytes = store.stats(rk.subs_prefix(key))
-    size = sub_bytes + (store.size_of(rk.step(key)) if rec else 0)
+    subs, sub_bytes = view.sub_stats(key)
+    size = sub_bytes + (view.store.size_of(view.keys.step(key)) if rec else 0)
     if rec is not None:
         size += sum(v.size for v in rec.variables)
     state, detail = _state_of(rec, st, live, body, in_notebook)
@@ -228,97 +191,8 @@ def _state_of(
     return "recorded", ""
 
 
-def resolve(store: Store, run_id: str, names: list[str], notebook: Path | None = None) -> list[str]:
-    """Step keys for user-given names (a step name, label or key); unknown names raise."""
-    infos = step_infos(store, run_id, notebook)
-    out = []
-    for name in names:
-        match = [i.key for i in infos if name in (i.key, i.label) or i.key == f"name:{name}"]
-        if not match:
-            known = ", ".join(i.label for i in infos if i.key != RUN_SCOPE) or "none yet"
-            raise UsageProblem(f"no step {_shown(name)} in run {run_id!r} (known steps: {known})")
-        out.append(match[0])
-    return out
-
-
-def clear(store: Store, run_id: str, step_keys: list[str]) -> list[str]:
-    """Delete the steps' records, states and sub-steps; mark their dependants stale.
-
-    Returns the keys of the dependants that were marked stale.
-    """
-    rk = RunKeys(run_id)
-    records = _records(store, rk)
-    states = _states(store, rk)
-    cleared = set(step_keys)
-    stale: dict[str, str] = {}
-    # (step, the cleared step it depends on): a dependant's dependants name the cleared one.
-    frontier = [(key, key) for key in step_keys]
-    while frontier:
-        upstream, root = frontier.pop()
-        for key, rec in records.items():
-            if rec is None or key in cleared or key in stale:
-                continue
-            if upstream in rec.input_from.values():
-                up = records.get(root)
-                stale[key] = f"upstream step {(up.name if up else root)!r} was cleared"
-                frontier.append((key, root))
-    deletes = []
-    for key in step_keys:
-        deletes += [rk.step(key), rk.state(key)]
-        deletes += store.scan(rk.subs_prefix(key))
-    puts = []
-    for key, why in stale.items():
-        st = states.get(key, StepState())
-        puts.append(
-            (
-                rk.state(key),
-                StepState(
-                    st.pinned, st.failed, st.failed_at, why, st.name, st.position
-                ).to_header(),
-                b"",
-            )
-        )
-    store.apply(puts=puts, deletes=deletes)
-    return sorted(stale)
-
-
-def clear_all(store: Store, run_id: str) -> int:
-    """Delete everything recorded for the run, pins included; returns the number of keys."""
-    rk = RunKeys(run_id)
-    keys = store.scan(rk.base)
-    store.apply(deletes=keys)
-    return len(keys)
-
-
-def set_pin(store: Store, run_id: str, key: str, pinned: bool) -> None:
-    """Pin or unpin one step."""
-    rk = RunKeys(run_id)
-    got = store.get(rk.step(key))
-    if got is None and pinned:
-        raise UsageProblem(f"step {key!r} has no record to pin yet; run it first")
-    prev = store.get(rk.state(key))
-    st = StepState.from_header(prev[0]) if prev else StepState()
-    new = StepState(pinned, st.failed, st.failed_at, st.stale, st.name, st.position)
-    if new.empty:
-        store.apply(deletes=[rk.state(key)])
-    else:
-        store.apply(puts=[(rk.state(key), new.to_header(), b"")])
-
-
-def human_size(n: int) -> str:
-    """``1.2 MB`` style size."""
-    size = float(n)
-    for unit in ("B", "KB", "MB", "GB"):
-        if size < 1024 or unit == "GB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return f"{n} B"  # pragma: no cover
-
-
 def format_table(infos: list[StepInfo]) -> str:
     """The plain-text table shown by ``%step list`` and ``nbdurable status``."""
-    import time
-
     head = ("#", "step", "state", "recorded", "sub-steps", "size", "detail")
     rows = [head]
     for i in infos:

@@ -4,7 +4,7 @@ A recorded call replays only if the function it calls is unchanged, since the
 arguments alone miss an edited prompt template, a changed ``MODEL = "large"``
 global, or an edit to a helper in ``helpers.py``. :func:`callable_fingerprint`
 splits a callable into named parts (``code``, ``global MODEL``, ``self``...),
-each a :func:`~nbdurable.fingerprint.fingerprint`, so that a caller can say
+each a :func:`~nbdurable.identity.fingerprint.fingerprint`, so that a caller can say
 which one changed (:func:`first_change`).
 """
 

@@ -8,7 +8,7 @@ unfinished work runs. At most ``retries`` deaths are survived.
 What the kernel is told, so its keys match interactive use:
 
 - ``NBDURABLE_NOTEBOOK`` = the notebook's absolute path, so the run id is the
-  one JupyterLab gives the same file (see :func:`nbdurable.locate.run_id_for`);
+  one JupyterLab gives the same file (see :func:`nbdurable.identity.locate.run_id_for`);
 - every execute request carries ``{"cellId": <id>, "nbdurable": {"position":
   <index>}}`` in its metadata (jupyter_client copies ``Session.metadata`` into
   each message; the engine reads it from the parent header).
@@ -23,7 +23,7 @@ How outcomes are known, without changing what the kernel runs:
 - calls made: sub-step records whose ``started`` time falls in this attempt
   (read from the store, so a crashed attempt's calls are counted too);
 - calls replayed and time saved: asked of the final kernel at the end
-  (``engine.get_session().saved``), which counts exactly what it replayed.
+  (``nbdurable.kernel.session.run_summary()``), which counts exactly what it replayed.
 """
 
 from __future__ import annotations
@@ -33,392 +33,25 @@ import copy
 import json
 import os
 import signal
-import stat
-import sys
 import tempfile
 import threading
 import time
-from collections import Counter
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
-from . import locate
-from .errors import CorruptRecord, UsageProblem
+from ..errors import UsageProblem
+from ..identity import locate
+from .notebook import kernel_log_tail, read_notebook, replay_note, write_atomic
+from .progress import Progress
+from .result import Attempt, CellError, CellOutcome, RunResult
 
-EXIT_OK = 0
-EXIT_CELL_ERROR = 1
-EXIT_USAGE = 2
-EXIT_KERNEL_DIED = 3
-EXIT_INTERRUPTED = 130
-
-#: What the final kernel replayed: steps, calls, seconds, and its run id.
+#: Asked of the final kernel: nbdurable.kernel.session.run_summary(), read through
+#: sys.modules so that a kernel that never used nbdurable does not import it now.
 _SAVED_EXPR = (
-    "(lambda m: __import__('json').dumps(None if m is None or m._session is None else "
-    "[m._session.saved.steps, m._session.saved.calls, m._session.saved.seconds, "
-    "m._session.run_id]))(__import__('sys').modules.get('nbdurable.engine'))"
+    "(lambda m: __import__('json').dumps(m and m.run_summary()))"
+    "(__import__('sys').modules.get('nbdurable.kernel.session'))"
 )
-
-
-@dataclass
-class CellOutcome:
-    """What happened to one cell in one attempt (only step cells, failures and deaths)."""
-
-    index: int
-    key: str | None  # None: not a %%step cell
-    label: str
-    outcome: str  # replayed | executed | invalidated | failed | kernel died
-    detail: str = ""
-    seconds: float = 0.0
-    calls_made: int = 0
-    calls_replayed: int = 0
-    seconds_saved: float = 0.0
-
-
-@dataclass
-class Attempt:
-    """One kernel's run through the notebook."""
-
-    number: int
-    outcome: str = "running"  # completed | cell error | kernel died | interrupted
-    started: float = 0.0
-    seconds: float = 0.0
-    cells: list[CellOutcome] = field(default_factory=list)
-    calls_made: int = 0
-    died_in: int | None = None  # cell index (None: before the first cell)
-    kernel_log: str = ""
-
-
-@dataclass
-class CellError:
-    """The cell that raised, as nbclient reports it."""
-
-    index: int
-    label: str
-    ename: str
-    evalue: str
-    message: str  # nbclient's text: the cell's source, then the traceback
-
-
-@dataclass
-class RunResult:
-    """Everything ``nbdurable run`` reports."""
-
-    notebook: Path
-    output: Path | None
-    run_id: str
-    store: Path | None
-    retries: int
-    attempts: list[Attempt] = field(default_factory=list)
-    error: CellError | None = None
-    interrupted: bool = False
-    saved: dict[str, Any] | None = None  # the final kernel's savings, if it used nbdurable
-    seconds: float = 0.0
-
-    @property
-    def deaths(self) -> int:
-        """How many times the kernel died."""
-        return sum(a.outcome == "kernel died" for a in self.attempts)
-
-    @property
-    def status(self) -> str:
-        """``ok``, ``cell error``, ``kernel died`` or ``interrupted``."""
-        if self.interrupted:
-            return "interrupted"
-        if self.error is not None:
-            return "cell error"
-        if not self.attempts or self.attempts[-1].outcome == "kernel died":
-            return "kernel died"
-        return "ok"
-
-    @property
-    def exit_code(self) -> int:
-        """0 success, 1 a cell raised, 3 the kernel died more than ``retries`` times."""
-        return {
-            "ok": EXIT_OK,
-            "cell error": EXIT_CELL_ERROR,
-            "kernel died": EXIT_KERNEL_DIED,
-            "interrupted": EXIT_INTERRUPTED,
-        }[self.status]
-
-    @property
-    def steps(self) -> Counter[str]:
-        """Outcomes of the ``%%step`` cells in the final attempt."""
-        last = self.attempts[-1].cells if self.attempts else []
-        return Counter(c.outcome for c in last if c.key is not None)
-
-    @property
-    def calls_made(self) -> int:
-        """Sub-steps recorded over all attempts (calls that really ran and returned)."""
-        return sum(a.calls_made for a in self.attempts)
-
-    def to_json(self) -> dict[str, Any]:
-        """The ``--json`` summary."""
-        saved = self.saved or {}
-        return {
-            "notebook": str(self.notebook),
-            "output": str(self.output) if self.output else None,
-            "run": self.run_id,
-            "store": str(self.store) if self.store else None,
-            "status": self.status,
-            "exit_code": self.exit_code,
-            "kernel_deaths": self.deaths,
-            "retries": self.retries,
-            "seconds": round(self.seconds, 3),
-            "steps": {
-                k: self.steps.get(k, 0)
-                for k in ("replayed", "executed", "invalidated", "failed", "kernel died")
-            },
-            "calls": {"made": self.calls_made, "replayed": saved.get("calls")},
-            "seconds_saved": saved.get("seconds"),
-            "attempts": [asdict(a) for a in self.attempts],
-            "error": asdict(self.error) if self.error else None,
-        }
-
-
-# -- progress -------------------------------------------------------------------
-
-
-class Progress:
-    """Receives what happens during a run; the base class shows nothing."""
-
-    live = False  # True: wants tick() calls with sub-step counts while a step runs
-
-    def begin(self, result: RunResult, cells: int) -> None:
-        """The run starts; ``cells`` code cells per attempt."""
-
-    def attempt(self, number: int) -> None:
-        """An attempt (a new kernel) starts."""
-
-    def cell_started(self, index: int, label: str | None, done: int) -> None:
-        """A code cell starts executing (``label`` None: not a step cell); ``done`` cells ran."""
-
-    def tick(self, subs: int) -> None:
-        """Sub-steps recorded so far by the running step (only when ``live``)."""
-
-    def cell_done(self, cell: CellOutcome) -> None:
-        """A step cell finished, or any cell failed or lost its kernel."""
-
-    def kernel_died(self, attempt: Attempt, retrying: bool, result: RunResult) -> None:
-        """The kernel died during ``attempt``."""
-
-    def end(self, result: RunResult) -> None:
-        """The run is over."""
-
-
-_SYMBOLS = {"replayed": "↻", "executed": "✓", "invalidated": "✓", "failed": "✗", "kernel died": "✗"}
-_ASCII = {"replayed": "=", "executed": "+", "invalidated": "+", "failed": "x", "kernel died": "x"}
-
-
-def _plural(n: int, word: str) -> str:
-    return f"{n} {word}{'' if n == 1 else 's'}"
-
-
-def _secs(t: float) -> str:
-    return f"{t:.2f} s" if t < 0.1 else f"{t:.1f} s"
-
-
-class ConsoleProgress(Progress):
-    """One line per step on ``out``; a live bar on ``bar`` when it is a terminal."""
-
-    def __init__(
-        self, out: IO[str] | None = None, bar: IO[str] | None = None, live: bool | None = None
-    ) -> None:
-        self.out = out or sys.stdout
-        self.bar = bar or sys.stderr
-        self.live = self.bar.isatty() if live is None else live
-        self._lock = threading.Lock()
-        self._cells = 0
-        self._done = 0
-        self._label: str | None = None
-        self._since = 0.0
-        self._subs = 0
-        self._drawn = False
-        try:
-            "".join(_SYMBOLS.values()).encode(getattr(self.out, "encoding", None) or "ascii")
-            self._sym = _SYMBOLS
-        except (UnicodeEncodeError, LookupError):
-            self._sym = _ASCII
-
-    def _line(self, text: str) -> None:
-        with self._lock:
-            self._clear_bar()
-            print(text, file=self.out, flush=True)
-            self._draw()
-
-    def _clear_bar(self) -> None:
-        if self._drawn:
-            self.bar.write("\r\033[K")
-            self.bar.flush()
-            self._drawn = False
-
-    def _draw(self) -> None:
-        if not self.live or self._label is None:
-            return
-        width = 24
-        filled = int(width * self._done / max(self._cells, 1))
-        elapsed = time.monotonic() - self._since
-        subs = f" · {_plural(self._subs, 'sub-step')}" if self._subs else ""
-        text = (
-            f"  [{'#' * filled}{'-' * (width - filled)}] {self._done}/{self._cells} cells"
-            f" · {self._label}{subs} · {elapsed:4.1f} s"
-        )
-        self.bar.write("\r\033[K" + text)
-        self.bar.flush()
-        self._drawn = True
-
-    def begin(self, result: RunResult, cells: int) -> None:
-        """Print the run's header line."""
-        self._cells = cells
-        where = f" in {result.store}" if result.store else ""
-        self._line(f"nbdurable run {result.notebook.name} (run {result.run_id!r}{where})")
-
-    def attempt(self, number: int) -> None:
-        """Announce a new kernel after a death."""
-        if number > 1:
-            self._line(
-                f"attempt {number}: new kernel, running from the top (recorded steps replay)"
-            )
-
-    def cell_started(self, index: int, label: str | None, done: int) -> None:
-        """Show the cell on the live bar."""
-        with self._lock:
-            self._done = done
-            self._label = label or f"cell #{index + 1}"
-            self._since = time.monotonic()
-            self._subs = 0
-            self._draw()
-
-    def tick(self, subs: int) -> None:
-        """Update the live bar's sub-step count."""
-        with self._lock:
-            self._subs = subs
-            self._draw()
-
-    def cell_done(self, cell: CellOutcome) -> None:
-        """Print the step's line: its outcome, time, calls."""
-        self._label = None  # the bar returns with the next cell
-        if cell.outcome == "replayed":
-            calls = (
-                f"{_plural(cell.calls_replayed, 'call')} replayed, " if cell.calls_replayed else ""
-            )
-            info = f"{calls}saved {_secs(cell.seconds_saved)}"
-        elif cell.outcome in ("executed", "invalidated"):
-            made = [_plural(cell.calls_made, "call") + " made"] if cell.calls_made else []
-            replayed = [f"{cell.calls_replayed} replayed"] if cell.calls_replayed else []
-            info = ", ".join(made + replayed)
-        elif cell.outcome == "kernel died":
-            info = f"{_plural(cell.calls_made, 'call')} recorded before it died"
-        else:
-            info = ""
-        detail = f" — {cell.detail}" if cell.detail else ""
-        self._line(
-            f"  {self._sym[cell.outcome]} {cell.label:<20} {cell.outcome:<12} "
-            f"{cell.seconds:6.1f} s  {info}{detail}".rstrip()
-        )
-
-    def kernel_died(self, attempt: Attempt, retrying: bool, result: RunResult) -> None:
-        """Print where the kernel died and what happens next."""
-        self._label = None
-        where = (
-            "before the first cell"
-            if attempt.died_in is None
-            else f"in cell #{attempt.died_in + 1}"
-        )
-        if retrying:
-            then = f"restarting ({result.deaths} of {result.retries} retries used)"
-        else:
-            then = f"no retries left (--retries {result.retries})"
-        self._line(f"kernel died {where} after {attempt.seconds:.1f} s; {then}")
-        if attempt.kernel_log:
-            self._line("  kernel said: " + attempt.kernel_log.replace("\n", "\n  kernel said: "))
-
-    def end(self, result: RunResult) -> None:
-        """Print the summary."""
-        with self._lock:
-            self._label = None
-            self._clear_bar()
-        steps = result.steps
-        saved = result.saved or {}
-        parts = [
-            f"{steps.get(k, 0)} {k}"
-            for k in ("replayed", "executed", "invalidated", "failed")
-            if steps.get(k)
-        ]
-        lines = [
-            f"{result.status} in {result.seconds:.1f} s"
-            + (
-                f" · survived {_plural(result.deaths, 'kernel death')}"
-                if result.deaths and result.status != "kernel died"
-                else ""
-            ),
-            "steps: " + (", ".join(parts) or "none"),
-            f"calls: {result.calls_made} made, {saved.get('calls', 0)} replayed"
-            f" · time saved {saved.get('seconds', 0.0):.1f} s",
-        ]
-        if result.output is not None:
-            lines.append(f"wrote {result.output}")
-        self._line("\n".join(lines))
-
-
-# -- the run ---------------------------------------------------------------------
-
-
-def read_notebook(path: Path) -> Any:
-    """The notebook at ``path`` as an nbformat v4 node; bad input raises :class:`UsageProblem`."""
-    if not path.is_file():
-        raise UsageProblem(f"no notebook at {path}: check the path (expected an .ipynb file)")
-    import nbformat  # slow to import (jsonschema): only once the input is known to be good
-
-    try:
-        return nbformat.read(path, as_version=4)
-    except Exception as exc:  # nbformat raises many types for a file that is not a notebook
-        raise UsageProblem(
-            f"{path} is not a readable notebook ({type(exc).__name__}: {exc}); "
-            "expected Jupyter nbformat 4 JSON"
-        ) from None
-
-
-def _write_atomic(nb: Any, path: Path) -> None:
-    """Write the notebook so a crash never leaves a half-written file."""
-    import nbformat
-
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        # mkstemp makes the file 0600; keep the notebook's own mode, or the usual one.
-        try:
-            mode = stat.S_IMODE(path.stat().st_mode)
-        except FileNotFoundError:
-            umask = os.umask(0)
-            os.umask(umask)
-            mode = 0o666 & ~umask
-        os.chmod(tmp, mode)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            nbformat.write(nb, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def _note_of(outputs: list[Any], key: str) -> str | None:
-    """The text of the engine's replay note for ``key`` among ``outputs``, if any."""
-    for out in outputs:
-        md = (out.get("metadata") or {}).get("nbdurable") or {}
-        if md.get("note") == "replayed" and md.get("step") == key:
-            return str((out.get("data") or {}).get("text/plain", ""))
-    return None
-
-
-def _tail(log: IO[bytes], lines: int = 6) -> str:
-    """The end of the kernel's own stdout/stderr, without jupyter's transport notice."""
-    log.seek(0)
-    text = log.read().decode("utf-8", "replace")
-    kept = [ln for ln in text.splitlines() if ln.strip() and "without encryption" not in ln]
-    return "\n".join(kept[-lines:])
 
 
 class _Run:
@@ -439,7 +72,7 @@ class _Run:
         progress: Progress,
         startup_timeout: int,
     ) -> None:
-        from .store import RunKeys
+        from ..store import RunKeys, RunView
 
         self.nb = read_notebook(notebook)
         self.notebook = notebook
@@ -454,7 +87,7 @@ class _Run:
         run_id = run_name or locate.run_id_for(notebook, self.store_dir)
         self.rk = RunKeys(run_id)
         self.kernel_env = {**os.environ, **env, "NBDURABLE_NOTEBOOK": str(notebook)}
-        # Who holds the run's lease, as a second runner is told (see nbdurable.lease).
+        # Who holds the run's lease, as a second runner is told (see nbdurable.kernel.lease).
         self.kernel_env.setdefault("NBDURABLE_HOLDER", f"nbdurable run (pid {os.getpid()})")
         # Older ipykernel kernelspecs start Python 3.11+ without
         # -Xfrozen_modules=off, and debugpy then prints a multi-line warning on
@@ -470,6 +103,7 @@ class _Run:
             _check_kernel(self.nb.metadata.kernelspec.name, "the notebook's kernelspec")
         self.steps = self._step_cells()
         self.store = self._open_store()
+        self.view = RunView(self.store, run_id) if self.store is not None else None
         self.result = RunResult(
             notebook, output, run_id, self.store_dir if self.store else None, retries
         )
@@ -495,7 +129,7 @@ class _Run:
         Opened up front so that the runner and the kernel never race to create
         the store's key file. A notebook that never mentions nbdurable gets no store.
         """
-        from .store import Store
+        from ..store import Store
 
         uses = any("nbdurable" in c.source for c in self.nb.cells if c.cell_type == "code")
         if not (uses or self.steps or self.store_dir.exists()):
@@ -503,32 +137,18 @@ class _Run:
         return Store(self.store_dir)
 
     # -- reading the store ----------------------------------------------------------
-    def _header(self, key: str) -> dict[str, Any] | None:
-        try:
-            got = self.store.get(key)
-        except CorruptRecord:
-            return None
-        return None if got is None else got[0]
-
-    def _made_since(self, prefix: str, since: float) -> int:
-        """Sub-step records under ``prefix`` started at or after ``since``."""
-        if self.store is None:
-            return 0
-        n = 0
-        for k in self.store.scan(prefix):
-            h = self._header(k)
-            if h is not None and h.get("started", 0) >= since:
-                n += 1
-        return n
+    def _made_since(self, scope: str | None, since: float) -> int:
+        """Sub-step records of ``scope`` (None: every scope) started at or after ``since``."""
+        return 0 if self.view is None else self.view.calls_since(scope, since)
 
     def _snapshot(self) -> dict[str, Any]:
         """Step states before an attempt, to tell *invalidated* from *executed*."""
         if self.store is None:
             return {}
-        from . import ops
+        from .. import status
 
         try:
-            infos = ops.step_infos(self.store, self.rk.run_id, self.notebook)
+            infos = status.step_infos(self.store, self.rk.run_id, self.notebook)
         except UsageProblem:
             return {}
         return {i.key: i for i in infos}
@@ -605,10 +225,10 @@ class _Run:
             if att.outcome == "kernel died":
                 att.died_in = self.current[0] if self.current else None
                 self._died(att, pre)
-                att.kernel_log = "\n".join(p for p in (att.kernel_log, _tail(log)) if p)
+                att.kernel_log = "\n".join(p for p in (att.kernel_log, kernel_log_tail(log)) if p)
         self.current = None
         att.seconds = time.perf_counter() - t0
-        att.calls_made = self._made_since(self.rk.base + "u/", att.started)
+        att.calls_made = self._made_since(None, att.started)
         return att
 
     def _stamp(self, cell: Any, cell_index: int) -> None:
@@ -675,8 +295,7 @@ class _Run:
             return None
         if data is None:
             return None
-        steps, calls, seconds, run_id = data
-        return {"steps": steps, "calls": calls, "seconds": round(seconds, 3), "run": run_id}
+        return {**data, "seconds": round(data["seconds"], 3)}
 
     async def _cell(
         self, client: Any, att: Attempt, pre: dict[str, Any], index: int, cell: Any
@@ -715,8 +334,8 @@ class _Run:
         if key is None:
             return
         out = CellOutcome(index, key, label, "executed", seconds=time.perf_counter() - t0)
-        note = _note_of(cell.outputs, key)
-        rec = self._header(self.rk.step(key)) if self.store is not None else None
+        note = replay_note(cell.outputs, key)
+        rec = self.view.header(self.rk.step(key)) if self.view is not None else None
         if note is not None:
             out.outcome = "replayed"
             if rec is not None:
@@ -725,7 +344,7 @@ class _Run:
             if "pinned, stale" in note:
                 out.detail = "pinned; stale: " + note.split("pinned, stale: ", 1)[1]
         else:
-            out.calls_made = self._made_since(self.rk.subs_prefix(key), started)
+            out.calls_made = self._made_since(key, started)
             if rec is not None:
                 out.calls_replayed = max(int(rec.get("substeps", 0)) - out.calls_made, 0)
             before = pre.get(key)
@@ -755,7 +374,7 @@ class _Run:
             return
         index, key, started = self.current
         label = self.steps.get(index, (None, f"cell #{index + 1}"))[1]
-        made = self._made_since(self.rk.subs_prefix(key), started) if key else 0
+        made = self._made_since(key, started) if key else 0
         att.cells.append(
             CellOutcome(
                 index, key, label, "kernel died", "", time.time() - started, calls_made=made
@@ -770,7 +389,7 @@ class _Run:
             if cur is None:
                 continue
             try:
-                n = self.store.stats(self.rk.subs_prefix(cur[1]))[0] if cur[1] else 0
+                n = self.view.sub_stats(cur[1])[0] if cur[1] and self.view else 0
             except Exception:  # a display must never break a run
                 continue
             self.progress.tick(n)
@@ -801,7 +420,7 @@ class _Run:
             result.output = None  # the notebook on disk is left as it was
         else:
             target = result.output or self.notebook
-            _write_atomic(self.nb_out, target)
+            write_atomic(self.nb_out, target)
             result.output = target
         self.progress.end(result)
         return result

@@ -22,8 +22,9 @@ import weakref
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from .errors import CorruptRecord, LeaseHeld
-from .store import RunKeys, Store
+from ..errors import LeaseHeld
+from ..store import RunKeys, Store
+from ..store.view import read_header
 
 HEARTBEAT = 30.0
 STALE_AFTER = 120.0
@@ -70,22 +71,25 @@ def _alive(holder: Holder, now: float) -> bool:
 
 def lease_key(run_id: str) -> str:
     """Where a run's lease lives in the store."""
-    return RunKeys(run_id).base + "lease"
+    return RunKeys(run_id).lease
+
+
+def _holder(header: dict[str, Any] | None) -> Holder | None:
+    if header is None:
+        return None
+    try:
+        return Holder(**{k: v for k, v in header.items() if k in Holder.__dataclass_fields__})
+    except TypeError:
+        return None
 
 
 def read(store: Store, run_id: str) -> Holder | None:
     """The current holder of the run's lease, if any (dead or alive)."""
-    try:
-        got = store.get(lease_key(run_id))
-    except CorruptRecord:
-        return None
-    if got is None:
-        return None
-    header = {k: v for k, v in got[0].items() if k in Holder.__dataclass_fields__}
-    try:
-        return Holder(**header)
-    except TypeError:
-        return None
+    return _holder(read_header(store, lease_key(run_id)))
+
+
+class _Keep(Exception):
+    """Leave the lease record as it is (see Store.swap)."""
 
 
 class Lease:
@@ -114,10 +118,11 @@ class Lease:
             now,
             self.what,
         )
-        key = lease_key(self.run_id)
-        with self.store.transaction():
-            current = read(self.store, self.run_id)
-            previous = None
+        previous: Holder | None = None
+
+        def take(header: dict[str, Any] | None) -> dict[str, Any]:
+            nonlocal previous
+            current = _holder(header)
             if current is not None and current.token != self.token:
                 ours = current.host == mine.host and current.pid == mine.pid
                 if not ours and _alive(current, now) and not takeover:
@@ -128,7 +133,9 @@ class Lease:
                         "(`nbdurable run --takeover`) if you are sure it is gone."
                     )
                 previous = current
-            self.store.put(key, asdict(mine))
+            return asdict(mine)
+
+        self.store.swap(lease_key(self.run_id), take)
         self._start_heartbeat()
         return previous
 
@@ -154,24 +161,28 @@ class Lease:
         self._thread.start()
 
     def _beat(self) -> None:
+        def beat(header: dict[str, Any] | None) -> dict[str, Any]:
+            current = _holder(header)
+            if current is None or current.token != self.token:
+                self._stop.set()  # taken over: stop claiming it
+                raise _Keep
+            return {**asdict(current), "heartbeat": time.time()}
+
         try:
-            with self.store.transaction():
-                current = read(self.store, self.run_id)
-                if current is None or current.token != self.token:
-                    self._stop.set()  # taken over: stop claiming it
-                    return
-                header: dict[str, Any] = asdict(current)
-                header["heartbeat"] = time.time()
-                self.store.put(lease_key(self.run_id), header)
-        except Exception:  # the next beat tries again; the holder check is by pid
+            self.store.swap(lease_key(self.run_id), beat)
+        except Exception:  # taken over, or the next beat tries again (the holder check is by pid)
             pass
 
     def release(self) -> None:
         """Give the lease back (only if this process still holds it)."""
         self._stop.set()
+
+        def drop(header: dict[str, Any] | None) -> None:
+            current = _holder(header)
+            if current is None or current.token != self.token:
+                raise _Keep
+
         try:
-            with self.store.transaction():
-                if self.holds():
-                    self.store.delete(lease_key(self.run_id))
-        except Exception:  # closing down: a dead holder is detected by pid anyway
+            self.store.swap(lease_key(self.run_id), drop)
+        except Exception:  # taken over, or closing down: a dead holder is detected by pid anyway
             pass

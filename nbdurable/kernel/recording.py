@@ -14,9 +14,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import blobs, config, faults, redact, values
-from .records import VarRecord
-from .store import Store
+from .. import config, faults, redact
+from ..store import Store, blobs, values
+from ..store.records import VarRecord
 
 
 @dataclass

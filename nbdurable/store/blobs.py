@@ -36,7 +36,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import IO, Any
 
-from .errors import CorruptRecord
+from ..errors import CorruptRecord
 
 BLOB_MAGIC = b"NBB\x02"
 BLOB_FORMAT = 2

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .errors import UsageProblem
+from ..errors import UsageProblem
 from .keys import _shown, source_fingerprint, validate_name
 
 DEFAULT_RUN = "default"
@@ -117,7 +117,7 @@ class StepCell:
 
     @property
     def key(self) -> str:
-        """The key a kernel running this saved cell computes (see :mod:`nbdurable.keys`)."""
+        """The key a kernel running this saved cell computes (see :mod:`.keys`)."""
         from .keys import step_key
 
         cid = None if self.name else self.cell_id
@@ -140,7 +140,6 @@ class NotebookFile:
         self._stamp: tuple[int, int] | None = None
         self.ids_persist = False
         self.cells: list[StepCell] = []
-        self._by_id: dict[str, StepCell] = {}
         self._fps: list[str] | None = None  # source fingerprints of `cells`, made once per read
 
     def refresh(self) -> bool:
@@ -160,14 +159,8 @@ class NotebookFile:
         major, minor = data.get("nbformat", 4), data.get("nbformat_minor", 0)
         self.ids_persist = (major, minor) >= (4, 5)
         self.cells = step_cells(data.get("cells", []), self.ids_persist)
-        self._by_id = {c.cell_id: c for c in self.cells if c.cell_id}
         self._fps = None
         return True
-
-    def position_of(self, body: str) -> int | None:
-        """Index of the saved ``%%step`` cell whose body matches ``body``, if any."""
-        found = self.find(body)
-        return None if found is None else found.index
 
     def find(self, body: str, position: int | None = None) -> StepCell | None:
         """The saved ``%%step`` cell whose body matches ``body``, if any.

@@ -50,13 +50,11 @@ from __future__ import annotations
 
 import ast
 import hashlib
-import io
 import re
-import tokenize
 
-from .analysis import CellAnalysis, _parse, analyse
+from ..errors import UsageProblem
+from .analysis import CellAnalysis, _parse, analyse, ends_with_semicolon
 from .callables import callable_fingerprint
-from .errors import UsageProblem
 from .fingerprint import args_fingerprint, fingerprint, fingerprint_info
 
 __all__ = [
@@ -93,27 +91,12 @@ def normalize_source(source: str) -> str:
     try:
         tree = _parse(source)
         text = ast.unparse(tree)
-        if tree.body and isinstance(tree.body[-1], ast.Expr) and _quiet(source):
+        if tree.body and isinstance(tree.body[-1], ast.Expr) and ends_with_semicolon(source):
             text += ";"
         return text
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         lines = (line.rstrip() for line in source.splitlines())
         return "\n".join(s for s in lines if s and not s.lstrip().startswith("#"))
-
-
-def _quiet(source: str) -> bool:
-    """True if the last token is ``;``, the test IPython's display hook applies."""
-    if ";" not in source:
-        return False
-    try:
-        tokens = list(tokenize.generate_tokens(io.StringIO(source).readline))
-    except (tokenize.TokenError, SyntaxError):
-        return False
-    skip = (tokenize.ENDMARKER, tokenize.NL, tokenize.NEWLINE, tokenize.COMMENT)
-    for token in reversed(tokens):
-        if token.type not in skip:
-            return token.type == tokenize.OP and token.string == ";"
-    return False
 
 
 def source_fingerprint(source: str) -> str:

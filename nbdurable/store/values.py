@@ -23,7 +23,7 @@ from typing import Any
 
 import cloudpickle
 
-from . import keys
+from ..identity import keys
 
 PROTOCOL = 5
 

@@ -1,0 +1,34 @@
+"""Small text helpers shared by every message nbdurable prints."""
+
+from __future__ import annotations
+
+
+def one_line(text: object) -> str:
+    """``text`` with every run of whitespace (line breaks too) made one space."""
+    return " ".join(str(text).split())
+
+
+def plural(n: int, word: str) -> str:
+    """``1 call``, ``2 calls``."""
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+def human_size(n: int) -> str:
+    """``1.2 MB`` style size."""
+    size = float(n)
+    for unit in ("B", "KB", "MB", "GB"):
+        if size < 1024 or unit == "GB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{n} B"  # pragma: no cover
+
+
+def seconds(t: float) -> str:
+    """``0.04 s``, ``12.3 s``, ``4 min 5 s``, ``1 h 3 min``."""
+    if t < 0.1:
+        return f"{t:.2f} s"
+    if t < 60:
+        return f"{t:.1f} s"
+    if t < 3600:
+        return f"{int(t // 60)} min {int(t % 60)} s"
+    return f"{int(t // 3600)} h {int(t % 3600 // 60)} min"

@@ -1,0 +1,178 @@
+"""Clear, pin, unpin and take over: one implementation for the magic, the panel and the CLI.
+
+Each command is one transaction on the store and returns a :class:`Done`:
+the one line to show the user (steps named by their labels, as
+``%step list`` shows them) and the steps it changed, so that a kernel can
+update what it shows (see ``Session.changed``). Nothing here imports
+IPython: the CLI runs these without a kernel.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .errors import UsageProblem
+from .identity.keys import _shown
+from .status import StepInfo, step_infos
+from .store import RUN_SCOPE, RunKeys, RunView, Store
+from .store.records import StepState
+
+
+@dataclass(frozen=True)
+class Done:
+    """What a command did: ``message`` for the user; ``keys``, the steps it changed."""
+
+    action: str  # clear | clear-all | pin | unpin | takeover
+    message: str
+    keys: tuple[str, ...] = ()
+
+
+# -- the commands, as the user gives them ----------------------------------------------
+
+
+def clear_steps(store: Store, run_id: str, names: list[str], notebook: Path | None = None) -> Done:
+    """``clear NAME ...``: forget the steps and their sub-steps; mark dependants stale."""
+    infos = step_infos(store, run_id, notebook)
+    found = resolve(store, run_id, names, notebook, infos)
+    stale = clear(store, run_id, found)
+    label = _labels(infos)
+    message = f"cleared: {', '.join(label(k) for k in found)}"
+    if stale:
+        message += f"; invalidated dependants: {', '.join(label(k) for k in stale)}"
+    return Done("clear", message, tuple(found))
+
+
+def clear_run(store: Store, run_id: str) -> Done:
+    """``clear --all``: forget everything recorded for the run, pins included."""
+    n = clear_all(store, run_id)
+    return Done("clear-all", f"cleared run {run_id!r} ({n} records)")
+
+
+def pin_steps(
+    store: Store, run_id: str, names: list[str], notebook: Path | None = None, pinned: bool = True
+) -> Done:
+    """``pin NAME ...`` / ``unpin NAME ...``."""
+    infos = step_infos(store, run_id, notebook)
+    found = resolve(store, run_id, names, notebook, infos)
+    for key in found:
+        set_pin(store, run_id, key, pinned)
+    action = "pin" if pinned else "unpin"
+    label = _labels(infos)
+    return Done(action, f"{action}ned: {', '.join(label(k) for k in found)}", tuple(found))
+
+
+def take_over(session: Any) -> Done:
+    """``%step takeover``: hold the run's lease even if another live process does.
+
+    ``session`` is the kernel's run context (``claim(takeover=True)`` and ``run_id``).
+    """
+    previous = session.claim(takeover=True)
+    who = f" from {previous.describe()}" if previous else ""
+    return Done("takeover", f"this kernel now holds run {session.run_id!r}{who}")
+
+
+def _labels(infos: list[StepInfo]) -> Any:
+    known = {i.key: i.label for i in infos}
+    return lambda key: known.get(key, key)
+
+
+# -- the operations on the store --------------------------------------------------------
+
+
+def resolve(
+    store: Store,
+    run_id: str,
+    names: list[str],
+    notebook: Path | None = None,
+    infos: list[StepInfo] | None = None,
+) -> list[str]:
+    """Step keys for user-given names (a step name, label or key); unknown names raise.
+
+    A key the store holds anything under (a step that failed in a cell not
+    yet saved has sub-steps, and nothing else) is a step too.
+    """
+    if infos is None:
+        infos = step_infos(store, run_id, notebook)
+    view = RunView(store, run_id)
+    out = []
+    for name in names:
+        match = [i.key for i in infos if name in (i.key, i.label) or i.key == f"name:{name}"]
+        if not match and _held(view, name):
+            match = [name]
+        if not match:
+            known = ", ".join(i.label for i in infos if i.key != RUN_SCOPE) or "none yet"
+            raise UsageProblem(f"no step {_shown(name)} in run {run_id!r} (known steps: {known})")
+        out.append(match[0])
+    return out
+
+
+def _held(view: RunView, key: str) -> bool:
+    rk = view.keys
+    return bool(
+        view.store.has(rk.step(key)) or view.store.has(rk.state(key)) or view.sub_stats(key)[0]
+    )
+
+
+def clear(store: Store, run_id: str, step_keys: list[str]) -> list[str]:
+    """Delete the steps' records, states and sub-steps; mark their dependants stale.
+
+    Returns the keys of the dependants that were marked stale.
+    """
+    view = RunView(store, run_id)
+    rk = view.keys
+    records = view.records()
+    states = view.states()
+    cleared = set(step_keys)
+    stale: dict[str, str] = {}
+    # (step, the cleared step it depends on): a dependant's dependants name the cleared one.
+    frontier = [(key, key) for key in step_keys]
+    while frontier:
+        upstream, root = frontier.pop()
+        for key, rec in records.items():
+            if rec is None or key in cleared or key in stale:
+                continue
+            if upstream in rec.input_from.values():
+                up = records.get(root)
+                stale[key] = f"upstream step {(up.name if up else root)!r} was cleared"
+                frontier.append((key, root))
+    deletes = []
+    for key in step_keys:
+        deletes += [rk.step(key), rk.state(key)]
+        deletes += store.scan(rk.subs_prefix(key))
+    puts = []
+    for key, why in stale.items():
+        st = states.get(key, StepState())
+        puts.append(
+            (
+                rk.state(key),
+                StepState(
+                    st.pinned, st.failed, st.failed_at, why, st.name, st.position
+                ).to_header(),
+                b"",
+            )
+        )
+    store.apply(puts=puts, deletes=deletes)
+    return sorted(stale)
+
+
+def clear_all(store: Store, run_id: str) -> int:
+    """Delete everything recorded for the run, pins included; returns the number of keys."""
+    keys = store.scan(RunKeys(run_id).base)
+    store.apply(deletes=keys)
+    return len(keys)
+
+
+def set_pin(store: Store, run_id: str, key: str, pinned: bool) -> None:
+    """Pin or unpin one step."""
+    view = RunView(store, run_id)
+    rk = view.keys
+    if pinned and not store.has(rk.step(key)):
+        raise UsageProblem(f"step {key!r} has no record to pin yet; run it first")
+    st = view.state(key)
+    new = StepState(pinned, st.failed, st.failed_at, st.stale, st.name, st.position)
+    if new.empty:
+        store.apply(deletes=[rk.state(key)])
+    else:
+        store.apply(puts=[(rk.state(key), new.to_header(), b"")])

@@ -1,0 +1,114 @@
+"""What a run knows while a step executes: its context, its sub-step index, its savings.
+
+Also :func:`warn`, the one way nbdurable warns: a warning is about this
+execution, never part of a step's recorded output.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import warnings
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import NbdurableWarning
+from ..store import Store
+from .capture import underlying
+
+
+def warn(message: str) -> None:
+    """Warn loudly; every nbdurable warning goes through here.
+
+    A warning raised while a step runs is about this execution, not part of
+    the step's output: it goes past the capture, so it is shown now and not
+    replayed with the step's outputs on every later run.
+    """
+    err = sys.stderr
+    real = underlying(err)
+    if real is err:
+        warnings.warn(message, NbdurableWarning, stacklevel=3)
+        return
+    sys.stderr = real
+    try:
+        warnings.warn(message, NbdurableWarning, stacklevel=3)
+    finally:
+        sys.stderr = err
+
+
+class SubIndex:
+    """The sub-step records of one scope, read in one range read on the first lookup.
+
+    A step's index lives as long as the step's execution; the run scope's
+    (sub-steps called outside any step) as long as one cell, when the
+    extension's per-cell hook is installed. It is read again if the store
+    was reopened or something was deleted from it since. A value is handed
+    out once; after that, and after a sub-step is recorded, the entry says
+    "present: read it from the store", so a second lookup of an id still
+    finds its record.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._basis: tuple[Any, int, int, str] | None = None
+        self._entries: dict[str, bytes | None] = {}
+
+    def find(self, store: Store, prefix: str, key: str) -> tuple[bool, bytes | None]:
+        """``(present, stored bytes or None: read it with Store.get)``."""
+        with self._lock:
+            if self._stale(store, prefix):
+                self._read(store, prefix)
+            elif key in self._entries:
+                store.check_same()  # never replay from a store deleted since the read
+                if self._stale(store, prefix):  # it was reopened just now
+                    self._read(store, prefix)
+            if key not in self._entries:
+                return False, None  # (a miss is checked by the write that follows)
+            raw = self._entries[key]
+            if raw is not None:
+                self._entries[key] = None  # the bytes are handed out once
+            return True, raw
+
+    def _stale(self, store: Store, prefix: str) -> bool:
+        b = self._basis
+        return (
+            b is None
+            or b[0] is not store
+            or b[1] != store.generation
+            or b[2] != store.deletions
+            or b[3] != prefix
+        )
+
+    def _read(self, store: Store, prefix: str) -> None:
+        self._entries = store.load_prefix(prefix)
+        self._basis = (store, store.generation, store.deletions, prefix)
+
+    def recorded(self, key: str) -> None:
+        """Note that ``key`` was just recorded (if this index was read)."""
+        with self._lock:
+            if self._basis is not None:
+                self._entries[key] = None
+
+
+@dataclass
+class StepContext:
+    """The ``%%step`` executing now; sub-steps called during it scope to it."""
+
+    key: str
+    label: str
+    seen: set[str] = field(default_factory=set)
+    ordinals: dict[str, int] = field(default_factory=dict)
+    subs_recorded: int = 0
+    subs_replayed: int = 0
+    sub_seconds: float = 0.0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    sub_index: SubIndex = field(default_factory=lambda: SubIndex())
+
+
+@dataclass
+class Savings:
+    """What replay saved in this kernel."""
+
+    steps: int = 0
+    calls: int = 0
+    seconds: float = 0.0

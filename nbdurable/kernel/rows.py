@@ -1,0 +1,218 @@
+"""One row of the step panel: its HTML (label, state badge, facts, detail) and its buttons.
+
+Every state has a glyph, a colour and a text label of its own, so a row
+reads without colour; :data:`STATE_HELP` is the tooltip of each state.
+"""
+
+from __future__ import annotations
+
+import html
+import time
+from typing import TYPE_CHECKING
+
+import ipywidgets as widgets
+
+from .._text import human_size, seconds
+from ..status import StepInfo
+from ..store.layout import RUN_SCOPE
+
+if TYPE_CHECKING:
+    from .panel import StepPanel
+
+# State -> (glyph, colour, filled). Colours are JupyterLab theme variables
+# (with fallbacks for other frontends), so the light and dark themes both
+# read well; every state also has its own glyph and text label, so the panel
+# reads without colour.
+_GREY = "var(--jp-ui-font-color2, #757575)"
+_LOOK: dict[str, tuple[str, str, bool]] = {
+    "recorded": ("✓", "var(--jp-success-color1, #388e3c)", False),
+    "replayed": ("↻", "var(--jp-success-color1, #388e3c)", True),
+    "running": ("▶", "var(--jp-brand-color1, #1976d2)", True),
+    "pending": ("○", _GREY, False),
+    "invalidated": ("⚠", "var(--jp-warn-color1, #f57c00)", False),
+    "pinned": ("⚑", "var(--md-purple-400, #ab47bc)", False),
+    "failed": ("✗", "var(--jp-error-color1, #d32f2f)", True),
+    "not replayable": ("◐", "var(--jp-info-color1, #0097a7)", False),
+    "orphaned": ("⊘", "var(--jp-ui-font-color3, #9e9e9e)", False),
+}
+
+#: One line per state, as the README explains them.
+STATE_HELP: dict[str, str] = {
+    "recorded": "in the store; a rerun replays it instead of running it",
+    "replayed": "restored from its record in this kernel; nothing in it ran again",
+    "running": "executing now; its sub-step counter moves as calls are recorded",
+    "pending": "no record yet: it will run (sub-steps recorded before a crash still replay)",
+    "invalidated": "recorded, but its code or inputs changed (reason shown): it will run again",
+    "pinned": "replays even when invalidated; 'pinned · stale' says it would otherwise run again",
+    "failed": "its last execution raised; only the sub-steps that finished are recorded",
+    "not replayable": "recorded, but a value could not be saved: its body reruns, sub-steps replay",
+    "orphaned": "recorded in the store, but no longer in the notebook",
+}
+
+_BUTTON = widgets.Layout(width="5.5em", min_width="5.5em", margin="0 0 0 4px")
+_HIDDEN_BUTTON = widgets.Layout(
+    width="5.5em", min_width="5.5em", margin="0 0 0 4px", visibility="hidden"
+)
+
+
+class StepRow:
+    """One step's row: a line of HTML (label, state badge, facts, detail) and two buttons."""
+
+    def __init__(self, owner: StepPanel, info: StepInfo) -> None:
+        self.info = info
+        self.html = widgets.HTML(layout=widgets.Layout(flex="1 1 auto", min_width="0"))
+        self.pin_button = widgets.Button(
+            description="Pin", layout=_HIDDEN_BUTTON if info.key == RUN_SCOPE else _BUTTON
+        )
+        self.clear_button = widgets.Button(description="Clear", layout=_BUTTON)
+        self.line = widgets.HBox(
+            [self.html, self.pin_button, self.clear_button],
+            layout=widgets.Layout(align_items="center"),
+        )
+        self.box = widgets.VBox(
+            [self.line],
+            layout=widgets.Layout(
+                border_top="1px solid var(--jp-border-color3, #eee)", padding="2px 0"
+            ),
+        )
+        self.pin_button.on_click(lambda _b: owner.set_pin(self.info.key, not self.info.pinned))
+        self.clear_button.on_click(lambda _b: owner._ask_clear(self))
+
+    @property
+    def state(self) -> str:
+        """The state shown: a key of :data:`STATE_HELP`, or ``pinned-stale``."""
+        return _shown_state(self.info)
+
+    def show(self, new: int = 0, replayed: int = 0) -> None:
+        """Redraw from ``self.info`` plus sub-steps counted in memory since the last reload."""
+        info = self.info
+        value = row_html(info, new, replayed)
+        if value != self.html.value:
+            self.html.value = value
+        classes = ("nbd-row", "nbd-state-" + self.state.replace(" ", "-"))
+        if tuple(self.box._dom_classes) != classes:
+            self.box._dom_classes = classes
+        recorded = info.recorded_at is not None
+        running = info.state == "running"
+        with self.pin_button.hold_sync():
+            self.pin_button.description = "Unpin" if info.pinned else "Pin"
+            self.pin_button.disabled = running or not (recorded or info.pinned)
+            self.pin_button.tooltip = (
+                "Stop replaying this step when it is invalidated"
+                if info.pinned
+                else "Replay this step even when its code or inputs change"
+                if recorded
+                else "Nothing recorded to pin yet"
+            )
+        with self.clear_button.hold_sync():
+            self.clear_button.disabled = running or (
+                info.state == "pending" and info.substeps == 0 and not new
+            )
+            n = info.substeps + new
+            self.clear_button.tooltip = (
+                f"Forget this step's record and its {n} sub-step(s) (asks first)"
+                if n
+                else "Forget this step's record"
+            )
+
+    def close(self) -> None:
+        """Close the row's widgets (not the shared layouts)."""
+        for w in (self.html, self.pin_button, self.clear_button, self.line, self.box):
+            w.close()
+
+
+_GROUP = {
+    "replayed": "recorded",
+    "pinned": "recorded",
+    "not replayable": "recorded",
+    "running": "pending",
+}
+
+
+def row_html(info: StepInfo, new: int = 0, replayed: int = 0) -> str:
+    """The HTML of one row: position and label, state badge, facts, and a detail line."""
+    state = _shown_state(info)
+    glyph, colour, filled = _LOOK.get(info.state, ("?", _GREY, False))
+    text = "pinned · stale" if state == "pinned-stale" else info.state
+    border = "dashed" if info.state in ("pending", "orphaned") else "solid"
+    badge_style = (
+        f"display:inline-block;min-width:9.5em;box-sizing:border-box;padding:0 8px;"
+        f"border:1px {border} {colour};border-radius:10px;font-size:0.92em;white-space:nowrap;"
+        + (
+            f"background:{colour};color:var(--jp-ui-inverse-font-color1, #fff);"
+            if filled
+            else f"color:{colour};"
+        )
+    )
+    hint = info.detail or STATE_HELP.get(info.state, "")
+    pos = "" if info.position is None else f"#{info.position + 1} "
+    facts = _facts(info, new, replayed)
+    detail = ""
+    if info.detail:
+        tone = colour if info.state in ("invalidated", "failed") or info.stale else _GREY
+        detail = (
+            f'<div class="nbd-detail" style="color:{tone};font-size:0.9em;'
+            f'padding-left:15.5em;white-space:normal">{_e(info.detail)}</div>'
+        )
+    return (
+        f'<div class="nbd-step" data-step="{_attr(info.label)}" data-state="{_attr(state)}">'
+        f'<div class="nbd-line" style="display:flex;align-items:baseline;gap:0.8em;'
+        f'line-height:1.6"><span class="nbd-name" title="{_attr(info.key)}" style="flex:0 0 14em;'
+        f'overflow:hidden;text-overflow:ellipsis;white-space:nowrap">'
+        f'<span style="color:{_GREY}">{pos}</span><b>{_e(info.label)}</b></span>'
+        f'<span class="nbd-badge" title="{_attr(hint)}" style="{badge_style}">'
+        f"{glyph} {_e(text)}</span>"
+        f'<span class="nbd-facts" style="color:{_GREY}">{facts}</span></div>{detail}</div>'
+    )
+
+
+def _facts(info: StepInfo, new: int, replayed: int) -> str:
+    """Sub-step progress, when recorded, what replay saves, size (HTML, escaped)."""
+    parts: list[str] = []
+    recorded = info.recorded_at is not None
+    have = info.substeps + new
+    expected = info.calls if recorded and info.key != RUN_SCOPE else 0
+    if info.state == "running":
+        progress = _progress(have, expected)
+        if replayed:
+            progress += f", {replayed} replayed"
+        parts.append(f'<span class="nbd-progress">{progress}</span>')
+    elif have or expected:
+        parts.append(f'<span class="nbd-progress">{_progress(have, expected)}</span>')
+    if recorded and info.recorded_at is not None:
+        when = time.localtime(info.recorded_at)
+        today = time.localtime().tm_yday == when.tm_yday
+        short = time.strftime("%H:%M" if today else "%b %d %H:%M", when)
+        full = time.strftime("%Y-%m-%d %H:%M:%S", when)
+        parts.append(f'<span title="recorded {full}">at {short}</span>')
+    calls = f", {info.calls} call{'s' if info.calls != 1 else ''}" if info.calls else ""
+    if recorded and info.state == "replayed":
+        parts.append(f"saved {seconds(info.duration)}{calls}")
+    elif recorded and info.state in ("recorded", "pinned", "orphaned"):
+        parts.append(f"replay saves {seconds(info.duration)}{calls}")
+    elif recorded and info.state == "not replayable" and info.calls:
+        parts.append(f"replay saves {info.calls} call{'s' if info.calls != 1 else ''}")
+    if info.size:
+        parts.append(human_size(info.size))
+    return " · ".join(parts)
+
+
+def _shown_state(info: StepInfo) -> str:
+    return "pinned-stale" if info.state == "pinned" and info.stale else info.state
+
+
+def _progress(have: int, expected: int) -> str:
+    """``39/60 recorded`` when the step's last record says how many calls to expect."""
+    if 0 < expected and have <= expected:
+        return f"{have}/{expected} recorded"
+    return f"{have} recorded"
+
+
+def _e(text: str) -> str:
+    """Escape text for HTML element content."""
+    return html.escape(text, quote=False)
+
+
+def _attr(text: str) -> str:
+    """Escape text for a double-quoted HTML attribute."""
+    return html.escape(text, quote=True)

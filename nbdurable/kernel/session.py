@@ -1,0 +1,357 @@
+"""The run in this kernel: its context, its lease, and which cell is which.
+
+One :class:`Session` per process holds the run context (store, run id,
+notebook), the lease that makes this process the run's only recorder, the
+step executing now (sub-steps scope to it), what happened to each step in
+this kernel, and the savings so far. Executing a ``%%step`` cell is the step
+runner's job (:mod:`.stepper`). A session takes a shell-like object, so it
+can be driven without the magic layer.
+
+Public API for code outside the kernel side: :func:`get_session`,
+:func:`current_session` and :func:`run_summary` (what ``nbdurable run`` asks
+the final kernel).
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from .. import config, events
+from ..errors import LeaseHeld
+from ..identity import keys, locate
+from ..store import RunKeys, RunView, Store
+from . import lease
+from .context import Savings, StepContext, SubIndex, warn
+from .stepper import StepRunner
+
+
+class Session:
+    """The durable run of this kernel (or script)."""
+
+    def __init__(self, shell: Any = None) -> None:
+        self.shell = shell
+        self._store: Store | None = None
+        self._run_name: str | None = None
+        self.notebook: Path | None = None
+        self.nbfile: locate.NotebookFile | None = None
+        self.current: StepContext | None = None
+        self.status: dict[str, tuple[str, str]] = {}  # step key -> (state, detail)
+        self.saved = Savings()
+        self.steps = StepRunner(self)
+        self._cell_ordinals: dict[str, int] = {}  # @recorded outside steps; reset per cell
+        #: Guards the savings and the cell's ordinals (sub-steps may run in threads).
+        self.lock = threading.RLock()
+        self._warned_no_notebook = False
+        self._warned_names: set[str] = set()
+        self._lease: lease.Lease | None = None
+        self._lease_seen = 0.0  # when the store last confirmed we hold it
+        self._atexit = False
+        self._run_id_for: tuple[tuple[Path | None, Path], str] | None = None
+        self._keys: RunKeys | None = None
+        #: The run scope's sub-step index for the current cell; None when no
+        #: per-cell hook resets it (plain Python), then each call reads its record
+        #: (see :meth:`new_cell`).
+        self.run_index: SubIndex | None = None
+        env_run = os.environ.get("NBDURABLE_RUN", "").strip()
+        if env_run:  # set by `nbdurable run --run NAME`
+            self._run_name = keys.validate_name(env_run, "run name (NBDURABLE_RUN)")
+
+    # -- run context ---------------------------------------------------------
+    @property
+    def user_ns(self) -> dict[str, Any]:
+        """The namespace steps run in (empty without a shell)."""
+        return self.shell.user_ns if self.shell is not None else {}
+
+    def _locate(self) -> None:
+        if self._store is not None:
+            return
+        self.notebook = locate.find_notebook(self.user_ns)
+        if self.notebook is None and not self._warned_no_notebook:
+            self._warned_no_notebook = True
+            warn(
+                "nbdurable could not tell which notebook this kernel runs (no "
+                "JPY_SESSION_NAME, __vsc_ipynb_file__ or NBDURABLE_NOTEBOOK); recording "
+                f"to run {locate.DEFAULT_RUN!r} in {locate.store_dir(None)}. "
+                "Use `%step run NAME` to name the run."
+            )
+        if self.notebook is not None:
+            self.nbfile = locate.NotebookFile(self.notebook)
+        self._store = Store(locate.store_dir(self.notebook), durability=config.get().durability)
+
+    @property
+    def store(self) -> Store:
+        """The store of this run, opened on first use."""
+        self._locate()
+        assert self._store is not None
+        return self._store
+
+    @property
+    def run_id(self) -> str:
+        """The run's id: a name set by ``%step run``, else the notebook's (see :mod:`locate`)."""
+        self._locate()
+        if self._run_name is not None:
+            return self._run_name
+        assert self._store is not None
+        # Read on every sub-step: computed once per (notebook, store), not per call.
+        where = (self.notebook, self._store.path)
+        if self._run_id_for is None or self._run_id_for[0] != where:
+            self._run_id_for = (where, locate.run_id_for(*where))
+        return self._run_id_for[1]
+
+    @property
+    def keys(self) -> RunKeys:
+        """Store keys of this run."""
+        run_id = self.run_id
+        if self._keys is None or self._keys.run_id != run_id:
+            self._keys = RunKeys(run_id)
+        return self._keys
+
+    @property
+    def view(self) -> RunView:
+        """The run's records as the store holds them now."""
+        return RunView(self.store, self.run_id)
+
+    def set_run(self, name: str | None) -> str:
+        """Switch to a named run (None: back to the notebook's run)."""
+        self.release()
+        self._run_name = name
+        self.status.clear()
+        self.steps.forget()
+        events.emit("run-changed", self.run_id)
+        return self.run_id
+
+    def claim(self, *, takeover: bool = False, verify: bool = True) -> lease.Holder | None:
+        """Hold this run's lease before executing anything in it (see :mod:`lease`).
+
+        Raises :class:`LeaseHeld` when another live process holds it; with
+        ``takeover`` (or ``NBDURABLE_TAKEOVER=1``) takes it anyway. Returns
+        the previous holder when one was replaced.
+        """
+        run = self.run_id
+        held = self._lease
+        if held is not None and held.generation != self.store.generation:
+            # The store was deleted or replaced and reopened: its lease went with it.
+            held._stop.set()
+            self._lease = held = None
+            warn(
+                f"the store at {self.store.path} was deleted or replaced while this kernel "
+                "ran; recording into a new store there."
+            )
+        if held is not None and held.run_id == run and not takeover:
+            # Sub-steps outside any step call this on every call (verify=False):
+            # they look at the store at most once a second; a step always looks.
+            now = time.monotonic()
+            if not verify and now - self._lease_seen < 1.0:
+                return None
+            if held.holds():
+                self._lease_seen = now
+                return None
+            self._lease = None
+            who = lease.read(self.store, run)
+            raise LeaseHeld(
+                f"run {run!r} was taken over by "
+                f"{who.describe() if who else 'another process'}; this kernel stopped "
+                "recording into it. Run `%step takeover` to take it back."
+            )
+        if held is not None:
+            held.release()
+            self._lease = None
+        mine = lease.Lease(self.store, run, _holder_description(self.shell))
+        previous = mine.acquire(takeover=takeover or os.environ.get("NBDURABLE_TAKEOVER") == "1")
+        mine.generation = self.store.generation
+        self._lease = mine
+        self._lease_seen = time.monotonic()
+        if not self._atexit:
+            self._atexit = True
+            atexit.register(self.release)
+        return previous
+
+    def release(self) -> None:
+        """Give back the run's lease, if held."""
+        if self._lease is not None:
+            # A deleted store is not recreated just to give its lease back.
+            if self._store is not None and not self._store.replaced():
+                self._lease.release()
+            self._lease._stop.set()
+            self._lease = None
+
+    def set_store(self, store: Store, run_id: str | None = None) -> None:
+        """Use an already-open store (tests, the CLI)."""
+        self._store = store
+        self._run_name = run_id
+
+    def touch_run(self) -> tuple[str, dict[str, Any], bytes]:
+        """The run's ``meta`` record, to write with a step's record (its last activity)."""
+        now = time.time()
+        meta = {"kind": "run", "run": self.run_id, "last": now}
+        meta["notebook"] = str(self.notebook) if self.notebook else None
+        return (self.keys.meta, meta, b"")
+
+    # -- identity --------------------------------------------------------------
+    def resolve_key(self, name: str | None, body: str) -> tuple[str, str, int | None]:
+        """``(key, label, position)`` of the executing cell (see :mod:`nbdurable.identity.keys`)."""
+        cell_id, position = self._frontend_cell()
+        self._locate()
+        if self.nbfile is not None and self.nbfile.refresh():
+            if cell_id is not None and not self.nbfile.ids_persist:
+                # nbformat 4.4 on disk: the frontend invents a new id on every load.
+                cell_id = None
+            saved = self.nbfile.find(body, position)
+            if saved is not None:
+                position = saved.index
+                # nbclient and nbconvert send no cell id; the saved one is the id
+                # JupyterLab would send, and the one `%step list` reads.
+                cell_id = cell_id or saved.cell_id
+            if name is not None:
+                self._warn_shared_name(name, [c.index for c in self.nbfile.cells if c.name == name])
+        if name is not None:
+            key, label = keys.step_key(name, None, None, body)
+        else:
+            key, label = keys.step_key(None, cell_id, position, body)
+        return key, label, position
+
+    def _warn_shared_name(self, name: str, indexes: list[int]) -> None:
+        if len(indexes) < 2 or name in self._warned_names:
+            return
+        self._warned_names.add(name)
+        cells = ", ".join(f"#{i + 1}" for i in indexes)
+        warn(
+            f"step name {name!r} is used by {len(indexes)} cells of {self.notebook} (cells "
+            f"{cells}); they share one record and keep invalidating each other. Give each "
+            "%%step its own name."
+        )
+
+    def _frontend_cell(self) -> tuple[str | None, int | None]:
+        kernel = getattr(self.shell, "kernel", None)
+        if kernel is None:
+            return None, None
+        try:
+            md = kernel.get_parent("shell").get("metadata", {}) or {}
+        except Exception:  # not in an execute request (e.g. driven from a test)
+            return None, None
+        cid = md.get("cellId")
+        pos = (md.get("nbdurable") or {}).get("position")
+        return (cid if isinstance(cid, str) and cid else None), (
+            pos if isinstance(pos, int) else None
+        )
+
+    def changed(self, done: Any) -> None:
+        """A command (:mod:`nbdurable.commands`) changed the run: update what this kernel shows."""
+        if done.action == "clear-all":
+            self.status.clear()
+            events.emit("store-changed", self.run_id, None, action="clear-all")
+            return
+        for key in done.keys:
+            if done.action == "clear":
+                self.status.pop(key, None)
+            events.emit("store-changed", self.run_id, key, action=done.action)
+
+    # -- cells and steps ----------------------------------------------------------------
+    def run_step(self, body: str, *, name: str | None = None, force: bool = False) -> None:
+        """Replay the ``%%step`` cell ``body`` if its record is valid; else execute and record."""
+        __tracebackhide__ = True
+        self.steps.run_step(body, name=name, force=force)
+
+    def new_cell(self, hooked: bool = True) -> None:
+        """A cell starts: ``@recorded`` ordinals restart, the run scope's records are read afresh.
+
+        ``hooked=False`` (the extension unloaded): no hook marks cells any more,
+        so each sub-step outside a step reads its own record.
+        """
+        with self.lock:
+            self._cell_ordinals.clear()
+        self.run_index = SubIndex() if hooked else None
+
+    def next_ordinal(self, base: str) -> int:
+        """How many ``@recorded`` calls with this ``base`` id the current cell made before."""
+        with self.lock:
+            n = self._cell_ordinals.get(base, 0)
+            self._cell_ordinals[base] = n + 1
+        return n
+
+    def count_replayed(self, seconds: float, steps: int = 0, calls: int = 1) -> None:
+        """Add to what replay saved in this kernel."""
+        with self.lock:
+            self.saved.steps += steps
+            self.saved.calls += calls
+            self.saved.seconds += seconds
+
+    def summary(self) -> dict[str, Any]:
+        """What this kernel replayed: ``{"steps", "calls", "seconds", "run"}``."""
+        with self.lock:
+            saved = self.saved
+            return {
+                "steps": saved.steps,
+                "calls": saved.calls,
+                "seconds": saved.seconds,
+                "run": self.run_id,
+            }
+
+
+def _holder_description(shell: Any) -> str:
+    """What holds a lease, for the message a second runner sees."""
+    runner = os.environ.get("NBDURABLE_HOLDER")
+    if runner:
+        return runner
+    if getattr(shell, "kernel", None) is not None:
+        try:
+            from ipykernel.connect import get_connection_file
+
+            return "kernel " + Path(get_connection_file()).stem.removeprefix("kernel-")
+        except Exception:  # not started from a connection file
+            return "kernel"
+    return "python " + " ".join(sys.argv[:1])
+
+
+_session: Session | None = None
+_session_lock = threading.Lock()
+
+
+def get_session(shell: Any = None) -> Session:
+    """The process-wide session, created on first use."""
+    global _session
+    with _session_lock:
+        if _session is None:
+            if shell is None:
+                try:
+                    from IPython import get_ipython
+
+                    shell = get_ipython()
+                except ImportError:  # pragma: no cover - IPython is a dependency
+                    shell = None
+            _session = Session(shell)
+        elif shell is not None and _session.shell is None:
+            _session.shell = shell
+        return _session
+
+
+def current_session() -> Session | None:
+    """The process-wide session if one was created (never creates one)."""
+    return _session
+
+
+def run_summary() -> dict[str, Any] | None:
+    """What this process replayed (see :meth:`Session.summary`); None if nbdurable was not used.
+
+    ``nbdurable run`` asks the final kernel for it, as a user expression
+    that never imports nbdurable into a kernel that did not.
+    """
+    session = _session
+    return None if session is None else session.summary()
+
+
+def reset_session() -> None:
+    """Forget the process-wide session (tests; ``%reload_ext``)."""
+    global _session
+    with _session_lock:
+        if _session is not None:
+            _session.release()
+        if _session is not None and _session._store is not None:
+            _session._store.close()
+        _session = None

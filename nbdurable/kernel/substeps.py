@@ -1,0 +1,312 @@
+"""Sub-steps: ``step()``, ``@recorded`` and ``idempotency_key()``.
+
+A sub-step runs a function once per run and records its result the moment
+it returns, each in its own transaction; on a rerun it returns the recorded
+value instead. Results are recorded only on success.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import functools
+import hashlib
+import inspect
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from .. import config, events, faults, redact
+from ..errors import CorruptRecord, DivergenceError, StoreError, UsageProblem
+from ..identity import keys
+from ..store import values
+from ..store.layout import RUN_SCOPE
+from ..store.records import FORMAT_VERSION
+from .context import SubIndex, warn
+from .session import Session, get_session
+
+T = TypeVar("T")
+_ENOVAL = object()  # "no record": a recorded value may well be None
+_current_sub: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "nbdurable_sub", default=None
+)
+
+
+def step(step_id: str, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+    """Run ``fn(*args, **kwargs)`` once per run; on a rerun return its recorded result.
+
+    Inside a ``%%step`` cell the id is scoped to that step; outside one, to
+    the run. For a coroutine function, ``await step(...)``. The arguments'
+    fingerprint is recorded; calling the same id with other arguments is a
+    divergence, handled as ``nbdurable.configure(on_divergence=...)`` says.
+    """
+    __tracebackhide__ = True
+    sub_id = keys.validate_sub_id(step_id)
+    if not callable(fn):
+        raise TypeError(
+            f"step({sub_id!r}, fn, ...): fn must be callable, got {type(fn).__name__}; "
+            "pass the function itself, not its result"
+        )
+    return _substep(get_session(), sub_id, fn, args, kwargs)
+
+
+def recorded(fn: Callable[..., T]) -> Callable[..., T]:
+    """Decorator: every call of ``fn`` becomes a sub-step.
+
+    Inside a ``%%step`` the id is ``module.qualname#N``, N counting this
+    function's calls within the step (so calls must happen in a stable
+    order: use explicit ``step()`` ids for calls made from threads).
+    Outside a step the id also carries the arguments' fingerprint, and N
+    counts identical calls within the cell.
+    """
+    qual = f"{fn.__module__}.{fn.__qualname__}"
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        __tracebackhide__ = True
+        session = get_session()
+        return _substep(session, _ordinal_id(session, qual, args, kwargs), fn, args, kwargs)
+
+    wrapper.__nbdurable_recorded__ = True  # type: ignore[attr-defined]
+    return wrapper
+
+
+def idempotency_key(name: str = "") -> str:
+    """A key derived from the run id and step ids, the same on every attempt.
+
+    Pass it to providers that deduplicate (email, payments, queues), so a
+    call repeated after a crash between the effect and its record is
+    dropped by the provider. ``name`` tells apart several effects in one step.
+    """
+    if not isinstance(name, str):
+        raise TypeError(f"idempotency_key(name): name must be str, got {type(name).__name__}")
+    session = get_session()
+    ctx = session.current
+    scope = ctx.key if ctx is not None else RUN_SCOPE
+    sub = _current_sub.get() or ""
+    raw = "\0".join((session.run_id, scope, sub, name)).encode("utf-8")
+    return "nbd-" + hashlib.sha256(raw).hexdigest()[:32]
+
+
+def _ordinal_id(session: Session, qual: str, args: tuple, kwargs: dict) -> str:
+    ctx = session.current
+    if ctx is not None:
+        with ctx.lock:
+            n = ctx.ordinals.get(qual, 0)
+            ctx.ordinals[qual] = n + 1
+        return f"{qual}#{n}"
+    base = f"{qual}#{keys.args_fingerprint(args, kwargs)[:12]}"
+    return f"{base}#{session.next_ordinal(base)}"
+
+
+def _substep(
+    session: Session, sub_id: str, fn: Callable[..., Any], args: tuple, kwargs: dict
+) -> Any:
+    __tracebackhide__ = True
+    call = _Call(session, sub_id, fn)
+    call.take_id()
+    try:
+        return call.run(args, kwargs)
+    except BaseException:
+        call.forget()  # nothing was recorded: a retry may use the same id
+        raise
+
+
+class _Call:
+    """One sub-step call: what its lookup, its execution and its record share.
+
+    Sync and async calls take the same path: :meth:`run` looks the id up and
+    calls ``fn``; a plain result is recorded by :meth:`save` at once, a
+    coroutine's when it is awaited (:meth:`finish`), by the same :meth:`save`.
+    """
+
+    __slots__ = (
+        "args_fp",
+        "ctx",
+        "fn",
+        "scope",
+        "session",
+        "started",
+        "store_key",
+        "sub_id",
+        "t0",
+        "where",
+    )
+
+    def __init__(self, session: Session, sub_id: str, fn: Callable[..., Any]) -> None:
+        ctx = session.current
+        self.session, self.ctx, self.sub_id, self.fn = session, ctx, sub_id, fn
+        self.scope = ctx.key if ctx is not None else RUN_SCOPE
+        self.where = f"sub-step {sub_id!r}" + (f" of step {ctx.label!r}" if ctx else "")
+
+    def take_id(self) -> None:
+        """Claim the id within the running step: each call of a step needs its own."""
+        ctx = self.ctx
+        if ctx is not None:
+            with ctx.lock:
+                if self.sub_id in ctx.seen:
+                    raise UsageProblem(
+                        f"{self.where} was already used in this step; give each call its own "
+                        f"id, e.g. step(f'search:{{i}}', ...)"
+                    )
+                ctx.seen.add(self.sub_id)
+
+    def forget(self) -> None:
+        """Give the id back (the call raised: nothing was recorded)."""
+        ctx = self.ctx
+        if ctx is not None:
+            with ctx.lock:
+                ctx.seen.discard(self.sub_id)
+
+    def run(self, args: tuple, kwargs: dict) -> Any:
+        """The recorded value, or ``fn``'s result (recorded; for a coroutine, once awaited)."""
+        __tracebackhide__ = True
+        session, ctx = self.session, self.ctx
+        self.store_key = session.keys.sub(self.scope, self.sub_id)
+        self.args_fp = keys.args_fingerprint(args, kwargs)
+        value = self.lookup()
+        is_async = inspect.iscoroutinefunction(self.fn)
+        if value is not _ENOVAL:
+            if ctx is not None:
+                with ctx.lock:
+                    ctx.subs_replayed += 1
+            events.emit("sub-replayed", session.run_id, self.scope, id=self.sub_id)
+            return _ready(value) if is_async else value
+        if ctx is None:
+            session.claim(verify=False)  # inside a step, the step already holds the lease
+        token = _current_sub.set(self.sub_id)
+        self.started, self.t0 = time.time(), time.perf_counter()
+        try:
+            result = self.fn(*args, **kwargs)
+        finally:
+            _current_sub.reset(token)
+        if inspect.isawaitable(result):  # a coroutine function's call: it runs when awaited
+            return self.finish(result)
+        self.save(result)
+        return result
+
+    async def finish(self, awaitable: Any) -> Any:
+        """Await a coroutine's body, then record its result as :meth:`run` does a plain one."""
+        token = _current_sub.set(self.sub_id)  # the body runs now: idempotency_key() sees its id
+        try:
+            result = await awaitable
+            self.save(result)
+        except BaseException:
+            self.forget()
+            raise
+        finally:
+            _current_sub.reset(token)
+        return result
+
+    def index(self) -> SubIndex | None:
+        """The scope's :class:`SubIndex`: the current step's, or the cell's for the run scope."""
+        session, scope = self.session, self.scope
+        ctx = session.current
+        if ctx is not None and ctx.key == scope:
+            return ctx.sub_index
+        return session.run_index if scope == RUN_SCOPE else None
+
+    def lookup(self) -> Any:
+        """The recorded value of this call, or ``_ENOVAL`` (with a warning when unusable)."""
+        session, where, store_key, args_fp = self.session, self.where, self.store_key, self.args_fp
+        index = self.index()
+        try:
+            if index is None:
+                got = session.store.get(store_key)
+            else:
+                store = session.store
+                found, raw = index.find(store, session.keys.subs_prefix(self.scope), store_key)
+                got = store.get_loaded(store_key, raw) if found else None
+        except CorruptRecord as exc:
+            warn(f"{where}: its record cannot be used ({exc}); calling again.")
+            return _ENOVAL
+        if got is None:
+            return _ENOVAL
+        header, body = got
+        # Only two fields matter here: no SubRecord is built on the replay path.
+        recorded_fp, duration = header.get("args_fp"), header.get("duration")
+        if not isinstance(recorded_fp, str) or not isinstance(duration, (int, float)):
+            warn(f"{where}: its record is malformed (no args_fp or duration); calling again.")
+            return _ENOVAL
+        if recorded_fp != args_fp:
+            mode = config.get().on_divergence
+            msg = (
+                f"{where} was called with arguments other than those recorded "
+                f"(recorded {recorded_fp[:12]}, now {args_fp[:12]}): the run has diverged"
+            )
+            if mode == "error":
+                raise DivergenceError(
+                    msg + "; clear the step, or configure(on_divergence='rerun'|'replay')"
+                )
+            if mode == "warn":
+                warn(msg + "; calling again and recording the new result.")
+            if mode != "replay":
+                return _ENOVAL
+        try:
+            value = values.loads(body, session.user_ns)
+        except Exception as exc:
+            warn(f"{where}: its recorded value cannot be loaded ({exc!r}); calling again.")
+            return _ENOVAL
+        session.count_replayed(duration)
+        return value
+
+    def save(self, result: Any) -> None:
+        """Record ``result`` (one transaction); say so loudly if it cannot be."""
+        where, fn = self.where, self.fn
+        duration = time.perf_counter() - self.t0
+        try:
+            body = values.dumps(result)
+        except values.Unsaveable as exc:
+            warn(
+                f"{where} returned a {values.type_name(result)} that cannot be saved ({exc}); "
+                "it was NOT recorded and will be called again on the next run. Return plain "
+                "data (e.g. the text or a dict) from the function given to step()."
+            )
+            return
+        faults.point("sub-returned")
+        found = redact.find_secrets(body, redact.secrets_in_env())
+        if found:
+            warn(
+                f"{where} returned a value holding the value of ${', $'.join(found)}; secrets "
+                "are never written to the store, so it was NOT recorded and will be called "
+                "again on the next run."
+            )
+            return
+        if len(body) > config.get().warn_size_mb * 1024 * 1024:
+            warn(
+                f"{where} returned {len(body) / 1e6:.1f} MB (over warn_size_mb="
+                f"{config.get().warn_size_mb:g}); it is recorded, but consider returning less."
+            )
+        # SubRecord's header, built directly (a frozen dataclass costs more than the write).
+        header = {
+            "run": self.session.run_id,
+            "scope": self.scope,
+            "id": self.sub_id,
+            "fn": f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}",
+            "args_fp": self.args_fp,
+            "started": self.started,
+            "duration": duration,
+            "size": len(body),
+            "type": values.type_name(result),
+            "format": FORMAT_VERSION,
+            "kind": "sub",
+        }
+        try:
+            self.session.store.put(self.store_key, header, body)
+        except StoreError as exc:
+            raise StoreError(f"{where} returned but its result was NOT recorded: {exc}") from exc
+        faults.point("sub-written")
+        index = self.index()
+        if index is not None:
+            index.recorded(self.store_key)
+        ctx = self.session.current
+        if ctx is not None:
+            with ctx.lock:
+                ctx.subs_recorded += 1
+                ctx.sub_seconds += duration
+        events.emit(
+            "sub-recorded", self.session.run_id, self.scope, id=self.sub_id, duration=duration
+        )
+
+
+async def _ready(value: Any) -> Any:
+    return value

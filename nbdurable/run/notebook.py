@@ -1,0 +1,67 @@
+"""The notebook file of a run: read it, write it back atomically, read what a kernel left."""
+
+from __future__ import annotations
+
+import os
+import stat
+import tempfile
+from pathlib import Path
+from typing import IO, Any
+
+from ..errors import UsageProblem
+
+
+def read_notebook(path: Path) -> Any:
+    """The notebook at ``path`` as an nbformat v4 node; bad input raises :class:`UsageProblem`."""
+    if not path.is_file():
+        raise UsageProblem(f"no notebook at {path}: check the path (expected an .ipynb file)")
+    import nbformat  # slow to import (jsonschema): only once the input is known to be good
+
+    try:
+        return nbformat.read(path, as_version=4)
+    except Exception as exc:  # nbformat raises many types for a file that is not a notebook
+        raise UsageProblem(
+            f"{path} is not a readable notebook ({type(exc).__name__}: {exc}); "
+            "expected Jupyter nbformat 4 JSON"
+        ) from None
+
+
+def write_atomic(nb: Any, path: Path) -> None:
+    """Write the notebook so a crash never leaves a half-written file."""
+    import nbformat
+
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        # mkstemp makes the file 0600; keep the notebook's own mode, or the usual one.
+        try:
+            mode = stat.S_IMODE(path.stat().st_mode)
+        except FileNotFoundError:
+            umask = os.umask(0)
+            os.umask(umask)
+            mode = 0o666 & ~umask
+        os.chmod(tmp, mode)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            nbformat.write(nb, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def replay_note(outputs: list[Any], key: str) -> str | None:
+    """The text of the engine's replay note for ``key`` among ``outputs``, if any."""
+    for out in outputs:
+        md = (out.get("metadata") or {}).get("nbdurable") or {}
+        if md.get("note") == "replayed" and md.get("step") == key:
+            return str((out.get("data") or {}).get("text/plain", ""))
+    return None
+
+
+def kernel_log_tail(log: IO[bytes], lines: int = 6) -> str:
+    """The end of the kernel's own stdout/stderr, without jupyter's transport notice."""
+    log.seek(0)
+    text = log.read().decode("utf-8", "replace")
+    kept = [ln for ln in text.splitlines() if ln.strip() and "without encryption" not in ln]
+    return "\n".join(kept[-lines:])

@@ -1,0 +1,130 @@
+"""What ``nbdurable run`` reports: per cell, per attempt, for the whole run; and its exit codes."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+EXIT_OK = 0
+EXIT_CELL_ERROR = 1
+EXIT_USAGE = 2
+EXIT_KERNEL_DIED = 3
+EXIT_INTERRUPTED = 130
+
+
+@dataclass
+class CellOutcome:
+    """What happened to one cell in one attempt (only step cells, failures and deaths)."""
+
+    index: int
+    key: str | None  # None: not a %%step cell
+    label: str
+    outcome: str  # replayed | executed | invalidated | failed | kernel died
+    detail: str = ""
+    seconds: float = 0.0
+    calls_made: int = 0
+    calls_replayed: int = 0
+    seconds_saved: float = 0.0
+
+
+@dataclass
+class Attempt:
+    """One kernel's run through the notebook."""
+
+    number: int
+    outcome: str = "running"  # completed | cell error | kernel died | interrupted
+    started: float = 0.0
+    seconds: float = 0.0
+    cells: list[CellOutcome] = field(default_factory=list)
+    calls_made: int = 0
+    died_in: int | None = None  # cell index (None: before the first cell)
+    kernel_log: str = ""
+
+
+@dataclass
+class CellError:
+    """The cell that raised, as nbclient reports it."""
+
+    index: int
+    label: str
+    ename: str
+    evalue: str
+    message: str  # nbclient's text: the cell's source, then the traceback
+
+
+@dataclass
+class RunResult:
+    """Everything ``nbdurable run`` reports."""
+
+    notebook: Path
+    output: Path | None
+    run_id: str
+    store: Path | None
+    retries: int
+    attempts: list[Attempt] = field(default_factory=list)
+    error: CellError | None = None
+    interrupted: bool = False
+    saved: dict[str, Any] | None = None  # the final kernel's savings, if it used nbdurable
+    seconds: float = 0.0
+
+    @property
+    def deaths(self) -> int:
+        """How many times the kernel died."""
+        return sum(a.outcome == "kernel died" for a in self.attempts)
+
+    @property
+    def status(self) -> str:
+        """``ok``, ``cell error``, ``kernel died`` or ``interrupted``."""
+        if self.interrupted:
+            return "interrupted"
+        if self.error is not None:
+            return "cell error"
+        if not self.attempts or self.attempts[-1].outcome == "kernel died":
+            return "kernel died"
+        return "ok"
+
+    @property
+    def exit_code(self) -> int:
+        """0 success, 1 a cell raised, 3 the kernel died more than ``retries`` times."""
+        return {
+            "ok": EXIT_OK,
+            "cell error": EXIT_CELL_ERROR,
+            "kernel died": EXIT_KERNEL_DIED,
+            "interrupted": EXIT_INTERRUPTED,
+        }[self.status]
+
+    @property
+    def steps(self) -> Counter[str]:
+        """Outcomes of the ``%%step`` cells in the final attempt."""
+        last = self.attempts[-1].cells if self.attempts else []
+        return Counter(c.outcome for c in last if c.key is not None)
+
+    @property
+    def calls_made(self) -> int:
+        """Sub-steps recorded over all attempts (calls that really ran and returned)."""
+        return sum(a.calls_made for a in self.attempts)
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``--json`` summary."""
+        saved = self.saved or {}
+        return {
+            "notebook": str(self.notebook),
+            "output": str(self.output) if self.output else None,
+            "run": self.run_id,
+            "store": str(self.store) if self.store else None,
+            "status": self.status,
+            "exit_code": self.exit_code,
+            "kernel_deaths": self.deaths,
+            "retries": self.retries,
+            "seconds": round(self.seconds, 3),
+            "steps": {
+                k: self.steps.get(k, 0)
+                for k in ("replayed", "executed", "invalidated", "failed", "kernel died")
+            },
+            "calls": {"made": self.calls_made, "replayed": saved.get("calls")},
+            "seconds_saved": saved.get("seconds"),
+            "attempts": [asdict(a) for a in self.attempts],
+            "error": asdict(self.error) if self.error else None,
+        }

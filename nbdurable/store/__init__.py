@@ -1,0 +1,21 @@
+"""The store: signed records over a key-value engine; no IPython here.
+
+- :mod:`.base`: the :class:`Store` interface (``Store(directory)`` opens the embedded engine);
+- :mod:`.disk`: the embedded engine, a diskcache directory (:mod:`._diskcache` fences diskcache);
+- :mod:`.codec`: signing and encoding records; :mod:`.layout`: every key;
+- :mod:`.records`: what a record holds; :mod:`.blobs` and :mod:`.values`: saved variables;
+- :mod:`.view`: :class:`RunView`, the one reader of a run's records and states;
+- :mod:`.admin`: whole runs: ``ls``, ``export``, ``gc``, ``check``.
+
+``from nbdurable.store import Store, RunKeys, RUN_SCOPE, MAGIC`` keeps working
+as it did when this was one module.
+"""
+
+from __future__ import annotations
+
+from .base import Store
+from .codec import MAGIC
+from .layout import RUN_SCOPE, RunKeys
+from .view import RunView
+
+__all__ = ["MAGIC", "RUN_SCOPE", "RunKeys", "RunView", "Store"]

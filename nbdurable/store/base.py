@@ -1,0 +1,311 @@
+"""The store interface: what the kernel side, the runner and the CLI may ask of a store.
+
+:class:`Store` is an abstract base class over bytes. An engine implements a
+handful of primitives (read, range read, write-and-delete in one
+transaction, delete, range scan, a transaction, blob files, a check); this
+class builds records on them: signing and verifying every value (see
+:mod:`.codec`), the format check on open, the lease's compare-and-set
+(:meth:`Store.swap`), and blobs small enough to travel with a record.
+
+The embedded engine is diskcache (:mod:`.disk`). ``Store(directory)``
+opens it, as ``pathlib.Path(...)`` opens the path class of the platform:
+code that only says ``Store`` works with any engine.
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+import hashlib
+import os
+import time
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from ..errors import CorruptRecord, FormatVersionError, StoreError
+from . import blobs, codec, layout
+from .records import FORMAT_VERSION
+
+#: load_prefix holds values of at most this many bytes, and this many bytes in all.
+LOAD_ROW_MAX = 16 * 1024
+LOAD_TOTAL_MAX = 32 * 1024 * 1024
+
+Header = dict[str, Any]
+Record = tuple[Header, bytes]
+
+
+class Store(abc.ABC):
+    """A durable, signed key-value log; see the module docstring.
+
+    Every failure of the medium (no space, read-only, no permission, a
+    damaged database) is raised as :class:`StoreError`, one line naming the
+    store and what to do; a record that does not verify as :class:`CorruptRecord`.
+    """
+
+    #: A blob smaller than this is written with the records (see :meth:`put_blob`).
+    small_blob_max = 1024
+    #: Where the store lives (a directory for the embedded engine).
+    path: Path
+    #: How many times the store was reopened (see :meth:`reopen`): a lease or
+    #: anything else held in the store before the reopen is gone.
+    generation: int = 0
+    #: How many deletes this object made: an index of records read before
+    #: (see kernel.context.SubIndex) is read again after one.
+    deletions: int = 0
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Store:  # noqa: D102 - see the class
+        if cls is Store:  # Store(directory): the embedded engine
+            from .disk import DiskStore
+
+            cls = DiskStore
+        return super().__new__(cls)
+
+    @staticmethod
+    def exists(directory: str | os.PathLike[str]) -> bool:
+        """True if ``directory`` holds a store of the embedded engine."""
+        from .disk import DiskStore
+
+        return DiskStore.exists(directory)
+
+    def _start(self, secret: bytes) -> None:
+        """Called by an engine once open: the signing key, then the format check."""
+        # Keys that failed to verify, or blobs found missing: put_blob rewrites them.
+        self._suspect: set[str] = set()
+        self._mac = codec.signer(secret)
+        self._check_format()
+
+    # -- what an engine implements (over bytes) ----------------------------------------
+    @abc.abstractmethod
+    def read(self, key: str) -> bytes | None:
+        """The stored bytes of ``key``, unverified (None if absent)."""
+
+    @abc.abstractmethod
+    def read_prefix(self, prefix: str, row_max: int) -> list[tuple[str, bytes | None]]:
+        """Every key under ``prefix`` in key order, with its bytes if at most ``row_max`` long."""
+
+    @abc.abstractmethod
+    def write(self, values: dict[str, bytes], deletes: Sequence[str] = ()) -> None:
+        """Write ``values`` and delete ``deletes`` in one transaction: all of it or none."""
+
+    @abc.abstractmethod
+    def delete(self, key: str) -> bool:
+        """Delete one key; True if it existed."""
+
+    @abc.abstractmethod
+    def scan(self, prefix: str) -> list[str]:
+        """All keys that start with ``prefix``, in key order (a range scan)."""
+
+    @abc.abstractmethod
+    def stats(self, prefix: str) -> tuple[int, int]:
+        """``(count, bytes)`` of the keys under ``prefix``."""
+
+    @abc.abstractmethod
+    def size_of(self, key: str) -> int:
+        """Bytes stored for ``key`` (0 if absent)."""
+
+    @abc.abstractmethod
+    def has(self, key: str) -> bool:
+        """True if ``key`` is present (not verified)."""
+
+    @abc.abstractmethod
+    def transaction(self) -> contextlib.AbstractContextManager[None]:
+        """Reads and writes inside it are one transaction, isolated from other processes."""
+
+    @abc.abstractmethod
+    def _put_blob_file(
+        self, parts: Sequence[blobs.Buffer], total: int, secrets: dict[str, bytes]
+    ) -> tuple[str, int]:
+        """Store a large blob (streamed, hashed as written); ``(sha, bytes written)``.
+
+        0 bytes written if the blob was there already, unless this object
+        found it damaged or missing (``_suspect``): then it is written again.
+        """
+
+    @abc.abstractmethod
+    def get_blob(self, sha: str) -> blobs.Blob | None:
+        """The verified blob ``sha``, None if absent (:class:`CorruptRecord` if damaged)."""
+
+    @abc.abstractmethod
+    def check(self, fix: bool = True) -> list[str]:
+        """Check the medium; with ``fix``, repair what can be. One line per problem found."""
+
+    @abc.abstractmethod
+    def replaced(self) -> bool:
+        """True if the medium this object opened is gone or was replaced."""
+
+    @abc.abstractmethod
+    def check_same(self) -> None:
+        """Raise :class:`StoreError` if the store was deleted or replaced."""
+
+    @abc.abstractmethod
+    def reopen(self) -> None:
+        """Close, and open the store now at :attr:`path`."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Close the underlying connections."""
+
+    # -- records, built on the primitives ------------------------------------------------
+    def get(self, key: str) -> Record | None:
+        """Verified ``(header, body)`` for ``key``, None if absent.
+
+        Raises :class:`CorruptRecord` if the record is present but does not verify.
+        """
+        raw = self.read(key)
+        return None if raw is None else self._decode(key, raw)
+
+    def _decode(self, key: str, raw: bytes) -> Record:
+        try:
+            return codec.decode(self._mac, key, raw)
+        except CorruptRecord:
+            self._suspect.add(key)
+            raise
+
+    def _encode(self, key: str, header: Header, body: bytes | memoryview = b"") -> bytes:
+        return codec.encode(self._mac, key, header, body)
+
+    def load_prefix(self, prefix: str) -> dict[str, bytes | None]:
+        """Every key under ``prefix`` with its stored bytes, unverified (one range read).
+
+        Pass an entry to :meth:`get_loaded`, which verifies it. Values over
+        :data:`LOAD_ROW_MAX` bytes, or past :data:`LOAD_TOTAL_MAX` bytes in
+        all, map to None: ``get_loaded`` reads those one by one, so this never
+        holds more than 32 MB, and the caller drops each entry once used.
+        """
+        out: dict[str, bytes | None] = {}
+        total = 0
+        for key, value in self.read_prefix(prefix, LOAD_ROW_MAX):
+            if value is not None:
+                total += len(value)
+                if total > LOAD_TOTAL_MAX:
+                    value = None
+            out[key] = value
+        return out
+
+    def get_loaded(self, key: str, raw: bytes | None) -> Record | None:
+        """Verified ``(header, body)`` of an entry of :meth:`load_prefix` (None: read it now)."""
+        return self.get(key) if raw is None else self._decode(key, raw)
+
+    def put(self, key: str, header: Header, body: bytes = b"") -> int:
+        """Write one record atomically; return its size in bytes."""
+        value = self._encode(key, header, body)
+        self.write({key: value})
+        return len(value)
+
+    def apply(
+        self,
+        puts: Iterable[tuple[str, Header, bytes]] = (),
+        deletes: Iterable[str] = (),
+        blobs: dict[str, bytes] | None = None,
+    ) -> int:
+        """Write and delete in one transaction: all of it happens or none of it.
+
+        ``blobs`` are small blobs deferred by :meth:`put_blob` (already encoded).
+        """
+        values = dict(blobs or {})
+        values.update((k, self._encode(k, h, b)) for k, h, b in puts)
+        self.write(values, list(deletes))
+        return sum(len(v) for v in values.values())
+
+    def swap(self, key: str, update: Callable[[Header | None], Header | None]) -> Header | None:
+        """Replace ``key``'s header by ``update(current)`` atomically; return the current one.
+
+        The lease's compare-and-set (see :mod:`nbdurable.kernel.lease`):
+        ``update`` may raise to leave the record as it is, or return None to
+        delete it. An unreadable current record counts as absent. An engine
+        shared by machines overrides this with its own row lock.
+        """
+        with self.transaction():
+            try:
+                got = self.get(key)
+            except CorruptRecord:
+                got = None
+            current = None if got is None else got[0]
+            new = update(current)
+            if new is None:
+                if current is not None:
+                    self.delete(key)
+            else:
+                self.put(key, new)
+        return current
+
+    # -- blobs: variables stored once by content (format: see .blobs) --------------------
+    def put_blob(
+        self,
+        stream: bytes,
+        buffers: Sequence[memoryview] = (),
+        *,
+        defer: dict[str, bytes] | None = None,
+        secrets: dict[str, bytes] | None = None,
+    ) -> tuple[str, int]:
+        """Store a pickle and its out-of-band buffers once by content.
+
+        Returns ``(sha, bytes written)``; 0 bytes if the same blob was already
+        there. A blob this process found damaged or missing is written again,
+        so the step that re-ran because of it replays next time. With
+        ``defer``, a small blob is not written but added to it, for
+        :meth:`apply` to write in the same transaction as the record that
+        refers to it (one commit per step, not one per variable). Raises
+        :class:`blobs.SecretFound` (writing nothing) if the bytes hold one of
+        ``secrets``: they are searched in the very copy that is hashed and written.
+        """
+        bufs = [memoryview(b).cast("B") for b in buffers]
+        parts: list[blobs.Buffer] = [blobs.head(stream, bufs), stream, *bufs]
+        total = sum(memoryview(p).nbytes for p in parts)
+        if total >= self.small_blob_max:
+            return self._put_blob_file(parts, total, secrets or {})
+        data = b"".join(parts)
+        found = blobs.scan(data, secrets or {})
+        if found:
+            raise blobs.SecretFound(found)
+        sha = hashlib.sha256(data).hexdigest()
+        key = layout.blob(sha)
+        if defer is not None:
+            defer[key] = data  # rewriting equal bytes is harmless: no existence check
+            return sha, total
+        if key not in self._suspect and self.has(key):
+            return sha, 0
+        self.write({key: data})
+        return sha, total
+
+    def _blob_from_bytes(self, sha: str, key: str, value: bytes) -> blobs.Blob:
+        """A small blob kept as a record's bytes: format 2, or a format-1 signed record."""
+        if value.startswith(codec.MAGIC):  # format 1: a signed record
+            return blobs.Blob(self._decode(key, value)[1])
+        return blobs.writable(blobs.parse(sha, value))
+
+    # -- the store's own format ----------------------------------------------------------
+    def _check_format(self) -> None:
+        # Read past the per-record format check: a newer store must be reported as
+        # such (FormatVersionError), not as one unreadable record.
+        try:
+            raw = self.read(layout.FORMAT_KEY)
+            found = (
+                None
+                if raw is None
+                else codec.decode(self._mac, layout.FORMAT_KEY, raw, newer_ok=True)
+            )
+        except CorruptRecord as exc:
+            raise StoreError(
+                f"the nbdurable store at {self.path} cannot be verified: its format record "
+                "fails its signature check. Either it was written with another store key "
+                "(NBDURABLE_KEY, or the key file, differs from the one it was written with) or "
+                "that record was damaged. Restore the key, or set NBDURABLE_DIR to a new "
+                "directory."
+            ) from exc
+        if found is None:
+            self.put(layout.FORMAT_KEY, {"format": FORMAT_VERSION, "created": time.time()})
+            return
+        version = found[0].get("format")
+        if version != FORMAT_VERSION:
+            raise FormatVersionError(
+                f"the store at {self.path} has format {version}; this nbdurable reads format "
+                f"{FORMAT_VERSION}. Upgrade nbdurable, or set NBDURABLE_DIR to a new directory."
+            )
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

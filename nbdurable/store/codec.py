@@ -1,0 +1,121 @@
+"""How a record becomes signed bytes and back: pure functions, no I/O but the key file.
+
+Every value is ``MAGIC + HMAC-SHA256(secret, key + NUL + payload) + payload``
+where payload is a 4-byte header length, a JSON header and an optional body.
+A value whose signature does not verify is refused *before* anything is
+unpickled. The key is part of what is signed, so a valid record copied under
+another key does not verify either. The secret comes from ``NBDURABLE_KEY``
+or the file ``key`` inside the store (created 0600).
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import os
+import secrets
+import struct
+from pathlib import Path
+from typing import Any
+
+from ..errors import CorruptRecord, StoreError
+from .records import FORMAT_VERSION, RECORD_FORMAT
+
+MAGIC = b"NBD\x01"
+_SIG = 32
+_HDR = struct.Struct(">I")
+#: A body at least this large is returned as a memoryview of the stored bytes, not a copy.
+VIEW_OVER = 64 * 1024
+# One encoder for every header: json.dumps with options builds a new one per call.
+_JSON = json.JSONEncoder(separators=(",", ":"), default=str)
+_JSON_DECODE = json.JSONDecoder().decode
+
+
+def signer(secret: bytes) -> Any:
+    """The keyed HMAC state of a store: computed once, copied per record."""
+    return hmac.new(secret, digestmod="sha256")
+
+
+def sign(mac: Any, key: str, *parts: bytes | memoryview) -> bytes:
+    """The signature of ``key`` and ``parts`` under ``mac`` (see :func:`signer`)."""
+    # HMAC of key + NUL + the parts, fed piece by piece: a 100 MB value is
+    # hashed where it lies, never concatenated into a copy first.
+    mac = mac.copy()
+    mac.update(key.encode("utf-8", "surrogatepass"))
+    mac.update(b"\0")
+    for part in parts:
+        mac.update(part)
+    return mac.digest()
+
+
+def encode(mac: Any, key: str, header: dict[str, Any], body: bytes | memoryview = b"") -> bytes:
+    """The signed bytes stored for ``key``."""
+    head = _JSON.encode(header).encode("utf-8")
+    prefix = _HDR.pack(len(head)) + head
+    return b"".join((MAGIC, sign(mac, key, prefix, body), prefix, body))
+
+
+def decode(mac: Any, key: str, raw: Any, *, newer_ok: bool = False) -> tuple[dict[str, Any], bytes]:
+    """Verify and split a stored value; the body is a memoryview when large (no copy).
+
+    Raises :class:`CorruptRecord` for anything but a record signed with this
+    store's secret under this very key, or one of a newer format (unless ``newer_ok``).
+    """
+    start = len(MAGIC) + _SIG
+    if not isinstance(raw, bytes) or len(raw) < start + _HDR.size:
+        raise CorruptRecord(f"record {key!r} is truncated or not an nbdurable record")
+    if not raw.startswith(MAGIC):
+        raise CorruptRecord(f"record {key!r} does not start with the nbdurable marker")
+    view = memoryview(raw)
+    if not hmac.compare_digest(view[len(MAGIC) : start], sign(mac, key, view[start:])):
+        raise CorruptRecord(
+            f"record {key!r} failed its signature check (damaged, planted, or written "
+            "with another store key); it is ignored"
+        )
+    (n,) = _HDR.unpack_from(raw, start)
+    body_at = start + _HDR.size + n
+    try:
+        header = _JSON_DECODE(raw[start + _HDR.size : body_at].decode("utf-8"))
+    except ValueError as exc:  # UnicodeDecodeError and JSONDecodeError alike
+        raise CorruptRecord(f"record {key!r} has an unreadable header") from exc
+    if not isinstance(header, dict):
+        raise CorruptRecord(f"record {key!r} has a header that is not an object")
+    fmt = header.get("format", FORMAT_VERSION)
+    if not newer_ok and (not isinstance(fmt, int) or fmt > RECORD_FORMAT):
+        raise CorruptRecord(
+            f"record {key!r} has format {fmt}, newer than this nbdurable reads "
+            f"({RECORD_FORMAT}); upgrade nbdurable to replay it"
+        )
+    body = view[body_at:] if len(raw) - body_at >= VIEW_OVER else raw[body_at:]
+    return header, body  # type: ignore[return-value]
+
+
+def load_secret(directory: Path) -> bytes:
+    """The signing secret: ``NBDURABLE_KEY``, else the store's ``key`` file (made on first use)."""
+    env = os.environ.get("NBDURABLE_KEY")
+    if env:
+        return env.encode("utf-8")
+    path = directory / "key"
+    if not path.exists():
+        # Write the key to a private temp file, then link it into place: a
+        # link either creates the name or fails, so two processes opening a
+        # new store at once never see a half-written key.
+        tmp = directory / f".key-{os.getpid()}-{secrets.token_hex(4)}"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(secrets.token_hex(32).encode("ascii"))
+            f.flush()
+            os.fsync(f.fileno())
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            pass  # another process won the race; use its key
+        finally:
+            tmp.unlink()
+    data = path.read_bytes()
+    if len(data) < 16:
+        raise StoreError(
+            f"the store key {path} is shorter than 16 bytes; it was damaged. "
+            "Restore it, or delete the store directory to start afresh."
+        )
+    return data

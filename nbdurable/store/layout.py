@@ -1,0 +1,132 @@
+"""The key layout of a store: every key nbdurable writes is built here, and only here.
+
+Every key is a plain string, every value signed bytes (see :mod:`.codec`)::
+
+    meta/format                      format version of the store
+    r/<run>/meta                     run id, notebook, last activity
+    r/<run>/lease                    who records into the run now (see nbdurable.kernel.lease)
+    r/<run>/s/<step key>             StepRecord header (JSON)
+    r/<run>/t/<step key>             StepState (pinned / failed / stale)
+    r/<run>/u/<step key>/<sub id>    SubRecord header + pickled value
+    r/<run>/u/~run/<sub id>          sub-steps called outside any %%step
+    b/<sha256>                       a pickled variable, stored once by content
+
+``<run>`` is the first 16 hex digits of the SHA-256 of the run id: fixed
+length, whatever characters a run name holds. Code elsewhere never slices a
+key by hand; it asks :class:`RunKeys` or :func:`parse`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import NamedTuple
+
+#: The scope of sub-steps called outside any ``%%step``.
+RUN_SCOPE = "~run"
+#: The store's own format record.
+FORMAT_KEY = "meta/format"
+RUNS = "r/"
+BLOBS = "b/"
+
+
+def run_hash(run_id: str) -> str:
+    """The short, fixed-length form of a run id used in keys."""
+    return hashlib.sha256(run_id.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+
+
+def blob(sha: str) -> str:
+    """The key of the blob whose content hashes to ``sha``."""
+    return BLOBS + sha
+
+
+def upper(prefix: str) -> str:
+    """The smallest string greater than every string starting with ``prefix`` (for range scans)."""
+    return prefix[:-1] + chr(ord(prefix[-1]) + 1)
+
+
+class RunKeys:
+    """Key builders for one run; see the module docstring for the layout."""
+
+    def __init__(self, run_id: str) -> None:
+        self.run_id = run_id
+        self.base = f"{RUNS}{run_hash(run_id)}/"
+
+    @classmethod
+    def of_hash(cls, hashed: str) -> RunKeys:
+        """The keys of a run known only by its hash (its id may be unreadable); run_id is ''."""
+        keys = cls.__new__(cls)
+        keys.run_id, keys.base = "", f"{RUNS}{hashed}/"
+        return keys
+
+    @property
+    def meta(self) -> str:
+        """The run's metadata key."""
+        return self.base + "meta"
+
+    @property
+    def lease(self) -> str:
+        """The key of the run's lease."""
+        return self.base + "lease"
+
+    @property
+    def steps(self) -> str:
+        """The prefix of every step record of the run."""
+        return self.base + "s/"
+
+    @property
+    def states(self) -> str:
+        """The prefix of every step state of the run."""
+        return self.base + "t/"
+
+    @property
+    def all_subs(self) -> str:
+        """The prefix of every sub-step record of the run, whatever its scope."""
+        return self.base + "u/"
+
+    def step(self, step_key: str) -> str:
+        """The key of a step's record."""
+        return f"{self.base}s/{step_key}"
+
+    def state(self, step_key: str) -> str:
+        """The key of a step's pin/failure/stale state."""
+        return f"{self.base}t/{step_key}"
+
+    def subs_prefix(self, scope: str) -> str:
+        """The prefix of every sub-step key of ``scope`` (a step key or RUN_SCOPE)."""
+        return f"{self.base}u/{scope}/"
+
+    def sub(self, scope: str, sub_id: str) -> str:
+        """The key of one sub-step."""
+        return f"{self.base}u/{scope}/{sub_id}"
+
+
+class Parsed(NamedTuple):
+    """A run's key taken apart: ``kind`` is meta, lease, step, state, sub or other."""
+
+    run_hash: str
+    kind: str
+    step: str = ""  # the step key (the scope, for a sub-step)
+    sub: str = ""  # the sub-step id
+
+
+_KINDS = {"s": "step", "t": "state", "u": "sub"}
+
+
+def parse(key: str) -> Parsed | None:
+    """Take a key under ``r/<run>/`` apart (None: not a run's key).
+
+    A key under a run that this layout does not know is of kind ``other``:
+    it still belongs to its run (``gc`` removes it with the run).
+    """
+    parts = key.split("/", 3)
+    if not key.startswith(RUNS) or len(parts) < 3:
+        return None
+    if len(parts) == 3 and parts[2] in ("meta", "lease"):
+        return Parsed(parts[1], parts[2])
+    if len(parts) < 4 or parts[2] not in _KINDS:
+        return Parsed(parts[1], "other")
+    kind, rest = _KINDS[parts[2]], parts[3]
+    if kind == "sub":
+        scope, _, sub = rest.partition("/")
+        return Parsed(parts[1], kind, scope, sub)
+    return Parsed(parts[1], kind, rest)
