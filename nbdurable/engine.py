@@ -26,7 +26,7 @@ from typing import Any
 from IPython.core.displayhook import DisplayHook
 
 from . import config, events, faults, keys, lease, locate, recording, redact, values
-from .capture import Capture, replay, show_last_expr, underlying
+from .capture import Capture, replay, show_last_expr, unrecorded
 from .errors import CorruptRecord, LeaseHeld, NbdurableError, StoreError, UsageProblem
 from .records import StepRecord, StepState
 from .store import RunKeys, Store
@@ -45,16 +45,8 @@ def warn(message: str) -> None:
     the step's output: it goes past the capture, so it is shown now and not
     replayed with the step's outputs on every later run.
     """
-    err = sys.stderr
-    real = underlying(err)
-    if real is err:
+    with unrecorded():
         warnings.warn(message, NbdurableWarning, stacklevel=3)
-        return
-    sys.stderr = real
-    try:
-        warnings.warn(message, NbdurableWarning, stacklevel=3)
-    finally:
-        sys.stderr = err
 
 
 class SubIndex:
@@ -497,6 +489,12 @@ class Session:
             raise
         self.current = None
         self._record(plan, before, cap.outputs, started, time.perf_counter() - t0, ctx)
+        if cap.unfaithful:  # capture hook: outputs a replay cannot show as they looked
+            warn(
+                f"step {plan.label!r}: its outputs include widgets that cannot be replayed as "
+                f"they looked ({', '.join(cap.unfaithful)}); a replay shows their static "
+                "fallback (text or image) instead."
+            )
 
     def _record_failure(
         self, key: str, label: str, position: int | None, state: StepState, exc: BaseException
