@@ -149,8 +149,9 @@ class Capture:
 
     On exit (without an exception) the figures a matplotlib backend would
     show after the cell are shown and recorded (:func:`kernelio.flush_figures`).
-    :attr:`unfaithful` then names the displayed widgets whose replay cannot
-    look like them (see :mod:`nbdurable.widgettext`).
+    :attr:`unfaithful` then lists what a replay cannot show as it looked:
+    widgets without a text for their state (see :mod:`nbdurable.widgettext`),
+    and fd output still unforwarded at a deadline.
 
     Not seen outside a kernel: text written to file descriptors 1/2 directly.
     Outputs inside an ``ipywidgets.Output`` context are recorded as if they
@@ -168,8 +169,8 @@ class Capture:
         self.outputs: list[dict[str, Any]] = []
         self._callbacks: list[OutputCallback] = []
         self._lock = threading.RLock()
-        #: Class names of displayed widgets whose replay cannot look like them;
-        #: set on exit.
+        #: What a replay cannot show as it looked (widgets that have no text
+        #: for their state, fd output that arrived too late); set on exit.
         self.unfaithful: list[str] = []
         self._taps: list[kernelio.StreamTap] = []
         self._widgets = WidgetWatch(_jsonable)
@@ -222,15 +223,19 @@ class Capture:
             return
         try:
             # What fd 1/2 got before the end is still in ipykernel's pipe.
-            for tap in self._taps:
-                tap.sync_fd()
+            late = [tap.stream.name for tap in self._taps if not tap.sync_fd()]
             if exc_type is None:
                 # After an error a plain cell shows the traceback first, then
                 # the figures; the kernel's own hook still does that.
                 kernelio.flush_figures(self.shell)
             for tap in self._taps:
                 tap.flush()
-            self.unfaithful = self._widgets.finish()
+            self.unfaithful = [f"{name} widget" for name in self._widgets.finish()]
+            self.unfaithful += [
+                f"{name} output that the kernel had not forwarded from its file "
+                f"descriptor within {kernelio.THREAD_DEADLINE:g} s"
+                for name in late
+            ]
         finally:
             with _state_lock:
                 if self in _active:
@@ -396,11 +401,12 @@ class _Tee:
     Code that patches ``sys.stdout.write`` (IPython 9 does, around a nested
     ``run_cell``) patches the tee itself, not the stream beneath: forwarding
     that patch would make the stream's write call the tee, which calls the
-    stream, and so on. A write that re-enters the tee in the same thread
-    (a stream whose write prints) goes straight to the stream's class method.
+    stream, and so on. A write that comes back to the tee with the text it is
+    writing (from a patch like that made on the stream itself) goes straight
+    to the stream's class method.
     """
 
-    __slots__ = ("__dict__", "_capture", "_name", "_stream", "_depth")
+    __slots__ = ("__dict__", "_capture", "_name", "_stream", "_local")
 
     _OWN = frozenset({"write", "writelines", "flush"})
 
@@ -408,27 +414,28 @@ class _Tee:
         object.__setattr__(self, "_capture", capture)
         object.__setattr__(self, "_name", name)
         object.__setattr__(self, "_stream", stream)
-        object.__setattr__(self, "_depth", threading.local())
+        object.__setattr__(self, "_local", threading.local())
 
     def write(self, text: str) -> int:
         cap = self._capture
-        depth = self._depth
-        level = getattr(depth, "n", 0)
+        local = self._local
         stream = self._stream
-        if level:
-            written = type(stream).write(stream, text)
-        else:
-            other = cap._dirty
-            if other is not None and other is not self:
-                # ipykernel buffers stdout and stderr separately; flush the other one
-                # so the frontend sees the two in the order they were written.
-                other._stream.flush()
-            cap._dirty = self
-            depth.n = level + 1
-            try:
-                written = stream.write(text)
-            finally:
-                depth.n = level
+        if getattr(local, "text", None) is text:
+            # The stream's write called back into the tee with the very text
+            # being written (a patch on the stream that calls sys.stdout.write):
+            # finish it with the stream's class method; the outer call records it.
+            return type(stream).write(stream, text)
+        other = cap._dirty
+        if other is not None and other is not self:
+            # ipykernel buffers stdout and stderr separately; flush the other one
+            # so the frontend sees the two in the order they were written.
+            other._stream.flush()
+        cap._dirty = self
+        outer, local.text = getattr(local, "text", None), text
+        try:
+            written = stream.write(text)
+        finally:
+            local.text = outer
         if isinstance(text, str) and text and not cap._is_quiet():
             cap._append({"output_type": "stream", "name": self._name, "text": text})
         return written

@@ -491,9 +491,8 @@ class Session:
         self._record(plan, before, cap.outputs, started, time.perf_counter() - t0, ctx)
         if cap.unfaithful:  # capture hook: outputs a replay cannot show as they looked
             warn(
-                f"step {plan.label!r}: its outputs include widgets that cannot be replayed as "
-                f"they looked ({', '.join(cap.unfaithful)}); a replay shows their static "
-                "fallback (text or image) instead."
+                f"step {plan.label!r}: some outputs cannot be replayed as they looked "
+                f"({'; '.join(cap.unfaithful)}); a replay shows their static text or image."
             )
 
     def _record_failure(

@@ -186,11 +186,17 @@ class StreamTap:
         """
         if not self._wrapped or self._watcher() is None:
             return True
-        self._synced.clear()
+        fd = self.stream._original_stdstream_fd
         try:
-            os.write(self.stream._original_stdstream_fd, self._marker.encode("ascii"))
-        except OSError:
-            return False
+            # The cell may have pointed the descriptor elsewhere (os.dup2): then
+            # nothing written there reaches the stream, and the marker must not
+            # land in somebody's file.
+            if os.fstat(fd).st_ino != os.fstat(self.stream._fid).st_ino:
+                return True
+            self._synced.clear()
+            os.write(fd, self._marker.encode("ascii"))
+        except (OSError, AttributeError, TypeError):
+            return True
         return self._synced.wait(THREAD_DEADLINE)
 
 

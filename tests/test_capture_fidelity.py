@@ -256,7 +256,8 @@ def test_unfaithful_widgets_are_named_once_when_recorded(runs):
         err = warnings_of(recorded, name)
         lines = [line for line in err.splitlines() if "NbdurableWarning" in line]
         assert len(lines) == 1, err
-        assert f"({widget})" in lines[0] and "cannot be replayed as they looked" in lines[0]
+        assert f"({widget} widget)" in lines[0], lines
+        assert "cannot be replayed as they looked" in lines[0], lines
         assert "NbdurableWarning" not in warnings_of(replayed, name), "only when recorded"
     for name in ("bar_auto", "slider", "fig_noshow", "fd_out"):
         assert "NbdurableWarning" not in warnings_of(recorded, name), name
