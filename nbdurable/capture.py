@@ -199,7 +199,7 @@ class Capture:
         self._entered = True
         stack = contextlib.ExitStack()
         try:
-            self._tee_streams(stack)
+            self._capture_streams(stack)
             pub = getattr(self.shell, "display_pub", None)
             if pub is not None:
                 _patch(stack, pub, "publish", self._wrap_publish)
@@ -308,7 +308,7 @@ class Capture:
     def _is_quiet(self) -> bool:
         return _thread_quiet()
 
-    def _tee_streams(self, stack: contextlib.ExitStack) -> None:
+    def _capture_streams(self, stack: contextlib.ExitStack) -> None:
         for name in ("stdout", "stderr"):
             original = getattr(sys, name)
             if original is None:  # pythonw and some embedders have no streams

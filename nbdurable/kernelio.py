@@ -92,6 +92,8 @@ class StreamTap:
 
     def __enter__(self) -> StreamTap:
         stream = self.stream
+        # What was written before belongs before: send it unrecorded.
+        self.flush()
         if not _in_io_thread(stream, lambda: stream.register_hook(self._hook)):
             raise RuntimeError("ipykernel's IO thread did not answer")
         self._active = True

@@ -268,6 +268,24 @@ def test_a_split_sync_marker_is_held_back(text, kept):
     assert _marker_prefix_at_end(text, "\x00nbdurable-sync-12\x00") == kept
 
 
+def test_a_sync_marker_split_between_two_pipe_reads_is_cut_out():
+    from types import SimpleNamespace
+
+    from nbdurable.kernelio import StreamTap
+
+    fake = SimpleNamespace(parent_header={}, name="stdout")
+    tap = StreamTap(fake, lambda name, text: None, lambda: False)
+    got = []
+    write = tap._wrap_write(got.append, threading.current_thread())
+    marker = tap._marker
+    write("abc" + marker[:5])
+    assert got == ["abc"] and not tap._synced.is_set()
+    write(marker[5:] + "def")
+    assert "".join(got) == "abcdef" and tap._synced.is_set()
+    write("\x00 is not a marker")
+    assert "".join(got) == "abcdef\x00 is not a marker"
+
+
 def test_which_widgets_have_text_for_their_state():
     import ipywidgets
 

@@ -71,7 +71,7 @@ STEPS = {
         os.system("echo to-fd-2 >&2")
         """,
     "fd_big": """\
-        os.write(1, b"x" * 2999 + b"\\n")  # more than one pipe read
+        os.write(1, b"x" * 2999 + b"\\n");  # more than one pipe read
         """,
     "bar_text": f"""\
         from tqdm import tqdm as text_tqdm
@@ -186,6 +186,15 @@ def replay_matches_plain(runs, name: str) -> list[dict]:
 def test_replay_equals_plain_run(runs, name):
     expected = replay_matches_plain(runs, name)
     assert expected, f"the plain run of {name} shows something"
+
+
+@pytest.mark.parametrize(
+    "name", [n for n in NAMES if n not in ("bar_auto", "slider", "container", "ipympl")]
+)
+def test_the_recording_run_shows_what_a_plain_run_shows(runs, name):
+    # (widgets aside: their live views carry a fresh model id in every run)
+    plain, recorded, _ = runs
+    assert shown(cell(recorded, name)) == shown(cell(plain, name, durable=False)), name
 
 
 def test_figures_drawn_without_show_come_after_the_result(runs):
