@@ -33,7 +33,6 @@ part of the recorded outputs, in the place a plain cell shows them.
 from __future__ import annotations
 
 import contextlib
-import itertools
 import os
 import threading
 from collections.abc import Callable
@@ -52,7 +51,10 @@ FIGURE_HOOKS = frozenset(
     }
 )
 
-_counter = itertools.count()
+#: What :meth:`StreamTap.sync_fd` writes through a file descriptor. ipykernel
+#: also copies fd output to the kernel's own terminal (the server's console):
+#: there these control characters (NUL, ACK, NAK) show nothing.
+MARKER = "\x00\x06\x15\x06\x15\x00"
 
 
 def out_stream(stream: Any) -> Any | None:
@@ -84,7 +86,7 @@ class StreamTap:
         self._active = False
         self._wrapped = False  # our write wrapper is in place (fd 1/2 are watched)
         self._synced = threading.Event()
-        self._marker = f"\x00nbdurable-sync-{os.getpid()}-{next(_counter)}\x00"
+        self._marker = MARKER
         self._carry = ""  # the start of a marker split between two pipe reads
         self._stack = contextlib.ExitStack()
 

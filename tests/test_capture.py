@@ -264,7 +264,7 @@ def test_unrecorded_text_is_shown_but_not_recorded(shell, capsys):
     ("text", "kept"),
     [("abc", 0), ("abc\x00", 1), ("abc\x00nbd", 4), ("\x00nbdurable-sync-1", 17), ("x\x00y", 0)],
 )
-def test_a_split_sync_marker_is_held_back(text, kept):
+def test_a_split_marker_is_held_back(text, kept):
     assert _marker_prefix_at_end(text, "\x00nbdurable-sync-12\x00") == kept
 
 
