@@ -85,6 +85,7 @@ class StreamTap:
         self._parent = header.get("msg_id")
         self._active = False
         self._wrapped = False  # our write wrapper is in place (fd 1/2 are watched)
+        self._fd_identity: tuple[int, int] | None = None  # what the fd pointed at
         self._synced = threading.Event()
         self._marker = MARKER
         self._carry = ""  # the start of a marker split between two pipe reads
@@ -93,17 +94,26 @@ class StreamTap:
     # -- lifetime --------------------------------------------------------------
 
     def __enter__(self) -> StreamTap:
+        try:
+            self._start()
+        except BaseException:
+            self._stack.close()
+            raise
+        return self
+
+    def _start(self) -> None:
         stream = self.stream
         # What was written before belongs before: send it unrecorded.
         self.flush()
+        self._stack.callback(self._unhook)
         if not _in_io_thread(stream, lambda: stream.register_hook(self._hook)):
             raise RuntimeError("ipykernel's IO thread did not answer")
         self._active = True
-        self._stack.callback(self._unhook)
         watcher = self._watcher()
         if watcher is not None:
             own = vars(stream)
             had_own, previous = "write" in own, own.get("write")
+            self._fd_identity = _identity(stream._original_stdstream_fd)
             stream.write = self._wrap_write(stream.write, watcher)
             self._wrapped = True
 
@@ -118,13 +128,12 @@ class StreamTap:
                     stream.write(carry)
 
             self._stack.callback(restore)
-        return self
 
     def __exit__(self, *exc_info: object) -> None:
         self._stack.close()
 
     def _unhook(self) -> None:
-        self._active = False
+        self._active = False  # a hook the IO thread registers late stays inert
         stream = self.stream
         _in_io_thread(stream, lambda: stream.unregister_hook(self._hook))
 
@@ -195,13 +204,22 @@ class StreamTap:
             # The cell may have pointed the descriptor elsewhere (os.dup2): then
             # nothing written there reaches the stream, and the marker must not
             # land in somebody's file.
-            if os.fstat(fd).st_ino != os.fstat(self.stream._fid).st_ino:
+            if _identity(fd) != self._fd_identity:
                 return True
             self._synced.clear()
             os.write(fd, self._marker.encode("ascii"))
         except (OSError, AttributeError, TypeError):
             return True
         return self._synced.wait(THREAD_DEADLINE)
+
+
+def _identity(fd: int) -> tuple[int, int] | None:
+    """``(device, inode)`` of what `fd` points at, None if it is closed."""
+    try:
+        st = os.fstat(fd)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
 
 
 def _marker_prefix_at_end(text: str, marker: str) -> int:

@@ -26,11 +26,16 @@ pytestmark = pytest.mark.kernel
 BAR = 'bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt}"'  # no rates: the same in every run
 
 SETUP = """\
-import logging, os, subprocess, sys, ctypes
+import logging, os, subprocess, sys, ctypes, time
 log = logging.getLogger("fidelity")
 log.addHandler(logging.StreamHandler())  # holds the original sys.stderr object
 log.propagate = False
 """
+
+# PLAIN_RACE: in a plain cell, ipykernel's pipe thread forwards fd output
+# asynchronously; on a busy machine it can miss the end of the cell, and the
+# plain run (the oracle) then lacks it. The fd cases wait a moment at their end
+# so that the oracle is complete; a step needs no such wait (it syncs the pipe).
 
 #: name -> step body. Each runs as `%%step name` in the durable runs.
 STEPS = {
@@ -67,12 +72,15 @@ STEPS = {
         libc.printf(b"from-printf\\n")
         libc.fflush(None)
         del libc  # a CDLL cannot be saved
+        time.sleep(1)  # see PLAIN_RACE
         """,
     "fd_err": """\
         os.system("echo to-fd-2 >&2");
+        time.sleep(1)  # see PLAIN_RACE
         """,
     "fd_big": """\
         os.write(1, b"x" * 2999 + b"\\n");  # more than one pipe read
+        time.sleep(1)  # see PLAIN_RACE
         """,
     "bar_text": f"""\
         from tqdm import tqdm as text_tqdm
