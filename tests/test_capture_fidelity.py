@@ -59,6 +59,10 @@ STEPS = {
         ax.plot([1, 3])
         fig
         """,
+    "fig_error": """\
+        plt.plot([1, 1, 2])
+        raise ValueError("after drawing")
+        """,
     "logged": """\
         log.warning("careful: %d", 3)
         print("printed")
@@ -198,10 +202,12 @@ def test_replay_equals_plain_run(runs, name):
 
 
 @pytest.mark.parametrize(
-    "name", [n for n in NAMES if n not in ("bar_auto", "slider", "container", "ipympl")]
+    # (widgets aside: their live views carry a fresh model id in every run;
+    # a traceback names different frames)
+    "name",
+    [n for n in NAMES if n not in ("bar_auto", "slider", "container", "ipympl", "fig_error")],
 )
 def test_the_recording_run_shows_what_a_plain_run_shows(runs, name):
-    # (widgets aside: their live views carry a fresh model id in every run)
     plain, recorded, _ = runs
     assert shown(cell(recorded, name)) == shown(cell(plain, name, durable=False)), name
 
@@ -211,6 +217,17 @@ def test_figures_drawn_without_show_come_after_the_result(runs):
     assert kinds == ["stream", "execute_result", "display_data"]
     (figure,) = [o for o in replay_matches_plain(runs, "fig_semicolon") if "data" in o]
     assert "image/png" in figure["data"]
+
+
+def test_a_failing_step_shows_its_figure_after_the_error_as_a_plain_cell_does(runs):
+    plain, recorded, replayed = runs
+    expected = shown(cell(plain, "fig_error", durable=False))
+    assert [o["output_type"] for o in expected] == ["error", "display_data"]
+    for nb in (recorded, replayed):  # not recorded: it fails again
+        got = shown(cell(nb, "fig_error"))
+        assert [o["output_type"] for o in got] == ["error", "display_data"]
+        assert got[0]["evalue"] == "after drawing"
+        assert got[1] == expected[1]
 
 
 def test_logging_through_a_handler_made_before_the_step(runs):
