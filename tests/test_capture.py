@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import sys
 import textwrap
@@ -20,7 +22,11 @@ from nbdurable.kernel.capture import (
     replay,
     show_last_expr,
     strip_widget_views,
+    underlying,
+    unrecorded,
 )
+from nbdurable.kernel.kernelio import _marker_prefix_at_end
+from nbdurable.kernel.widgettext import has_own_text
 
 # A 1x1 PNG.
 PNG_B64 = (
@@ -222,6 +228,120 @@ def test_outputs_hidden_by_capture_output_are_not_recorded(shell, capsys):
     assert cap.outputs == [stream("stdout", "shown\n")]
     assert hidden.stdout == "hidden\n" and len(hidden.outputs) == 1
     assert capsys.readouterr().out == "shown\n"
+
+
+def test_nested_run_cell_does_not_recurse(shell, capsys):
+    # IPython 9 patches sys.stdout.write around run_cell; the patch lands on the
+    # tee, not on the stream beneath it (where it would call the tee again).
+    with Capture(shell) as cap:
+        shell.run_cell("print(1)")
+        print(2)
+    assert cap.outputs == [stream("stdout", "1\n2\n")]
+    assert "write" not in vars(sys.stdout)
+    assert capsys.readouterr().out == "1\n2\n"
+
+
+def test_a_patch_on_the_stream_that_calls_the_tee_does_not_recurse(shell, capsys):
+    # What IPython 9's run_cell did to the stream beneath the tee before the
+    # tee kept such patches to itself: the stream's write calls sys.stdout.write.
+    with Capture(shell) as cap:
+        beneath = underlying(sys.stdout)
+        beneath.write = lambda text: sys.stdout.write(text)
+        try:
+            print("once")
+        finally:
+            del beneath.write
+    assert cap.outputs == [stream("stdout", "once\n")]
+    assert capsys.readouterr().out == "once\n"
+
+
+def test_a_write_that_writes_again_is_recorded_in_order(shell):
+    class Prefixing(io.StringIO):
+        busy = False
+
+        def write(self, text):
+            if text.strip() and not self.busy:
+                self.busy = True
+                try:
+                    sys.stdout.write("> ")  # back into the tee, from inside its write
+                finally:
+                    self.busy = False
+            return super().write(text)
+
+    target = Prefixing()
+    with contextlib.redirect_stdout(target), Capture(shell) as cap:
+        print("once")
+    assert target.getvalue() == "> once\n"
+    assert cap.outputs == [stream("stdout", "> once\n")]
+
+
+def test_unrecorded_text_is_shown_but_not_recorded(shell, capsys):
+    with Capture(shell) as cap:
+        print("kept")
+        with unrecorded():
+            print("a notice", file=sys.stderr)
+        print("kept too")
+    assert cap.outputs == [stream("stdout", "kept\nkept too\n")]
+    assert capsys.readouterr().err == "a notice\n"
+
+
+@pytest.mark.parametrize(
+    ("text", "kept"),
+    [("abc", 0), ("abc\x00", 1), ("abc\x00nbd", 4), ("\x00nbdurable-sync-1", 17), ("x\x00y", 0)],
+)
+def test_a_split_marker_is_held_back(text, kept):
+    assert _marker_prefix_at_end(text, "\x00nbdurable-sync-12\x00") == kept
+
+
+def test_a_sync_marker_split_between_two_pipe_reads_is_cut_out():
+    from types import SimpleNamespace
+
+    from nbdurable.kernel.kernelio import StreamTap
+
+    fake = SimpleNamespace(parent_header={}, name="stdout")
+    tap = StreamTap(fake, lambda name, text: None, lambda: False)
+    got = []
+    write = tap._wrap_write(got.append, threading.current_thread())
+    marker = tap._marker
+    write("abc" + marker[:5])
+    assert got == ["abc"] and not tap._synced.is_set()
+    write(marker[5:] + "def")
+    assert "".join(got) == "abcdef" and tap._synced.is_set()
+    write("\x00 is not a marker")
+    assert "".join(got) == "abcdef\x00 is not a marker"
+
+
+def test_which_widgets_have_text_for_their_state():
+    import ipywidgets
+
+    class Bar(ipywidgets.HBox):
+        def __repr__(self):
+            return "50%"
+
+    class MySlider(ipywidgets.IntSlider):
+        pass
+
+    assert has_own_text(ipywidgets.IntSlider())
+    assert has_own_text(MySlider())
+    assert has_own_text(Bar())
+    assert not has_own_text(ipywidgets.HBox())
+    assert not has_own_text(ipywidgets.Output())
+
+
+def test_widget_outputs_get_the_final_state_text(shell):
+    import ipywidgets
+
+    slider = ipywidgets.IntSlider(value=1)
+    with Capture(shell) as cap:
+        display(slider)
+        slider.value = 5
+    (out,) = cap.outputs
+    assert out["data"]["text/plain"] == "IntSlider(value=5)"
+    assert out["data"][WIDGET_VIEW_MIME]["model_id"] == slider.model_id
+    assert cap.unfaithful == []
+    with Capture(shell) as cap:
+        display(ipywidgets.VBox([slider]))
+    assert cap.unfaithful == ["VBox widget"]
 
 
 def test_a_capture_is_used_once(shell):
@@ -450,6 +570,11 @@ CELLS = {
             print("err", i, file=sys.stderr)
         """,
     "interleave_replay": "replay(get_ipython(), saved['interleave'])",
+    "interleave_plain": """\
+        for i in range(3):
+            print("out", i)
+            print("err", i, file=sys.stderr)
+        """,
     "widget": """\
         %%cap widget
         import ipywidgets
@@ -557,14 +682,17 @@ def test_kernel_replay_is_identical_with_current_execution_count(executed):
 
 
 @pytest.mark.kernel
-def test_kernel_interleaved_streams_keep_their_order(executed):
+def test_kernel_interleaved_streams_are_grouped_as_a_plain_cell_shows_them(executed):
+    # ipykernel buffers each stream and sends it a moment after its first write:
+    # a quick cell shows its stdout lines together, then its stderr lines. A
+    # captured cell shows, records and replays exactly that.
     nb, captured = executed
-    expected = []
-    for i in range(3):
-        expected += [stream("stdout", f"out {i}\n"), stream("stderr", f"err {i}\n")]
-    assert captured["interleave"] == expected
-    assert cell(nb, "interleave") == expected
-    assert cell(nb, "interleave_replay") == expected
+    plain = cell(nb, "interleave_plain")
+    assert stream_text(plain) == "out 0\nout 1\nout 2\n"
+    assert stream_text(plain, "stderr") == "err 0\nerr 1\nerr 2\n"
+    assert cell(nb, "interleave") == plain
+    assert captured["interleave"] == plain
+    assert cell(nb, "interleave_replay") == plain
 
 
 @pytest.mark.kernel

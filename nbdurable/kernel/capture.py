@@ -10,12 +10,25 @@ keeps stdout apart from displays (so their order is lost) and turns the
 cell's result into ``display_data``. Instead, while a :class:`Capture` is
 active:
 
-* ``sys.stdout`` / ``sys.stderr`` are replaced by tees that write through to
-  the previous stream object and record the text;
+* in a kernel, the stream messages ipykernel sends for this cell are
+  recorded (:mod:`nbdurable.kernel.kernelio`): that includes logging handlers that
+  hold the original stream object and what is written to file descriptors
+  1 and 2 (subprocesses, C code), grouped exactly as the frontend got it;
+* elsewhere (a terminal shell, tests) ``sys.stdout`` / ``sys.stderr`` are
+  replaced by tees that write through to the previous stream object and
+  record the text;
 * ``shell.display_pub.publish`` / ``.clear_output`` and
   ``shell.displayhook.write_format_data`` are wrapped by *instance*
   attributes, which are removed again on exit (so the class methods show
   through) or set back to the previous wrapper when captures are nested.
+
+At the end of the cell, figures the matplotlib backend would show after it
+(drawn without ``plt.show()``) are shown and recorded in the place a plain
+cell shows them, after the cell's result; widgets are recorded with the text
+of their final state (:mod:`nbdurable.widgettext`).
+
+:func:`unrecorded` lets nbdurable's own notices through without recording
+them.
 
 Recorded outputs are compacted the way the notebook itself would show them:
 consecutive chunks of one stream merge into one output, carriage returns
@@ -36,6 +49,9 @@ import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
+from . import kernelio
+from .widgettext import WidgetWatch
+
 #: Mime type of a live widget view; it points at a model that dies with the kernel.
 WIDGET_VIEW_MIME = "application/vnd.jupyter.widget-view+json"
 
@@ -48,6 +64,51 @@ OUTPUT_TYPES = frozenset(
 )
 
 OutputCallback = Callable[[dict[str, Any]], None]
+
+# What unrecorded() sets: a per-thread depth for the tees, and a process-wide
+# count for kernel stream taps (ipykernel sends stream messages from its own
+# IO thread, so "this thread" means nothing there).
+_local = threading.local()
+_dropping = 0
+_state_lock = threading.Lock()
+_active: list[Capture] = []
+
+
+def _thread_quiet() -> bool:
+    return getattr(_local, "depth", 0) > 0
+
+
+def _taps_dropping() -> bool:
+    return _dropping > 0
+
+
+@contextlib.contextmanager
+def unrecorded() -> Iterator[None]:
+    """Let what is printed in this block reach the frontend, but record it in no capture.
+
+    For notices about this execution (a warning that a value could not be
+    saved) that must not come back on every replay. In a kernel the streams
+    are flushed on entry and exit, so the block's text travels in messages of
+    its own (text another thread prints meanwhile is not recorded either).
+    """
+    global _dropping
+    with _state_lock:
+        taps = [tap for cap in _active for tap in cap._taps]
+    for tap in taps:
+        tap.flush()
+    with _state_lock:
+        _dropping += 1
+    _local.depth = getattr(_local, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        try:
+            for tap in taps:
+                tap.flush()
+        finally:
+            _local.depth -= 1
+            with _state_lock:
+                _dropping -= 1
 
 
 class Capture:
@@ -74,10 +135,11 @@ class Capture:
     when the next output arrives). Updates to a display that was cleared are
     dropped with it.
 
-    To keep the live view in the true order too, a write to one stream first
-    flushes the other stream if it has unflushed text (ipykernel buffers each
-    stream on its own, so ``print(); print(file=sys.stderr)`` could otherwise
-    reach the frontend in either order).
+    In a kernel, streams are recorded as the stream messages the frontend
+    gets (see :mod:`nbdurable.kernel.kernelio`), so the grouping of stdout and
+    stderr is the frontend's. Elsewhere, to keep the live view in the true
+    order, a write to one stream first flushes the other stream if it has
+    unflushed text.
 
     Captures nest (an inner one records into itself and, through the outer
     one's wrappers, into the outer one too) but must exit in reverse order of
@@ -85,9 +147,15 @@ class Capture:
     once. ``__exit__`` restores everything, even on an exception or
     ``KeyboardInterrupt``.
 
-    Not seen: text written to file descriptors 1/2 directly (C extensions,
-    subprocesses), and outputs inside an ``ipywidgets.Output`` context are
-    recorded as if they went to the cell.
+    On exit (without an exception) the figures a matplotlib backend would
+    show after the cell are shown and recorded (:func:`kernelio.flush_figures`).
+    :attr:`unfaithful` then lists what a replay cannot show as it looked:
+    widgets without a text for their state (see :mod:`nbdurable.widgettext`),
+    and fd output still unforwarded at a deadline.
+
+    Not seen outside a kernel: text written to file descriptors 1/2 directly.
+    Outputs inside an ``ipywidgets.Output`` context are recorded as if they
+    went to the cell.
     """
 
     def __init__(self, shell: Any) -> None:
@@ -101,10 +169,11 @@ class Capture:
         self.outputs: list[dict[str, Any]] = []
         self._callbacks: list[OutputCallback] = []
         self._lock = threading.RLock()
-        # Per-thread depth of "our own machinery is writing": while > 0, the tees
-        # write through but do not record (a plain DisplayHook prints the result
-        # that is already recorded as an execute_result).
-        self._local = threading.local()
+        #: What a replay cannot show as it looked (widgets that have no text
+        #: for their state, fd output that arrived too late); set on exit.
+        self.unfaithful: list[str] = []
+        self._taps: list[kernelio.StreamTap] = []
+        self._widgets = WidgetWatch(_jsonable)
         # The tee that was written to and not flushed since; see _Tee.write.
         self._dirty: _Tee | None = None
         # Index in self.outputs of a clear_output(wait=True) not yet applied.
@@ -117,9 +186,9 @@ class Capture:
 
         For streams the dict holds just the new chunk of text (the merged text
         is in :attr:`outputs`). The callback runs in the thread that produced
-        the output, must be cheap, and must not mutate the dict. What it prints
-        is shown but not recorded. A callback that raises is dropped with a
-        warning.
+        the output (in a kernel, stream chunks come from ipykernel's IO
+        thread), must be cheap, must not print, and must not mutate the dict.
+        A callback that raises is dropped with a warning.
         """
         with self._lock:
             self._callbacks.append(callback)
@@ -130,7 +199,7 @@ class Capture:
         self._entered = True
         stack = contextlib.ExitStack()
         try:
-            self._tee_streams(stack)
+            self._capture_streams(stack)
             pub = getattr(self.shell, "display_pub", None)
             if pub is not None:
                 _patch(stack, pub, "publish", self._wrap_publish)
@@ -144,11 +213,33 @@ class Capture:
             stack.close()
             raise
         self._stack = stack
+        with _state_lock:
+            _active.append(self)
         return self
 
-    def __exit__(self, *exc_info: object) -> None:
+    def __exit__(self, exc_type: object, *exc_info: object) -> None:
         stack, self._stack = self._stack, None
-        if stack is not None:
+        if stack is None:
+            return
+        try:
+            # What fd 1/2 got before the end is still in ipykernel's pipe.
+            late = [tap.stream.name for tap in self._taps if not tap.sync_fd()]
+            if exc_type is None:
+                # After an error a plain cell shows the traceback first, then
+                # the figures; the kernel's own hook still does that.
+                kernelio.flush_figures(self.shell)
+            for tap in self._taps:
+                tap.flush()
+            self.unfaithful = [f"{name} widget" for name in self._widgets.finish()]
+            self.unfaithful += [
+                f"{name} output that the kernel had not forwarded from its file "
+                f"descriptor within {kernelio.THREAD_DEADLINE:g} s"
+                for name in late
+            ]
+        finally:
+            with _state_lock:
+                if self in _active:
+                    _active.remove(self)
             stack.close()
 
     # -- recording --------------------------------------------------------------
@@ -203,23 +294,44 @@ class Capture:
 
     @contextlib.contextmanager
     def _quiet(self) -> Iterator[None]:
-        """In this thread, let writes through without recording them."""
-        self._local.depth = getattr(self._local, "depth", 0) + 1
+        """In this thread, let writes through the tees without recording them.
+
+        Our own machinery writing: a plain DisplayHook prints the result that
+        is already recorded as an execute_result.
+        """
+        _local.depth = getattr(_local, "depth", 0) + 1
         try:
             yield
         finally:
-            self._local.depth -= 1
+            _local.depth -= 1
 
     def _is_quiet(self) -> bool:
-        return getattr(self._local, "depth", 0) > 0
+        return _thread_quiet()
 
-    def _tee_streams(self, stack: contextlib.ExitStack) -> None:
+    def _capture_streams(self, stack: contextlib.ExitStack) -> None:
         for name in ("stdout", "stderr"):
             original = getattr(sys, name)
             if original is None:  # pythonw and some embedders have no streams
                 continue
+            stream = kernelio.out_stream(underlying(original))
+            if stream is not None and all(tap.stream is not stream for tap in self._taps):
+                tap = kernelio.StreamTap(stream, self._on_stream_text, _taps_dropping)
+                try:
+                    stack.enter_context(tap)
+                except RuntimeError:  # the IO thread is stuck: fall back to a tee
+                    pass
+                else:
+                    self._taps.append(tap)
+                    continue
             setattr(sys, name, _Tee(self, name, original))
             stack.callback(setattr, sys, name, original)
+
+    def _on_stream_text(self, name: str, text: str) -> None:
+        self._append({"output_type": "stream", "name": name, "text": text})
+
+    def _flush_taps(self) -> None:
+        for tap in self._taps:
+            tap.flush()
 
     # -- wrappers (each receives the bound method it replaces) ------------------
 
@@ -238,6 +350,7 @@ class Capture:
             transient = kwargs.get("transient")
             if transient:
                 output["transient"] = _jsonable(transient)
+            self._widgets.track(output)
             self._append(output)
             return result
 
@@ -257,14 +370,17 @@ class Capture:
         def write_format_data(format_dict: Mapping[str, Any], md_dict: Any = None):
             with self._quiet():
                 result = original(format_dict, md_dict)
-            self._append(
-                {
-                    "output_type": "execute_result",
-                    "data": _jsonable(format_dict),
-                    "metadata": _jsonable(md_dict or {}),
-                    "execution_count": _execution_count(self.shell),
-                }
-            )
+            # ipykernel flushes the streams before it sends the result: what
+            # computing the result printed comes first.
+            self._flush_taps()
+            output = {
+                "output_type": "execute_result",
+                "data": _jsonable(format_dict),
+                "metadata": _jsonable(md_dict or {}),
+                "execution_count": _execution_count(self.shell),
+            }
+            self._widgets.track(output)
+            self._append(output)
             return result
 
         return write_format_data
@@ -280,24 +396,46 @@ class Capture:
 
 
 class _Tee:
-    """Stands in for sys.stdout / sys.stderr: writes through, records the text."""
+    """Stands in for sys.stdout / sys.stderr: writes through, records the text.
 
-    __slots__ = ("_capture", "_name", "_stream")
+    Code that patches ``sys.stdout.write`` (IPython 9 does, around a nested
+    ``run_cell``) patches the tee itself, not the stream beneath: forwarding
+    that patch would make the stream's write call the tee, which calls the
+    stream, and so on. A write that comes back to the tee with the text it is
+    writing (from a patch like that made on the stream itself) goes straight
+    to the stream's class method.
+    """
+
+    __slots__ = ("__dict__", "_capture", "_name", "_stream", "_local")
+
+    _OWN = frozenset({"write", "writelines", "flush"})
 
     def __init__(self, capture: Capture, name: str, stream: Any) -> None:
         object.__setattr__(self, "_capture", capture)
         object.__setattr__(self, "_name", name)
         object.__setattr__(self, "_stream", stream)
+        object.__setattr__(self, "_local", threading.local())
 
     def write(self, text: str) -> int:
         cap = self._capture
+        local = self._local
+        stream = self._stream
+        if getattr(local, "text", None) is text:
+            # The stream's write called back into the tee with the very text
+            # being written (a patch on the stream that calls sys.stdout.write):
+            # finish it with the stream's class method; the outer call records it.
+            return type(stream).write(stream, text)
         other = cap._dirty
         if other is not None and other is not self:
             # ipykernel buffers stdout and stderr separately; flush the other one
             # so the frontend sees the two in the order they were written.
             other._stream.flush()
         cap._dirty = self
-        written = self._stream.write(text)
+        outer, local.text = getattr(local, "text", None), text
+        try:
+            written = stream.write(text)
+        finally:
+            local.text = outer
         if isinstance(text, str) and text and not cap._is_quiet():
             cap._append({"output_type": "stream", "name": self._name, "text": text})
         return written
@@ -318,6 +456,12 @@ class _Tee:
         return getattr(self._stream, name)
 
     def __setattr__(self, name: str, value: Any) -> None:
+        if name in _Tee._OWN:
+            if getattr(value, "__self__", None) is self:
+                vars(self).pop(name, None)  # setting back the tee's own method
+            else:
+                vars(self)[name] = value
+            return
         setattr(self._stream, name, value)
 
     def __repr__(self) -> str:

@@ -6,7 +6,6 @@ execution, never part of a step's recorded output.
 
 from __future__ import annotations
 
-import sys
 import threading
 import warnings
 from dataclasses import dataclass, field
@@ -14,7 +13,7 @@ from typing import Any
 
 from ..errors import NbdurableWarning
 from ..store import Store
-from .capture import underlying
+from .capture import unrecorded
 
 
 def warn(message: str) -> None:
@@ -24,16 +23,8 @@ def warn(message: str) -> None:
     the step's output: it goes past the capture, so it is shown now and not
     replayed with the step's outputs on every later run.
     """
-    err = sys.stderr
-    real = underlying(err)
-    if real is err:
+    with unrecorded():
         warnings.warn(message, NbdurableWarning, stacklevel=3)
-        return
-    sys.stderr = real
-    try:
-        warnings.warn(message, NbdurableWarning, stacklevel=3)
-    finally:
-        sys.stderr = err
 
 
 class SubIndex:

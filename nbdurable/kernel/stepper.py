@@ -205,6 +205,11 @@ class StepRunner:
             raise
         self.session.current = None
         self._record(plan, before, cap.outputs, started, time.perf_counter() - t0, ctx)
+        if cap.unfaithful:  # outputs a replay cannot show as they looked
+            warn(
+                f"step {plan.label!r}: some outputs cannot be replayed as they looked "
+                f"({'; '.join(cap.unfaithful)}); a replay shows their static text or image."
+            )
 
     def _record_failure(
         self, key: str, label: str, position: int | None, state: StepState, exc: BaseException

@@ -1,0 +1,261 @@
+"""Record a kernel's output streams as the frontend receives them.
+
+In an ipykernel kernel ``sys.stdout`` and ``sys.stderr`` are ``OutStream``
+objects. A write only fills that stream's buffer; ipykernel's IO thread
+sends the buffer as a ``stream`` message a little later (0.2 s after the
+first unsent write, or when something flushes it: a display, the end of the
+cell). Three kinds of writers reach the same buffer:
+
+* ``print`` and everything else that writes to ``sys.stdout`` / ``sys.stderr``;
+* objects that kept a reference to the stream itself, such as a
+  ``logging.StreamHandler`` made in an earlier cell;
+* file descriptors 1 and 2: ipykernel points them at a pipe and a watcher
+  thread writes what comes out of it into the stream (``os.system``,
+  subprocesses, C code, ``os.write(1, ...)``).
+
+A :class:`StreamTap` therefore records the *messages* the stream sends,
+through ``OutStream.register_hook`` in the IO thread, and only those whose
+parent is the request that was executing when the tap started (what the
+frontend puts in this cell). The recorded text is grouped exactly as the
+frontend got it, so ``print(); print(file=sys.stderr); print()`` records the
+two stdout lines together, as a plain cell shows them.
+
+The watcher thread is asynchronous: text written to fd 1 just before the cell
+ends may still be in the pipe. :meth:`StreamTap.sync_fd` writes a marker
+through the descriptor and waits (with a deadline) until the watcher has
+forwarded it; the marker itself is cut out before the stream sees it.
+
+:func:`flush_figures` shows what a matplotlib backend would show after the
+cell (its ``post_execute`` hook), so figures drawn without ``plt.show()`` are
+part of the recorded outputs, in the place a plain cell shows them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from collections.abc import Callable
+from typing import Any
+
+#: How long to wait for ipykernel's IO or fd-watcher thread before giving up.
+THREAD_DEADLINE = 10.0
+
+#: The ``post_execute`` hooks of matplotlib backends that show figures after a
+#: cell: ``(module, function name)``.
+FIGURE_HOOKS = frozenset(
+    {
+        ("matplotlib_inline.backend_inline", "flush_figures"),
+        ("ipympl.backend_nbagg", "flush_figures"),
+        ("ipykernel.pylab.backend_inline", "flush_figures"),  # ipykernel < 6
+    }
+)
+
+#: What :meth:`StreamTap.sync_fd` writes through a file descriptor. ipykernel
+#: also copies fd output to the kernel's own terminal (the server's console):
+#: there these control characters (NUL, ACK, NAK) show nothing.
+MARKER = "\x00\x06\x15\x06\x15\x00"
+
+
+def out_stream(stream: Any) -> Any | None:
+    """`stream` if it is an ipykernel ``OutStream`` whose IO thread runs, else None."""
+    if type(stream).__module__ != "ipykernel.iostream":
+        return None
+    pub = getattr(stream, "pub_thread", None)
+    thread = getattr(pub, "thread", None)
+    if not hasattr(stream, "register_hook") or thread is None or not thread.is_alive():
+        return None
+    return stream
+
+
+class StreamTap:
+    """Records the stream messages one ``OutStream`` sends for the current request.
+
+    ``on_text(name, text)`` is called in ipykernel's IO thread for each
+    message, unless ``skip()`` is true then. Use as a context manager.
+    """
+
+    def __init__(
+        self, stream: Any, on_text: Callable[[str, str], None], skip: Callable[[], bool]
+    ) -> None:
+        self.stream = stream
+        self._on_text = on_text
+        self._skip = skip
+        header = getattr(stream, "parent_header", None) or {}
+        self._parent = header.get("msg_id")
+        self._active = False
+        self._wrapped = False  # our write wrapper is in place (fd 1/2 are watched)
+        self._fd_identity: tuple[int, int] | None = None  # what the fd pointed at
+        self._synced = threading.Event()
+        self._marker = MARKER
+        self._carry = ""  # the start of a marker split between two pipe reads
+        self._stack = contextlib.ExitStack()
+
+    # -- lifetime --------------------------------------------------------------
+
+    def __enter__(self) -> StreamTap:
+        try:
+            self._start()
+        except BaseException:
+            self._stack.close()
+            raise
+        return self
+
+    def _start(self) -> None:
+        stream = self.stream
+        # What was written before belongs before: send it unrecorded.
+        self.flush()
+        self._stack.callback(self._unhook)
+        if not _in_io_thread(stream, lambda: stream.register_hook(self._hook)):
+            raise RuntimeError("ipykernel's IO thread did not answer")
+        self._active = True
+        watcher = self._watcher()
+        if watcher is not None:
+            own = vars(stream)
+            had_own, previous = "write" in own, own.get("write")
+            self._fd_identity = _identity(stream._original_stdstream_fd)
+            stream.write = self._wrap_write(stream.write, watcher)
+            self._wrapped = True
+
+            def restore() -> None:
+                self._wrapped = False
+                if had_own:
+                    stream.write = previous
+                else:
+                    vars(stream).pop("write", None)
+                if self._carry:  # not a marker after all: let it through
+                    carry, self._carry = self._carry, ""
+                    stream.write(carry)
+
+            self._stack.callback(restore)
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._stack.close()
+
+    def _unhook(self) -> None:
+        self._active = False  # a hook the IO thread registers late stays inert
+        stream = self.stream
+        _in_io_thread(stream, lambda: stream.unregister_hook(self._hook))
+
+    # -- what the frontend gets --------------------------------------------------
+
+    def _hook(self, msg: dict[str, Any]) -> dict[str, Any]:
+        if not self._active:
+            return msg
+        header = msg.get("parent_header") or {}
+        if self._parent is not None and header.get("msg_id") != self._parent:
+            return msg
+        content = msg.get("content") or {}
+        text = content.get("text")
+        if isinstance(text, str) and text and not self._skip():
+            self._on_text(content.get("name") or self.stream.name, text)
+        return msg
+
+    def flush(self) -> None:
+        """Send what the stream buffered now, and wait until it was sent (and recorded)."""
+        with contextlib.suppress(Exception):  # a closed stream has nothing to send
+            self.stream.flush()
+
+    # -- file descriptors ---------------------------------------------------------
+
+    def _watcher(self) -> threading.Thread | None:
+        stream = self.stream
+        thread = getattr(stream, "watch_fd_thread", None)
+        if (
+            getattr(stream, "_should_watch", False)
+            and isinstance(getattr(stream, "_original_stdstream_fd", None), int)
+            and isinstance(thread, threading.Thread)
+            and thread.is_alive()
+        ):
+            return thread
+        return None
+
+    def _wrap_write(self, original: Callable[[str], Any], watcher: threading.Thread):
+        marker = self._marker
+
+        def write(string: str) -> Any:
+            if threading.current_thread() is not watcher or not isinstance(string, str):
+                return original(string)
+            text, self._carry = self._carry + string, ""
+            found = marker in text
+            if found:
+                text = text.replace(marker, "")
+            else:
+                keep = _marker_prefix_at_end(text, marker)
+                if keep:
+                    text, self._carry = text[:-keep], text[-keep:]
+            result = original(text) if text else len(string)
+            if found:
+                self._synced.set()
+            return result
+
+        return write
+
+    def sync_fd(self) -> bool:
+        """Wait until what was written to this stream's file descriptor reached the stream.
+
+        True when it did (or nothing watches the descriptor), False when the
+        watcher thread did not forward the marker before the deadline.
+        """
+        if not self._wrapped or self._watcher() is None:
+            return True
+        fd = self.stream._original_stdstream_fd
+        try:
+            # The cell may have pointed the descriptor elsewhere (os.dup2): then
+            # nothing written there reaches the stream, and the marker must not
+            # land in somebody's file.
+            if _identity(fd) != self._fd_identity:
+                return True
+            self._synced.clear()
+            os.write(fd, self._marker.encode("ascii"))
+        except (OSError, AttributeError, TypeError):
+            return True
+        return self._synced.wait(THREAD_DEADLINE)
+
+
+def _identity(fd: int) -> tuple[int, int] | None:
+    """``(device, inode)`` of what `fd` points at, None if it is closed."""
+    try:
+        st = os.fstat(fd)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def _marker_prefix_at_end(text: str, marker: str) -> int:
+    """Length of the longest proper prefix of `marker` that `text` ends with."""
+    start = text.rfind(marker[0], max(0, len(text) - len(marker) + 1))
+    while start != -1:
+        if marker.startswith(text[start:]):
+            return len(text) - start
+        start = text.find(marker[0], start + 1)
+    return 0
+
+
+def _in_io_thread(stream: Any, fn: Callable[[], None]) -> bool:
+    """Run `fn` in the stream's IO thread (where its message hooks live) and wait."""
+    done = threading.Event()
+
+    def run() -> None:
+        try:
+            fn()
+        finally:
+            done.set()
+
+    stream.pub_thread.schedule(run)
+    return done.wait(THREAD_DEADLINE)
+
+
+def flush_figures(shell: Any) -> None:
+    """Run the matplotlib backends' after-cell hooks now (see :data:`FIGURE_HOOKS`).
+
+    They show the figures drawn in the cell and are no-ops when nothing was
+    drawn since they last ran, so the kernel's own run after the cell finds
+    nothing left to show.
+    """
+    events = getattr(shell, "events", None)
+    callbacks = getattr(events, "callbacks", {}).get("post_execute", [])
+    for callback in list(callbacks):
+        where = (getattr(callback, "__module__", None), getattr(callback, "__name__", None))
+        if where in FIGURE_HOOKS:
+            callback()
