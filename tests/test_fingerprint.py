@@ -791,3 +791,13 @@ def test_fingerprints_in_real_kernels_survive_restarts_and_see_module_edits(tmp_
     changed = {k for k in first if first[k] != edited[k]}
     # ask calls helpers_nbd.suffix; Box.area reads helpers_nbd.SCALE from the same file.
     assert changed == {"ask", "area", "box"}
+
+
+def test_every_nbdurable_module_is_library_code():
+    """nbdurable's own modules, in every subpackage, are never followed as the user's code."""
+    import nbdurable.kernel.substeps
+    import nbdurable.store.disk
+    from nbdurable.identity import localcode
+
+    for module in (nbdurable, nbdurable.kernel.substeps, nbdurable.store.disk, localcode):
+        assert localcode.is_library_file(module.__file__), module.__name__

@@ -40,7 +40,9 @@ def _library_roots() -> tuple[str, ...]:
         roots.add(site.getusersitepackages())
     except AttributeError:  # site's functions are missing in some embedded interpreters
         pass
-    here = os.path.dirname(os.path.abspath(__file__))  # nbdurable itself, even when editable
+    # nbdurable itself, even when installed editable: the package directory,
+    # two levels up from this file (nbdurable/identity/localcode.py).
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     found = {os.path.realpath(r) for r in roots if r} | {os.path.realpath(here)}
     return tuple(r.rstrip(os.sep) + os.sep for r in sorted(found))
 
