@@ -163,12 +163,13 @@ class Session:
         self.status: dict[str, tuple[str, str]] = {}  # step key -> (state, detail)
         self.producers: dict[str, str] = {}  # variable name -> step key that produced it
         # variable name -> (the object a step recorded or restored, its blob sha); see _input_fp
-        self.origins: dict[str, tuple[Any, str]] = {}
+        self.origins = recording.Origins()  # held weakly: del frees it as in a plain run
         self.saved = Savings()
         self.cell_ordinals: dict[str, int] = {}  # @recorded outside steps; reset per cell
         self._lock = threading.RLock()
         self._warned_no_notebook = False
-        self._warned_unsaved: set[str] = set()
+        # step key -> names its previous record could not save (warned when it was recorded)
+        self._unsaved_known: dict[str, frozenset[str]] = {}
         self._warned_names: set[str] = set()
         self._lease: lease.Lease | None = None
         self._lease_seen = 0.0  # when the store last confirmed we hold it
@@ -389,7 +390,7 @@ class Session:
         analysis = keys.analyse(py)
         source_fp = keys.source_fingerprint(py)
         ns = self.user_ns
-        self.origins = {n: o for n, o in self.origins.items() if ns.get(n) is o[0]}
+        self.origins.prune(ns)
         # A name this very step produced earlier in this kernel is not an input:
         # it did not exist when the step was first recorded, and counting it
         # would make every rerun in the same kernel look like a change.
@@ -413,6 +414,7 @@ class Session:
             self.status[key] = ("invalidated", reason)
             events.emit("step-invalidated", self.run_id, key, reason=reason, label=label)
         plan = Plan(key, label, position, py, source_fp, analysis, inputs, raw_fps, state)
+        self._unsaved_known[key] = recording.unsaved_names(rec.variables if rec else ())
         self._execute(plan)
 
     def _input_fp(self, name: str, value: Any, fp: str) -> str:
@@ -481,7 +483,7 @@ class Session:
 
     def _execute(self, plan: Plan) -> None:
         __tracebackhide__ = True
-        before = dict(self.user_ns)
+        before = recording.Snapshot(self.user_ns)  # weak: a value the body drops is freed
         ctx = StepContext(plan.key, plan.label)
         self.status[plan.key] = ("running", "")
         events.emit("step-start", self.run_id, plan.key, label=plan.label)
@@ -576,11 +578,12 @@ class Session:
         self, key: str, label: str, saved: recording.Saved, leaked: list[str]
     ) -> None:
         """One loud warning for each kind of thing a recorded step did not write."""
-        if saved.unsaved and key not in self._warned_unsaved:
-            self._warned_unsaved.add(key)
+        # Said once, when first recorded so: rerunning the body is what it announced.
+        unsaved = saved.unsaved_beyond(self._unsaved_known.pop(key, frozenset()))
+        if unsaved:
             warn(
                 f"step {label!r} was recorded, but these variables cannot be saved: "
-                f"{'; '.join(saved.unsaved)}. On replay this step's body runs again (its "
+                f"{'; '.join(unsaved)}. On replay this step's body runs again (its "
                 "sub-steps still replay, so no recorded call repeats)."
             )
         if saved.secrets:

@@ -124,14 +124,16 @@ def load(ipython) -> None:  # noqa: ANN001
     """Register the magics and the per-cell hook."""
     ipython.register_magics(StepMagics)
     ipython.events.register("pre_run_cell", _pre_run_cell)
+    ipython.events.register("post_run_cell", _post_run_cell)
 
 
 def unload(ipython) -> None:  # noqa: ANN001
     """Unregister the per-cell hook (magics are replaced on the next load)."""
-    try:
-        ipython.events.unregister("pre_run_cell", _pre_run_cell)
-    except ValueError:
-        pass
+    for event, hook in (("pre_run_cell", _pre_run_cell), ("post_run_cell", _post_run_cell)):
+        try:
+            ipython.events.unregister(event, hook)
+        except ValueError:
+            pass
     get_session().run_index = None  # nothing resets it per cell any more
 
 
@@ -139,3 +141,9 @@ def _pre_run_cell(info: object = None) -> None:
     session = get_session()
     session.cell_ordinals.clear()
     session.run_index = SubIndex()  # the run scope's records are read afresh per cell
+
+
+def _post_run_cell(result: object = None) -> None:
+    # What the cell unbound is not kept alive by nbdurable (see recording.Origins).
+    session = get_session()
+    session.origins.prune(session.user_ns)

@@ -9,6 +9,22 @@ restart, the cell that defines ``class Finding`` runs again, and a replayed
 dataclass ``==``), not of a private copy. Modules are never pickled: they are
 recorded by name and re-imported. Anything that cannot be pickled (an open
 client, a socket, a generator) is reported, never silently dropped.
+
+Deep values. The pickler recurses on the C stack once per nesting level, and
+CPython bounds that recursion only by ``sys.getrecursionlimit()``: code that
+raises the limit (as code building deep linked structures must) would let
+the pickler run off the end of the thread's stack and kill the process. So
+above the default limit, pickling and unpickling run on a helper thread whose
+stack is sized for the limit (see :func:`_deep_safe`); a value deeper than
+the limit is then reported unsaveable, as it is at the default limit.
+
+Restorable values. A pickle can be written and still never load in a fresh
+kernel: an object pickled *by name* from the notebook (``__main__.f``, which
+is how a ``functools.lru_cache`` function is pickled) is looked up on load,
+and if the step itself defines that name it does not exist yet when the step
+is replayed. :func:`restore_problem` finds such pickles when they are
+written, by loading small ones back and by scanning the names large ones
+refer to, so the step is marked not replayable once, at record time.
 """
 
 from __future__ import annotations
@@ -17,6 +33,9 @@ import contextvars
 import importlib
 import io
 import pickle
+import pickletools
+import sys
+import threading
 import types
 from collections.abc import Iterable
 from typing import Any
@@ -41,18 +60,82 @@ class Unsaveable(Exception):
     """A value could not be pickled; the message says why."""
 
 
+#: Up to this recursion limit, pickling runs on the calling thread. One level
+#: of pickle recursion takes about 170 bytes of C stack (CPython 3.11, x86-64:
+#: a 200,000-node chain is 600,000 levels), so even a 512 KB thread stack holds it.
+INLINE_LIMIT = 3000
+#: C stack reserved per level of recursion limit on the helper thread: about
+#: three times what was measured, for types whose reduction takes more.
+STACK_PER_LEVEL = 512
+#: Largest helper-thread stack. Only the pages a deep value touches become
+#: memory; the rest is address space. Above ``MAX_STACK / STACK_PER_LEVEL``
+#: levels the recursion limit is lowered to that while the helper runs.
+MAX_STACK = 1 << 30
+#: Room for the Python code a level runs (a ``__reduce__``, cloudpickle).
+_STACK_MARGIN = 32 * 1024 * 1024
+_stack_lock = threading.Lock()
+
+
+def _deep_safe(fn: Any, *args: Any) -> Any:
+    """``fn(*args)``, on a helper thread with a stack sized for the recursion limit if raised.
+
+    At or below :data:`INLINE_LIMIT` it simply runs here. Above, the calling
+    thread waits for a thread whose stack holds ``limit`` levels of pickle
+    recursion, so a value nested deeper than the stack allows raises
+    ``RecursionError`` instead of overrunning the stack. The process-wide
+    ``threading.stack_size`` is restored at once (it only affects threads
+    started meanwhile). The helper runs in a copy of the caller's context.
+    """
+    limit = sys.getrecursionlimit()
+    if limit <= INLINE_LIMIT:
+        return fn(*args)
+    levels = min(limit, (MAX_STACK - _STACK_MARGIN) // STACK_PER_LEVEL)
+    box: dict[str, Any] = {}
+    ctx = contextvars.copy_context()
+
+    def run() -> None:
+        try:
+            box["value"] = ctx.run(fn, *args)
+        except BaseException as exc:  # re-raised on the caller's thread
+            box["error"] = exc
+
+    with _stack_lock:
+        previous = threading.stack_size()
+        try:
+            threading.stack_size(levels * STACK_PER_LEVEL + _STACK_MARGIN)
+            thread = threading.Thread(target=run, name="nbdurable-pickle", daemon=True)
+            lowered = levels < limit
+            if lowered:  # a limit no stack we start could hold: hold what we can
+                sys.setrecursionlimit(levels)
+            try:
+                thread.start()
+                thread.join()
+            finally:
+                if lowered:
+                    sys.setrecursionlimit(limit)
+        finally:
+            threading.stack_size(previous)
+    if "error" in box:
+        raise box.pop("error")
+    return box.get("value")
+
+
 def dumps(value: Any) -> bytes:
     """Pickle ``value``; raise :class:`Unsaveable` with the reason if it cannot be."""
     if type(value) in _PLAIN:  # the common result of a model call: no cloudpickle set-up
         return pickle.dumps(value, PROTOCOL)
     try:
-        buffer = io.BytesIO()
-        _Pickler(buffer, protocol=PROTOCOL).dump(value)
-        return buffer.getvalue()
+        return _deep_safe(_dump, value, None)[0]
+    except RecursionError as exc:
+        raise Unsaveable(f"too deeply nested to pickle ({exc})") from exc
     except Exception as exc:  # pickling runs arbitrary __reduce__ code
         raise Unsaveable(f"{type(exc).__name__}: {exc}") from exc
-    except RecursionError as exc:  # pragma: no cover - subclass of Exception anyway
-        raise Unsaveable(f"too deeply nested: {exc}") from exc
+
+
+def _dump(value: Any, keep: Any) -> tuple[bytes, None]:
+    buffer = io.BytesIO()
+    _Pickler(buffer, protocol=PROTOCOL, buffer_callback=keep).dump(value)
+    return buffer.getvalue(), None
 
 
 def dumps_parts(value: Any) -> tuple[bytes, list[memoryview]]:
@@ -72,9 +155,9 @@ def dumps_parts(value: Any) -> tuple[bytes, list[memoryview]]:
         return False
 
     try:
-        buffer = io.BytesIO()
-        _Pickler(buffer, protocol=PROTOCOL, buffer_callback=keep).dump(value)
-        return buffer.getvalue(), buffers
+        return _deep_safe(_dump, value, keep)[0], buffers
+    except RecursionError as exc:
+        raise Unsaveable(f"too deeply nested to pickle ({exc})") from exc
     except Exception as exc:  # pickling runs arbitrary __reduce__ code
         raise Unsaveable(f"{type(exc).__name__}: {exc}") from exc
 
@@ -91,9 +174,110 @@ def loads(
     """
     token = _namespace.set(namespace)
     try:
-        return pickle.loads(data, buffers=buffers or ())
+        return _deep_safe(_load, data, buffers or ())
     finally:
         _namespace.reset(token)
+
+
+def _load(data: bytes | memoryview, buffers: Iterable[memoryview]) -> Any:
+    return pickle.loads(data, buffers=buffers)
+
+
+#: Pickles up to this size (stream and buffers) are loaded back once when written.
+TRIAL_MAX = 1024 * 1024
+
+
+def restore_problem(
+    stream: bytes,
+    buffers: list[memoryview],
+    produced: Iterable[str],
+    namespace: dict[str, Any] | None = None,
+) -> str | None:
+    """Why this pickle would not restore on replay, or None if it would.
+
+    A pickle of at most :data:`TRIAL_MAX` bytes is loaded back (and the copy
+    dropped): any error it raises now, it would raise on replay. Either way
+    the names it refers to in the notebook (``__main__``) are checked: one
+    that the step itself binds (``produced``) is not defined yet when the
+    step is replayed in a fresh kernel, or is an older object of that name.
+    Loading runs the value's own ``__setstate__``/``__reduce__`` code once
+    more, as replay would.
+    """
+    own = set(produced)
+    size = len(stream) + sum(b.nbytes for b in buffers)
+    if size <= TRIAL_MAX:
+        token = _namespace.set(namespace)
+        unpickler = _TrialUnpickler(io.BytesIO(stream), buffers=buffers)
+        try:
+            _deep_safe(unpickler.load)
+        except Exception as exc:  # whatever loading would raise on replay
+            return f"it does not load back ({type(exc).__name__}: {exc})"
+        finally:
+            _namespace.reset(token)
+        refs = unpickler.main_refs
+    elif b"__main__" in stream:  # too large to load twice: read the names it refers to
+        refs = _main_refs(stream)
+    else:
+        return None
+    for ref in refs:
+        if ref.split(".", 1)[0] in own:
+            return (
+                f"it is saved by reference to __main__.{ref}, which this step defines, "
+                "so replay cannot find it"
+            )
+    return None
+
+
+class _TrialUnpickler(pickle.Unpickler):
+    """An unpickler that notes the notebook names (``__main__.X``) it looks up."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.main_refs: list[str] = []
+
+    def find_class(self, module: str, name: str) -> Any:
+        if module == "__main__":
+            self.main_refs.append(name)
+        return super().find_class(module, name)
+
+
+_STRINGS = {"SHORT_BINUNICODE", "BINUNICODE", "BINUNICODE8", "UNICODE"}
+_GETS = {"GET", "BINGET", "LONG_BINGET"}
+
+
+def _main_refs(stream: bytes) -> list[str]:
+    """``X`` for every ``__main__.X`` global in a pickle stream, read without loading it.
+
+    ``STACK_GLOBAL`` takes the module and name the two pushes before it left
+    (literal strings or memo reads of them), which is how pickle writes it.
+    """
+    refs: list[str] = []
+    memo: dict[int, str | None] = {}
+    pushed: list[str | None] = [None, None]
+    try:
+        for op, arg, _pos in pickletools.genops(stream):
+            name = op.name
+            if name in _STRINGS:
+                pushed = [pushed[-1], arg]
+            elif name in _GETS:
+                pushed = [pushed[-1], memo.get(arg)]
+            elif name == "MEMOIZE":
+                memo[len(memo)] = pushed[-1]
+            elif name in ("PUT", "BINPUT", "LONG_BINPUT"):
+                memo[arg] = pushed[-1]
+            elif name == "STACK_GLOBAL":
+                if pushed[0] == "__main__" and pushed[1] is not None:
+                    refs.append(pushed[1])
+                pushed = [None, None]
+            elif name in ("GLOBAL", "INST"):
+                module, _, attr = str(arg).partition(" ")
+                if module == "__main__":
+                    refs.append(attr)
+            elif name not in ("FRAME", "PROTO"):
+                pushed = [pushed[-1], None]
+    except Exception:  # a stream we just wrote always parses; never fail the record on it
+        return refs
+    return refs
 
 
 class _Pickler(cloudpickle.Pickler):
