@@ -1,0 +1,241 @@
+"""Deep values, freed memory and unrestorable records, in real kernels, against plain runs.
+
+Each notebook runs plain (no nbdurable: ``%%step`` lines and ``%load_ext``
+removed), then durable in a fresh kernel, then durable again in another
+fresh kernel (replaying). What the notebook prints is compared between the
+three; re-execution is counted outside the store through ``ran.log``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections import Counter
+from pathlib import Path
+
+import nbformat
+import pytest
+from kernel_util import make_notebook, outputs_of, run_notebook, stream_text
+
+pytestmark = pytest.mark.kernel
+
+SETUP = (
+    "%load_ext nbdurable\n"
+    "import gc, json, os, sys, weakref\n"
+    "from nbdurable import step\n"
+    "def ran(name):\n"
+    "    with open('ran.log', 'a') as f:\n"
+    "        f.write(name + '\\n')"
+)
+
+
+def plain(cells: list[str]) -> list[str]:
+    """The same notebook without nbdurable: no extension, ``%%step`` cells as plain cells."""
+    out = []
+    for cell in cells:
+        lines = [
+            ln for ln in cell.split("\n") if not ln.startswith(("%%step", "%load_ext nbdurable"))
+        ]
+        text = "\n".join(lines)
+        text = text.replace(
+            "from nbdurable import step\n", "def step(_id, fn, *a):\n    return fn(*a)\n"
+        )
+        out.append(text)
+    return out
+
+
+def execute(tmp: Path, cells: list[str], *, timeout: int = 300):
+    nb = make_notebook(cells)
+    nbformat.write(nb, tmp / "nb.ipynb")
+    env = {
+        "NBDURABLE_DIR": str(tmp / "store"),
+        "NBDURABLE_NOTEBOOK": str(tmp / "nb.ipynb"),
+        "JPY_SESSION_NAME": "",
+    }
+    return run_notebook(nb, cwd=tmp, env=env, timeout=timeout)
+
+
+def three_runs(tmp_path_factory, name: str, cells: list[str], *, timeout: int = 300):
+    """``(plain, first, second, ran counts of the durable runs)``, each in a fresh kernel."""
+    base = tmp_path_factory.mktemp(name)
+    (base / "plain").mkdir()
+    (base / "durable").mkdir()
+    p = execute(base / "plain", plain(cells), timeout=timeout)
+    first = execute(base / "durable", cells, timeout=timeout)
+    second = execute(base / "durable", cells, timeout=timeout)
+    log = base / "durable" / "ran.log"
+    return p, first, second, Counter(log.read_text().split() if log.exists() else ())
+
+
+def printed(nb, index: int) -> dict:
+    return json.loads(stream_text(outputs_of(nb, index)))
+
+
+def warnings_in(nb) -> list[str]:
+    """Every nbdurable warning line the notebook showed (stderr of all cells)."""
+    lines = []
+    for i in range(len(nb.cells)):
+        err = stream_text(outputs_of(nb, i), "stderr")
+        lines += [ln for ln in err.splitlines() if "NbdurableWarning" in ln]
+    return lines
+
+
+def replay_noted(nb, index: int) -> bool:
+    return any(
+        (o.get("metadata") or {}).get("nbdurable", {}).get("note") == "replayed"
+        for o in outputs_of(nb, index)
+    )
+
+
+# -- deep and huge values --------------------------------------------------------------
+
+DEEP_CELLS = [
+    SETUP + "\nclass Node:\n    def __init__(self, nxt, v=0):\n        self.nxt, self.v = nxt, v",
+    "%%step at_default_limit\nchain = None\nfor i in range(200_000):\n    chain = Node(chain)\n"
+    "ran('at_default_limit')",
+    "sys.setrecursionlimit(10**6)",
+    "%%step deep\nhead = None\nfor i in range(200_000):\n    head = Node(head, i)\nran('deep')",
+    "%%step huge\nxs = list(range(10_000_000))\nran('huge')",
+    "n, node, total = 0, head, 0\n"
+    "while node is not None:\n"
+    "    n, total, node = n + 1, total + node.v, node.nxt\n"
+    "print(json.dumps({'n': n, 'total': total, 'first': head.v, 'isnode': isinstance(head, Node),\n"
+    "                  'xs': [len(xs), xs[-1], xs[123456]], 'chain': chain is not None}))",
+]
+
+
+@pytest.fixture(scope="module")
+def deep(tmp_path_factory):
+    return three_runs(tmp_path_factory, "deep", DEEP_CELLS)
+
+
+def test_deep_chain_with_raised_limit_records_and_replays_without_crashing(deep):
+    p, first, second, counts = deep
+    want = {
+        "n": 200_000,
+        "total": sum(range(200_000)),
+        "first": 199_999,
+        "isnode": True,
+        "xs": [10_000_000, 9_999_999, 123456],
+        "chain": True,
+    }
+    assert printed(p, 5) == want
+    assert printed(first, 5) == want
+    assert printed(second, 5) == want
+    assert counts["deep"] == 1 and counts["huge"] == 1, counts
+    assert replay_noted(second, 3) and replay_noted(second, 4)
+
+
+def test_deep_chain_at_default_limit_is_unsaveable_said_once(deep):
+    p, first, second, counts = deep
+    (line,) = warnings_in(first)
+    assert "at_default_limit" in line and "chain (__main__.Node" in line, line
+    assert warnings_in(second) == [], "rerunning what the warning announced is not warned again"
+    assert counts["at_default_limit"] == 2, "not replayable: its body ran again"
+
+
+# -- memory the user frees ---------------------------------------------------------------
+
+MEM_SETUP = (
+    SETUP + "\n"
+    "import tracemalloc\n"
+    "import numpy as np\n"
+    "tracemalloc.start()\n"
+    "STORE = os.environ.get('NBDURABLE_DIR') or '(none)'\n"
+    "freed = []\n"
+    "def snapshot():\n"
+    "    gc.collect()\n"
+    "    with open('/proc/self/statm') as f:\n"
+    "        rss = int(f.read().split()[1]) * os.sysconf('SC_PAGE_SIZE')\n"
+    "    with open('/proc/self/maps') as f:\n"
+    "        maps = sum(STORE in line and line.rstrip().endswith('.val') for line in f)\n"
+    "    return {'rss': rss, 'traced': tracemalloc.get_traced_memory()[0], 'maps': maps}\n"
+    "def report(before, after):\n"
+    "    return {'freed': list(freed), 'rss_mb': round((before['rss'] - after['rss']) / 1e6),\n"
+    "            'traced_mb': round((before['traced'] - after['traced']) / 1e6),\n"
+    "            'maps': [before['maps'], after['maps']]}"
+)
+
+MEM_CELLS = [
+    MEM_SETUP,
+    "%%step make\nbig = np.ones(10_000_000)\nbig2 = np.full(10_000_000, 2.0)\nran('make')\n"
+    "print(big.sum())",
+    "fins = [weakref.finalize(v, freed.append, k) for k, v in (('big', big), ('big2', big2))]\n"
+    "s0 = snapshot()",
+    "del big\ngc.collect()\ns1 = snapshot()\nprint(json.dumps(report(s0, s1)))",
+    "%%step drop\ndel big2\ngc.collect()\nran('drop')\nprint('in step', freed)",
+    "s2 = snapshot()\nprint(json.dumps(report(s1, s2)))",
+]
+
+
+@pytest.fixture(scope="module")
+def memory(tmp_path_factory):
+    if not sys.platform.startswith("linux"):
+        pytest.skip("reads /proc/self/statm and /proc/self/maps")
+    return three_runs(tmp_path_factory, "memory", MEM_CELLS)
+
+
+def test_del_frees_a_recorded_array_as_in_a_plain_run(memory):
+    p, first, _second, _ = memory
+    for nb in (p, first):
+        got = printed(nb, 3)
+        assert got["freed"] == ["big"], got  # the finalizer fired at `del`, in this cell
+        assert got["rss_mb"] >= 70 and got["traced_mb"] >= 75, got
+    step_out = stream_text(outputs_of(first, 4))
+    assert step_out == stream_text(outputs_of(p, 4)) == "in step ['big', 'big2']\n"
+    for nb in (p, first):
+        got = printed(nb, 5)
+        assert got["freed"] == ["big", "big2"] and got["rss_mb"] >= 70, got
+
+
+def test_del_unmaps_a_replayed_array(memory):
+    _p, _first, second, counts = memory
+    assert counts["make"] == 1 and counts["drop"] == 1, counts
+    assert replay_noted(second, 1) and replay_noted(second, 4)
+    got = printed(second, 3)
+    # Replayed arrays live on a copy-on-write mapping of their blob file.
+    assert got["freed"] == ["big"] and got["maps"] == [2, 1] and got["rss_mb"] >= 70, got
+    got = printed(second, 5)
+    assert got["freed"] == ["big", "big2"] and got["maps"] == [1, 0] and got["rss_mb"] >= 70, got
+
+
+# -- a record that cannot be restored ------------------------------------------------------
+
+LRU_CELLS = [
+    SETUP + "\nimport functools\n@functools.lru_cache\ndef f0(x):\n    return x + 100",
+    "%%step cached\n"
+    "@functools.lru_cache\n"
+    "def f(x):\n"
+    "    return x + 1\n"
+    "class Weird:\n"
+    "    def __reduce__(self):\n"
+    "        return (int, ('not a number',))\n"
+    "w = Weird()\n"
+    "v = step('sub', lambda: ran('sub') or 7)\n"
+    "ran('cached')\n"
+    "print(f(1), v)",
+    "%%step alias\ng = f0\nran('alias')",
+    "print(json.dumps({'f': f(2), 'g': g is f0, 'v': v, 'w': type(w).__name__}))",
+]
+
+
+@pytest.fixture(scope="module")
+def lru(tmp_path_factory):
+    base_runs = three_runs(tmp_path_factory, "lru", LRU_CELLS)
+    return base_runs
+
+
+def test_unrestorable_values_are_found_when_recorded_and_said_once(lru):
+    p, first, second, counts = lru
+    (line,) = warnings_in(first)
+    assert "'cached'" in line and "f (functools._lru_cache_wrapper" in line, line
+    assert "w (__main__.Weird: it does not load back (ValueError" in line, line
+    assert " g (" not in line and " v (" not in line, line
+    assert warnings_in(second) == [], warnings_in(second)
+    assert counts["cached"] == 2, "not replayable: the body ran again"
+    assert counts["sub"] == 1, "its sub-step replayed"
+    assert counts["alias"] == 1 and replay_noted(second, 2)
+    want = {"f": 3, "g": True, "v": 7, "w": "Weird"}
+    for nb in (p, first, second):
+        assert printed(nb, 3) == want
+        assert stream_text(outputs_of(nb, 1)) == "2 7\n"
