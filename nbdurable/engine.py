@@ -426,14 +426,15 @@ class Session:
         one recording from another, so a dependant of a re-executed step does
         not replay a result computed from the old value.
         """
-        origin = self.origins.get(name)
-        if origin is None or origin[0] is not value:
+        sha = self.origins.sha_for(name, value)
+        if sha is None:
             return fp
-        return hashlib.sha256(f"{fp}:{origin[1]}".encode()).hexdigest()[:32]
+        return hashlib.sha256(f"{fp}:{sha}".encode()).hexdigest()[:32]
 
     def _replay(self, rec: StepRecord, label: str, stale: str | None) -> bool:
         """Restore a record into the namespace and show its outputs; False if it cannot be."""
         restored: dict[str, Any] = {}
+        pure: dict[str, bool] = {}  # plain data, remembered by id only (see recording.Origins)
         ns = self.user_ns
         try:
             for var in rec.variables:
@@ -444,7 +445,7 @@ class Session:
                 blob = self.store.get_blob(var.ref)
                 if blob is None:
                     raise CorruptRecord(f"the saved value of {var.name!r} is missing")
-                value = values.loads(blob.stream, ns, blob.buffers)
+                value, pure[var.name] = values.load_value(blob.stream, ns, blob.buffers)
                 restored[var.name] = values.adopt(value, ns)
         except Exception as exc:  # a damaged blob, a module gone, a failing __setstate__
             warn(f"step {label!r}: cannot restore its variables ({exc}); the step runs again.")
@@ -455,7 +456,7 @@ class Session:
         for var in rec.variables:
             self.producers[var.name] = rec.key
             if var.kind == "value":
-                self.origins[var.name] = (restored[var.name], var.ref)
+                self.origins[var.name] = (restored[var.name], var.ref, pure[var.name])
         replay(self.shell, list(rec.outputs))
         with self._lock:
             self.saved.steps += 1

@@ -15,10 +15,12 @@ nbdurable holds user objects no longer than a plain run would: what it must
 remember about them between cells (:class:`Origins`) and during a step
 (:class:`Snapshot`) it holds through weak references, so ``del x`` and
 ``gc.collect()`` free a recorded array, and fire its finalizers, exactly when
-they would without nbdurable. Objects that cannot be weakly referenced
-(lists, dicts, tuples, str, bytes, ...) are held strongly, but only while
-the name that bound them still does: :meth:`Origins.prune` runs after every
-cell.
+they would without nbdurable. Between cells, plain data (lists and dicts of
+numbers and strings) is remembered by ``id()`` only. What is left, objects
+that cannot be weakly referenced and hold other objects (a list of model
+responses), is held while the name that bound it still does, and dropped at
+the end of the cell that unbinds it (:meth:`Origins.prune`); during a step,
+the step's :class:`Snapshot` holds such objects until the step ends.
 """
 
 from __future__ import annotations
@@ -38,7 +40,8 @@ class Saved:
     """What :func:`save_variables` wrote, and what it could not."""
 
     variables: list[VarRecord] = field(default_factory=list)
-    origins: dict[str, tuple[Any, str]] = field(default_factory=dict)  # name -> (value, blob sha)
+    #: name -> (value, blob sha, plain data?), for Origins
+    origins: dict[str, tuple[Any, str, bool]] = field(default_factory=dict)
     unsaved: list[str] = field(default_factory=list)  # "name (why)" for the warning
     secrets: list[str] = field(default_factory=list)  # "name ($VAR)" for the warning
     large: list[str] = field(default_factory=list)  # "name (123.4 MB)" for the warning
@@ -75,7 +78,7 @@ def save_variables(
             out.variables.append(VarRecord(name, "module", ref, fingerprint(value, name)))
             continue
         try:
-            stream, buffers = values.dumps_parts(value)
+            stream, buffers, plain = values.dump_value(value)
         except values.Unsaveable as exc:
             _unsaved(out, name, tname, str(exc), fingerprint(value, name))
             continue
@@ -97,7 +100,7 @@ def save_variables(
         if size > limit:
             out.large.append(f"{name} ({size / 1e6:.1f} MB)")
         faults.point("blob-written")
-        out.origins[name] = (value, sha)
+        out.origins[name] = (value, sha, plain)
         # A saved value's fingerprint is its blob's SHA-256 (already computed:
         # a second pass over a 100 MB array would cost as much as writing it).
         out.variables.append(VarRecord(name, "value", sha, "blob:" + sha[:32], size, tname))
@@ -135,40 +138,63 @@ def _ref(obj: Any) -> Callable[[], Any]:
         return _Held(obj)
 
 
+class _Id:
+    """Only the ``id()`` of an object of plain data (see :meth:`Origins.__setitem__`)."""
+
+    __slots__ = ("id",)
+
+    def __init__(self, obj: Any) -> None:
+        self.id = id(obj)
+
+
 class Origins:
     """For each name: the object a step recorded or restored under it, and its blob's sha.
 
     Used to tell one recording of a value from another when its fingerprint
-    sees it only by type (see ``Session._input_fp``). The objects are held
-    weakly (see the module docstring): an entry whose object is gone reads
-    as absent, and since a weak reference never revives, an object that
-    later happens to get the same ``id()`` cannot be mistaken for it.
+    sees it only by type (see ``Session._input_fp``, which mixes the sha
+    into the fingerprint of the very object recorded). Nothing here keeps a
+    value alive that a plain run would free:
+
+    * an object that can be weakly referenced (arrays, DataFrames, instances)
+      is held weakly; a weak reference never revives, so a later object that
+      happens to get the same ``id()`` is never mistaken for it;
+    * plain data (``pure``: builtin containers of builtin scalars, see
+      :func:`values.dump_value`) is remembered by ``id()`` alone. Its
+      fingerprint sees all of its content, so even if a later object reuses
+      that id, the fingerprint mixed with the sha still equals the recorded
+      one only for equal content;
+    * anything else (a list holding objects seen by type only) is held
+      strongly, but only while its name still binds it: :meth:`prune` runs
+      before every step and after every cell.
     """
 
     def __init__(self) -> None:
-        self._map: dict[str, tuple[Callable[[], Any], str]] = {}
+        self._map: dict[str, tuple[Any, str]] = {}
 
-    def __setitem__(self, name: str, origin: tuple[Any, str]) -> None:
-        self._map[name] = (_ref(origin[0]), origin[1])
+    def __setitem__(self, name: str, origin: tuple[Any, ...]) -> None:
+        """``origins[name] = (object, sha)`` or ``(object, sha, pure)``."""
+        obj, sha = origin[0], origin[1]
+        pure = len(origin) > 2 and origin[2]
+        self._map[name] = (_Id(obj) if pure else _ref(obj), sha)
 
-    def get(self, name: str) -> tuple[Any, str] | None:
-        """``(object, sha)``, or None when absent or the object is gone."""
+    def sha_for(self, name: str, value: Any) -> str | None:
+        """The blob sha recorded under ``name`` if ``value`` is that very object, else None."""
         entry = self._map.get(name)
         if entry is None:
             return None
-        obj = entry[0]()
-        if obj is None and not isinstance(entry[0], _Held):
+        if _same(entry[0], value):
+            return entry[1]
+        if isinstance(entry[0], weakref.ref) and entry[0]() is None:
             del self._map[name]
-            return None
-        return obj, entry[1]
+        return None
 
     def pop(self, name: str, default: Any = None) -> Any:
-        """Forget ``name``."""
+        """Forget ``name``; its sha (or ``default``)."""
         entry = self._map.pop(name, None)
-        return default if entry is None else (entry[0](), entry[1])
+        return default if entry is None else entry[1]
 
-    def update(self, origins: Mapping[str, tuple[Any, str]]) -> None:
-        """Add every ``name -> (object, sha)`` of ``origins``."""
+    def update(self, origins: Mapping[str, tuple[Any, ...]]) -> None:
+        """Add every ``name -> (object, sha[, pure])`` of ``origins``."""
         for name, origin in origins.items():
             self[name] = origin
 
@@ -178,19 +204,19 @@ class Origins:
 
     def prune(self, ns: Mapping[str, Any]) -> None:
         """Forget every name that ``ns`` no longer binds to its object (dropping strong refs)."""
-        for name, (ref, _sha) in list(self._map.items()):
-            obj = ref()
-            if (obj is None and not isinstance(ref, _Held)) or ns.get(name, _GONE) is not obj:
+        for name, (handle, _sha) in list(self._map.items()):
+            if name not in ns or not _same(handle, ns[name]):
                 del self._map[name]
 
     def __len__(self) -> int:
         return len(self._map)
 
-    def __contains__(self, name: object) -> bool:
-        return self.get(name) is not None if isinstance(name, str) else False
 
-
-_GONE = object()
+def _same(handle: Any, value: Any) -> bool:
+    if isinstance(handle, _Id):
+        return handle.id == id(value)
+    obj = handle()
+    return obj is value and (obj is not None or isinstance(handle, _Held))
 
 
 class Snapshot(Mapping[str, Any]):

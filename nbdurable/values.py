@@ -132,10 +132,11 @@ def dumps(value: Any) -> bytes:
         raise Unsaveable(f"{type(exc).__name__}: {exc}") from exc
 
 
-def _dump(value: Any, keep: Any) -> tuple[bytes, None]:
+def _dump(value: Any, keep: Any) -> tuple[bytes, bool]:
     buffer = io.BytesIO()
-    _Pickler(buffer, protocol=PROTOCOL, buffer_callback=keep).dump(value)
-    return buffer.getvalue(), None
+    pickler = _Pickler(buffer, protocol=PROTOCOL, buffer_callback=keep)
+    pickler.dump(value)
+    return buffer.getvalue(), pickler.plain
 
 
 def dumps_parts(value: Any) -> tuple[bytes, list[memoryview]]:
@@ -144,6 +145,24 @@ def dumps_parts(value: Any) -> tuple[bytes, list[memoryview]]:
     The buffers are views of the value's own memory (a numpy array's data,
     a bytearray), not copies; :func:`loads` takes them back. Raises
     :class:`Unsaveable` like :func:`dumps`.
+    """
+    stream, buffers, _plain = dump_value(value)
+    return stream, buffers
+
+
+#: Exactly these types (and str, bytes, int, float, bool, None, which the
+#: pickler writes without asking) make a value *plain data*.
+_PLAIN_CONTAINERS = frozenset((list, dict, tuple, set, frozenset, bytearray))
+
+
+def dump_value(value: Any) -> tuple[bytes, list[memoryview], bool]:
+    """:func:`dumps_parts`, and whether the value is plain data.
+
+    Plain data is builtin containers of builtin scalars, nothing else (no
+    subclass, no class, no function, no array): what :func:`keys.fingerprint`
+    sees completely. The pickler asks ``reducer_override`` about every object
+    but atoms, strings and bytes, so the answer is exact and costs one set
+    lookup per container.
     """
     buffers: list[memoryview] = []
 
@@ -155,7 +174,8 @@ def dumps_parts(value: Any) -> tuple[bytes, list[memoryview]]:
         return False
 
     try:
-        return _deep_safe(_dump, value, keep)[0], buffers
+        stream, plain = _deep_safe(_dump, value, keep)
+        return stream, buffers, plain and not buffers
     except RecursionError as exc:
         raise Unsaveable(f"too deeply nested to pickle ({exc})") from exc
     except Exception as exc:  # pickling runs arbitrary __reduce__ code
@@ -172,15 +192,36 @@ def loads(
     Notebook classes resolve to the same-named classes of ``namespace`` when
     their fingerprints match (see the module docstring).
     """
+    return load_value(data, namespace, buffers)[0]
+
+
+def load_value(
+    data: bytes | memoryview,
+    namespace: dict[str, Any] | None = None,
+    buffers: list[memoryview] | None = None,
+) -> tuple[Any, bool]:
+    """:func:`loads`, and whether the value is plain data (see :func:`dump_value`).
+
+    Every object that is not plain data is rebuilt through a global (a
+    class, a function) the unpickler looks up with ``find_class``, or on an
+    out-of-band buffer: a load that did neither made plain data.
+    """
     token = _namespace.set(namespace)
     try:
-        return _deep_safe(_load, data, buffers or ())
+        unpickler = _Unpickler(io.BytesIO(data), buffers=buffers or ())
+        return _deep_safe(unpickler.load), unpickler.plain and not buffers
     finally:
         _namespace.reset(token)
 
 
-def _load(data: bytes | memoryview, buffers: Iterable[memoryview]) -> Any:
-    return pickle.loads(data, buffers=buffers)
+class _Unpickler(pickle.Unpickler):
+    """An unpickler that notes whether it looked up any global."""
+
+    plain = True
+
+    def find_class(self, module: str, name: str) -> Any:
+        self.plain = False
+        return super().find_class(module, name)
 
 
 #: Pickles up to this size (stream and buffers) are loaded back once when written.
@@ -228,7 +269,7 @@ def restore_problem(
     return None
 
 
-class _TrialUnpickler(pickle.Unpickler):
+class _TrialUnpickler(_Unpickler):
     """An unpickler that notes the notebook names (``__main__.X``) it looks up."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -281,7 +322,11 @@ def _main_refs(stream: bytes) -> list[str]:
 
 
 class _Pickler(cloudpickle.Pickler):
+    plain = True  # see dump_value
+
     def reducer_override(self, obj: Any) -> Any:
+        if type(obj) not in _PLAIN_CONTAINERS:
+            self.plain = False
         if (
             isinstance(obj, type)
             and obj.__module__ == "__main__"

@@ -143,6 +143,12 @@ MEM_SETUP = (
     "tracemalloc.start()\n"
     "STORE = os.environ.get('NBDURABLE_DIR') or '(none)'\n"
     "freed = []\n"
+    "class Obj:\n"
+    "    def __init__(self, i):\n"
+    "        self.i = i\n"
+    "def traced_mb():\n"
+    "    gc.collect()\n"
+    "    return tracemalloc.get_traced_memory()[0] / 1e6\n"
     "def snapshot():\n"
     "    gc.collect()\n"
     "    with open('/proc/self/statm') as f:\n"
@@ -156,15 +162,24 @@ MEM_SETUP = (
     "            'maps': [before['maps'], after['maps']]}"
 )
 
+ROW_CELLS = [
+    "t0 = traced_mb()\ndel rows\ngc.collect()\nprint(json.dumps(round(t0 - traced_mb())))",
+    "t1 = traced_mb()\ndel objs\ngc.collect()\nprint(json.dumps(round(t1 - traced_mb())))",
+    "print(json.dumps(round(t1 - traced_mb())))",
+]
+
 MEM_CELLS = [
     MEM_SETUP,
     "%%step make\nbig = np.ones(10_000_000)\nbig2 = np.full(10_000_000, 2.0)\nran('make')\n"
+    "rows = [{'i': i, 's': str(i)} for i in range(200_000)]\n"
+    "objs = [Obj(i) for i in range(200_000)]\n"
     "print(big.sum())",
     "fins = [weakref.finalize(v, freed.append, k) for k, v in (('big', big), ('big2', big2))]\n"
     "s0 = snapshot()",
     "del big\ngc.collect()\ns1 = snapshot()\nprint(json.dumps(report(s0, s1)))",
     "%%step drop\ndel big2\ngc.collect()\nran('drop')\nprint('in step', freed)",
     "s2 = snapshot()\nprint(json.dumps(report(s1, s2)))",
+    *ROW_CELLS,
 ]
 
 
@@ -239,3 +254,13 @@ def test_unrestorable_values_are_found_when_recorded_and_said_once(lru):
     for nb in (p, first, second):
         assert printed(nb, 3) == want
         assert stream_text(outputs_of(nb, 1)) == "2 7\n"
+
+
+def test_del_frees_recorded_lists(memory):
+    """Plain data is freed at ``del``; a list of objects at the end of that cell."""
+    p, first, second, _ = memory
+    rows, objs, after = 6, 7, 8
+    for nb in (p, first, second):
+        assert printed(nb, rows) >= 30, printed(nb, rows)
+        assert printed(nb, after) >= 10, printed(nb, after)
+    assert printed(p, objs) >= 10, "a plain run frees it at once"
