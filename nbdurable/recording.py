@@ -78,14 +78,15 @@ def save_variables(
             out.variables.append(VarRecord(name, "module", ref, fingerprint(value, name)))
             continue
         try:
-            stream, buffers, plain = values.dump_value(value)
+            pickled = values.dump_value(value)
         except values.Unsaveable as exc:
             _unsaved(out, name, tname, str(exc), fingerprint(value, name))
             continue
-        problem = values.restore_problem(stream, buffers, names, ns)
+        problem = values.restore_problem(pickled, names, ns)
         if problem is not None:
             _unsaved(out, name, tname, problem, fingerprint(value, name))
             continue
+        stream, buffers = pickled.stream, pickled.buffers
         size = len(stream) + sum(b.nbytes for b in buffers)
         try:
             # Searched for secrets in the very copy that is hashed and written.
@@ -100,7 +101,7 @@ def save_variables(
         if size > limit:
             out.large.append(f"{name} ({size / 1e6:.1f} MB)")
         faults.point("blob-written")
-        out.origins[name] = (value, sha, plain)
+        out.origins[name] = (value, sha, pickled.plain)
         # A saved value's fingerprint is its blob's SHA-256 (already computed:
         # a second pass over a 100 MB array would cost as much as writing it).
         out.variables.append(VarRecord(name, "value", sha, "blob:" + sha[:32], size, tname))

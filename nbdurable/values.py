@@ -22,9 +22,11 @@ Restorable values. A pickle can be written and still never load in a fresh
 kernel: an object pickled *by name* from the notebook (``__main__.f``, which
 is how a ``functools.lru_cache`` function is pickled) is looked up on load,
 and if the step itself defines that name it does not exist yet when the step
-is replayed. :func:`restore_problem` finds such pickles when they are
-written, by loading small ones back and by scanning the names large ones
-refer to, so the step is marked not replayable once, at record time.
+is replayed; and a notebook class's own ``__reduce__``/``__setstate__`` may
+not round-trip. :func:`restore_problem` finds such pickles when they are
+written (for values that involve notebook code), by loading small ones back
+and by scanning the names large ones refer to, so the step is marked not
+replayable once, at record time.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ import sys
 import threading
 import types
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, NamedTuple
 
 import cloudpickle
 
@@ -132,11 +134,11 @@ def dumps(value: Any) -> bytes:
         raise Unsaveable(f"{type(exc).__name__}: {exc}") from exc
 
 
-def _dump(value: Any, keep: Any) -> tuple[bytes, bool]:
+def _dump(value: Any, keep: Any) -> tuple[bytes, bool, bool]:
     buffer = io.BytesIO()
     pickler = _Pickler(buffer, protocol=PROTOCOL, buffer_callback=keep)
     pickler.dump(value)
-    return buffer.getvalue(), pickler.plain
+    return buffer.getvalue(), pickler.plain, pickler.notebook
 
 
 def dumps_parts(value: Any) -> tuple[bytes, list[memoryview]]:
@@ -146,8 +148,8 @@ def dumps_parts(value: Any) -> tuple[bytes, list[memoryview]]:
     a bytearray), not copies; :func:`loads` takes them back. Raises
     :class:`Unsaveable` like :func:`dumps`.
     """
-    stream, buffers, _plain = dump_value(value)
-    return stream, buffers
+    got = dump_value(value)
+    return got.stream, got.buffers
 
 
 #: Exactly these types (and str, bytes, int, float, bool, None, which the
@@ -155,14 +157,24 @@ def dumps_parts(value: Any) -> tuple[bytes, list[memoryview]]:
 _PLAIN_CONTAINERS = frozenset((list, dict, tuple, set, frozenset, bytearray))
 
 
-def dump_value(value: Any) -> tuple[bytes, list[memoryview], bool]:
-    """:func:`dumps_parts`, and whether the value is plain data.
+class Pickled(NamedTuple):
+    """A value pickled by :func:`dump_value`."""
 
-    Plain data is builtin containers of builtin scalars, nothing else (no
-    subclass, no class, no function, no array): what :func:`keys.fingerprint`
-    sees completely. The pickler asks ``reducer_override`` about every object
-    but atoms, strings and bytes, so the answer is exact and costs one set
-    lookup per container.
+    stream: bytes
+    buffers: list[memoryview]  # out-of-band views of the value's own memory
+    #: Builtin containers of builtin scalars, nothing else (no subclass, no
+    #: class, no function, no array): what :func:`keys.fingerprint` sees completely.
+    plain: bool
+    #: Holds an object, class or function defined in the notebook (``__main__``).
+    notebook: bool
+
+
+def dump_value(value: Any) -> Pickled:
+    """:func:`dumps_parts`, and what the value is made of (see :class:`Pickled`).
+
+    The pickler asks ``reducer_override`` about every object but atoms,
+    strings and bytes, so both answers are exact and cost a lookup or two
+    per object.
     """
     buffers: list[memoryview] = []
 
@@ -174,8 +186,8 @@ def dump_value(value: Any) -> tuple[bytes, list[memoryview], bool]:
         return False
 
     try:
-        stream, plain = _deep_safe(_dump, value, keep)
-        return stream, buffers, plain and not buffers
+        stream, plain, notebook = _deep_safe(_dump, value, keep)
+        return Pickled(stream, buffers, plain and not buffers, notebook)
     except RecursionError as exc:
         raise Unsaveable(f"too deeply nested to pickle ({exc})") from exc
     except Exception as exc:  # pickling runs arbitrary __reduce__ code
@@ -224,42 +236,50 @@ class _Unpickler(pickle.Unpickler):
         return super().find_class(module, name)
 
 
-#: Pickles up to this size (stream and buffers) are loaded back once when written.
-TRIAL_MAX = 1024 * 1024
+#: Pickles whose stream (not counting out-of-band buffers, which a load
+#: reuses without copying) is at most this large are loaded back once when written.
+TRIAL_MAX = 2 * 1024 * 1024
 
 
 def restore_problem(
-    stream: bytes,
-    buffers: list[memoryview],
-    produced: Iterable[str],
-    namespace: dict[str, Any] | None = None,
+    pickled: Pickled, produced: Iterable[str], namespace: dict[str, Any] | None = None
 ) -> str | None:
     """Why this pickle would not restore on replay, or None if it would.
 
-    A pickle of at most :data:`TRIAL_MAX` bytes is loaded back (and the copy
-    dropped): any error it raises now, it would raise on replay. Either way
-    the names it refers to in the notebook (``__main__``) are checked: one
-    that the step itself binds (``produced``) is not defined yet when the
-    step is replayed in a fresh kernel, or is an older object of that name.
-    Loading runs the value's own ``__setstate__``/``__reduce__`` code once
-    more, as replay would.
+    Only pickles that involve the notebook's own code are looked at (an
+    object, class or function defined in the notebook, or a reference by
+    name to ``__main__``): a library's types are trusted to round-trip.
+    Such a pickle, if its stream is at most :data:`TRIAL_MAX` bytes, is
+    loaded back and the copy dropped: any error it raises now, it would
+    raise on replay (the notebook's own ``__setstate__``/``__reduce__`` code
+    runs once more, as replay would run it). The trial is given up, and
+    the pickle only scanned, as soon as it needs a global outside the
+    notebook, the standard library's data types, numpy and pandas: loading
+    other libraries' objects may have side effects (a matplotlib figure
+    registers itself with pyplot, and would be shown). Either way the names
+    it refers to in the notebook (``__main__.X``) are checked: one that the
+    step itself binds (``produced``) is not defined yet when the step is
+    replayed in a fresh kernel, or is an older object of that name.
     """
-    own = set(produced)
-    size = len(stream) + sum(b.nbytes for b in buffers)
-    if size <= TRIAL_MAX:
+    stream = pickled.stream
+    if not pickled.notebook and b"__main__" not in stream:
+        return None
+    refs: list[str] | None = None
+    if len(stream) <= TRIAL_MAX:
         token = _namespace.set(namespace)
-        unpickler = _TrialUnpickler(io.BytesIO(stream), buffers=buffers)
+        unpickler = _TrialUnpickler(io.BytesIO(stream), buffers=pickled.buffers)
         try:
             _deep_safe(unpickler.load)
+            refs = unpickler.main_refs
+        except _Untried:
+            pass
         except Exception as exc:  # whatever loading would raise on replay
             return f"it does not load back ({type(exc).__name__}: {exc})"
         finally:
             _namespace.reset(token)
-        refs = unpickler.main_refs
-    elif b"__main__" in stream:  # too large to load twice: read the names it refers to
+    if refs is None:  # too large to load twice, or not ours to load: read its names
         refs = _main_refs(stream)
-    else:
-        return None
+    own = set(produced)
     for ref in refs:
         if ref.split(".", 1)[0] in own:
             return (
@@ -267,6 +287,22 @@ def restore_problem(
                 "so replay cannot find it"
             )
     return None
+
+
+#: Modules whose objects a trial load may build: the notebook's, nbdurable's
+#: and cloudpickle's rebuilding functions, and data types known to load without
+#: side effects (first dotted part).
+_TRIAL_MODULES = frozenset(
+    (
+        "__main__", "builtins", "copyreg", "_codecs", "cloudpickle", "nbdurable", "types",
+        "collections", "functools", "operator", "datetime", "decimal", "fractions", "enum",
+        "uuid", "pathlib", "re", "array", "numpy", "pandas",
+    )
+)  # fmt: skip
+
+
+class _Untried(Exception):
+    """A trial load was given up: the pickle needs a global it should not build."""
 
 
 class _TrialUnpickler(_Unpickler):
@@ -277,6 +313,8 @@ class _TrialUnpickler(_Unpickler):
         self.main_refs: list[str] = []
 
     def find_class(self, module: str, name: str) -> Any:
+        if module.split(".", 1)[0] not in _TRIAL_MODULES:
+            raise _Untried(module)
         if module == "__main__":
             self.main_refs.append(name)
         return super().find_class(module, name)
@@ -322,11 +360,17 @@ def _main_refs(stream: bytes) -> list[str]:
 
 
 class _Pickler(cloudpickle.Pickler):
-    plain = True  # see dump_value
+    plain = True  # see Pickled
+    notebook = False
 
     def reducer_override(self, obj: Any) -> Any:
-        if type(obj) not in _PLAIN_CONTAINERS:
+        t = type(obj)
+        if t not in _PLAIN_CONTAINERS:
             self.plain = False
+            if t.__module__ == "__main__" or (
+                (t is types.FunctionType or isinstance(obj, type)) and obj.__module__ == "__main__"
+            ):
+                self.notebook = True
         if (
             isinstance(obj, type)
             and obj.__module__ == "__main__"
