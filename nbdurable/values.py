@@ -31,6 +31,7 @@ replayable once, at record time.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import importlib
 import io
@@ -112,6 +113,14 @@ def _deep_safe(fn: Any, *args: Any) -> Any:
             try:
                 thread.start()
                 thread.join()
+            except KeyboardInterrupt:
+                # An interrupted helper is left to finish in the background (its
+                # result is dropped), unless the limit was lowered for it: raising
+                # the limit again under it could let it overrun its stack.
+                while lowered and thread.is_alive():
+                    with contextlib.suppress(KeyboardInterrupt):
+                        thread.join()
+                raise
             finally:
                 if lowered:
                     sys.setrecursionlimit(limit)

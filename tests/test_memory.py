@@ -264,3 +264,164 @@ def test_del_frees_recorded_lists(memory):
         assert printed(nb, rows) >= 30, printed(nb, rows)
         assert printed(nb, after) >= 10, printed(nb, after)
     assert printed(p, objs) >= 10, "a plain run frees it at once"
+
+
+# -- the parts, without a kernel ------------------------------------------------------------
+
+
+def _in_main(monkeypatch, obj, name: str):
+    """Make ``obj`` (a class or function) look defined in the notebook as ``name``."""
+    obj.__module__ = "__main__"
+    obj.__qualname__ = name
+    monkeypatch.setattr(sys.modules["__main__"], name, obj, raising=False)
+    return obj
+
+
+def test_dump_value_knows_plain_data_and_notebook_code(monkeypatch):
+    from nbdurable import values
+
+    class Thing:
+        pass
+
+    _in_main(monkeypatch, Thing, "Thing")
+    plain = [
+        {"i": i, "s": str(i), "t": (i, None, 1.5, b"x", {True}, bytearray(3))}
+        for i in range(40_000)
+    ]
+    got = values.dump_value(plain)
+    assert got.plain and not got.notebook
+    assert b"\x93" in got.stream, "an int's bytes can look like STACK_GLOBAL: not a byte test"
+    assert values.load_value(got.stream, {}, got.buffers) == (plain, True)
+    for impure in ([1 + 2j], [Thing()], {"f": len}, [range(3)], [True, {1: [len]}]):
+        got = values.dump_value(impure)
+        assert not got.plain, impure
+        assert values.load_value(got.stream, {}, got.buffers)[1] is False, impure
+    assert values.dump_value([Thing()]).notebook
+
+
+def test_restore_problem_finds_what_replay_cannot_load(monkeypatch):
+    import functools
+
+    from nbdurable import values
+
+    @functools.lru_cache
+    def f(x):
+        return x
+
+    class Weird:
+        def __reduce__(self):
+            return (int, ("not a number",))
+
+    _in_main(monkeypatch, f, "f")
+    _in_main(monkeypatch, Weird, "Weird")
+    by_name = values.dump_value({"g": f})
+    assert "__main__.f, which this step defines" in values.restore_problem(by_name, {"f"})
+    assert values.restore_problem(by_name, {"g"}) is None, "f defined before the step: fine"
+    assert "does not load back (ValueError" in values.restore_problem(
+        values.dump_value([Weird()]), set()
+    )
+    big = values.dump_value([list(range(600_000)), f])  # over TRIAL_MAX: scanned, not loaded
+    assert len(big.stream) > values.TRIAL_MAX
+    assert "__main__.f" in values.restore_problem(big, {"f"})
+    assert values.restore_problem(values.dump_value(list(range(10))), {"f"}) is None
+
+
+def test_restore_problem_does_not_load_library_objects(monkeypatch):
+    plt = pytest.importorskip("matplotlib.pyplot")
+    from nbdurable import values
+
+    class Report:
+        def __init__(self, fig):
+            self.fig = fig
+
+    _in_main(monkeypatch, Report, "Report")
+    plt.switch_backend("agg")
+    fig = plt.figure()
+    try:
+        before = plt.get_fignums()
+        assert values.restore_problem(values.dump_value(Report(fig)), set()) is None
+        assert plt.get_fignums() == before, "a trial load would register the figure again"
+    finally:
+        plt.close("all")
+
+
+def test_origins_hold_nothing_a_plain_run_frees():
+    import gc
+    import weakref
+
+    from nbdurable.recording import Origins, Snapshot
+
+    class Obj:
+        pass
+
+    origins = Origins()
+    obj, plain, held = Obj(), [1, 2, 3], [Obj()]
+    origins.update({"o": (obj, "s1", False), "p": (plain, "s2", True), "h": (held, "s3", False)})
+    ns = {"o": obj, "p": plain, "h": held}
+    assert [origins.sha_for(n, ns[n]) for n in ("o", "p", "h")] == ["s1", "s2", "s3"]
+    assert origins.sha_for("o", Obj()) is None and origins.sha_for("p", [1, 2, 3]) is None
+    freed = []
+    weakref.finalize(obj, freed.append, "o")
+    del ns["o"], obj
+    gc.collect()
+    assert freed == ["o"], "held weakly"
+    held_ref = weakref.ref(held[0])
+    del ns["h"], held
+    origins.prune(ns)
+    gc.collect()
+    assert held_ref() is None and len(origins) == 1, "a held list is dropped once unbound"
+
+    snap_obj = Obj()
+    snap = Snapshot({"x": snap_obj, "n": None, "l": [1]})
+    assert snap["x"] is snap_obj and snap["n"] is None and "l" in snap and len(snap) == 3
+    weakref.finalize(snap_obj, freed.append, "x")
+    del snap_obj
+    gc.collect()
+    assert freed == ["o", "x"] and snap["x"] is None and "x" in snap
+
+
+DEEP_SCRIPT = """
+import sys, threading
+from nbdurable import values
+class Node:
+    def __init__(self, nxt):
+        self.nxt = nxt
+head = None
+for i in range(200_000):
+    head = Node(head)
+try:
+    values.dumps(head)
+    print("saved at the default limit")
+except values.Unsaveable as exc:
+    print("unsaveable:", type(exc.__cause__).__name__)
+size = threading.stack_size()
+sys.setrecursionlimit(10**6)
+stream, buffers = values.dumps_parts(head)
+back = values.loads(stream, {}, buffers)
+n = 0
+while back is not None:
+    back, n = back.nxt, n + 1
+print(n, threading.stack_size() == size, sys.getrecursionlimit())
+sys.setrecursionlimit(10**7)  # no stack we start can hold this many levels: held to fewer
+values.dumps_parts(head)
+print(sys.getrecursionlimit())
+"""
+
+
+def test_deep_value_pickles_on_a_stack_that_fits_the_limit(tmp_path):
+    import subprocess
+
+    from kernel_util import REPO_ROOT
+
+    script = tmp_path / "deep.py"
+    script.write_text(DEEP_SCRIPT)
+    env = {"PYTHONPATH": str(REPO_ROOT), "PATH": "/usr/bin:/bin"}
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=600
+    )
+    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
+    assert done.stdout.split("\n")[:3] == [
+        "unsaveable: PicklingError",
+        "200000 True 1000000",
+        "10000000",
+    ], done.stdout
