@@ -170,6 +170,8 @@ class Session:
         self._warned_no_notebook = False
         # step key -> names its previous record could not save (warned when it was recorded)
         self._unsaved_known: dict[str, frozenset[str]] = {}
+        # step key -> {name: why} of values its last replay could not load (kept unsaved)
+        self._unloadable: dict[str, dict[str, str]] = {}
         self._warned_names: set[str] = set()
         self._lease: lease.Lease | None = None
         self._lease_seen = 0.0  # when the store last confirmed we hold it
@@ -414,7 +416,8 @@ class Session:
             self.status[key] = ("invalidated", reason)
             events.emit("step-invalidated", self.run_id, key, reason=reason, label=label)
         plan = Plan(key, label, position, py, source_fp, analysis, inputs, raw_fps, state)
-        self._unsaved_known[key] = recording.unsaved_names(rec.variables if rec else ())
+        known = recording.unsaved_names(rec.variables if rec else ())
+        self._unsaved_known[key] = known | set(self._unloadable.get(key, ()))  # _replay said it
         self._execute(plan)
 
     def _input_fp(self, name: str, value: Any, fp: str) -> str:
@@ -436,8 +439,10 @@ class Session:
         restored: dict[str, Any] = {}
         pure: dict[str, bool] = {}  # plain data, remembered by id only (see recording.Origins)
         ns = self.user_ns
+        loading: str | None = None
         try:
             for var in rec.variables:
+                loading = var.name
                 faults.point("replay")
                 if var.kind == "module":
                     restored[var.name] = values.import_module(var.ref)
@@ -448,6 +453,10 @@ class Session:
                 value, pure[var.name] = values.load_value(blob.stream, ns, blob.buffers)
                 restored[var.name] = values.adopt(value, ns)
         except Exception as exc:  # a damaged blob, a module gone, a failing __setstate__
+            if loading is not None and not isinstance(exc, NbdurableError):
+                # The value itself does not load (not its blob): record it as unsaved.
+                why = f"did not load back on replay ({type(exc).__name__}: {exc})"
+                self._unloadable[rec.key] = {loading: why}
             warn(f"step {label!r}: cannot restore its variables ({exc}); the step runs again.")
             return False
         for name in rec.deleted:
@@ -506,6 +515,7 @@ class Session:
     ) -> None:
         what = (f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)[:500]
         what = redact.redact_text(what)[0]
+        self._unloadable.pop(key, None)
         self.status[key] = ("failed", what)
         failed = StepState(state.pinned, what, time.time(), state.stale, label, position)
         try:
@@ -531,7 +541,13 @@ class Session:
         secrets = redact.secrets_in_env()
         try:
             saved = recording.save_variables(
-                self.store, ns, changed, _dotted_imports(py), _fingerprint, secrets
+                self.store,
+                ns,
+                changed,
+                _dotted_imports(py),
+                _fingerprint,
+                secrets,
+                unloadable=self._unloadable.pop(key, {}),
             )
         except StoreError as exc:
             raise StoreError(f"step {label!r} ran but was NOT recorded: {exc}") from exc

@@ -61,18 +61,25 @@ def save_variables(
     imported: set[str],
     fingerprint: Callable[[Any, str], str],
     secrets: dict[str, bytes],
+    unloadable: Mapping[str, str] | None = None,
 ) -> Saved:
     """Write a blob per variable of ``names`` (once by content); return the records.
 
     ``names`` are the names the step bound or changed: a value that refers to
     one of them by name (``__main__.f``) cannot be restored (see
-    :func:`values.restore_problem`).
+    :func:`values.restore_problem`). ``unloadable`` maps names whose recorded
+    value failed to load on this kernel's replay to the reason: they are kept
+    unsaved without a second try (what failed there, a module missing from a
+    fresh kernel, would load here and fail again there).
     """
     out = Saved()
     limit = config.get().warn_size_mb * 1024 * 1024
     for name in names:
         value = ns[name]
         tname = values.type_name(value)
+        if unloadable and name in unloadable:
+            _unsaved(out, name, tname, unloadable[name], fingerprint(value, name))
+            continue
         if values.is_module(value):
             ref = values.module_ref(value, imported)
             out.variables.append(VarRecord(name, "module", ref, fingerprint(value, name)))

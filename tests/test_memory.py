@@ -45,6 +45,7 @@ def plain(cells: list[str]) -> list[str]:
 
 
 def execute(tmp: Path, cells: list[str], *, timeout: int = 300):
+    """Save the notebook where NBDURABLE_NOTEBOOK says and run it in a fresh kernel."""
     nb = make_notebook(cells)
     nbformat.write(nb, tmp / "nb.ipynb")
     env = {
@@ -55,16 +56,15 @@ def execute(tmp: Path, cells: list[str], *, timeout: int = 300):
     return run_notebook(nb, cwd=tmp, env=env, timeout=timeout)
 
 
-def three_runs(tmp_path_factory, name: str, cells: list[str], *, timeout: int = 300):
-    """``(plain, first, second, ran counts of the durable runs)``, each in a fresh kernel."""
+def three_runs(tmp_path_factory, name: str, cells: list[str], *, durable: int = 2):
+    """``(plain, durable run 1, run 2, ..., ran counts of the durable runs)``, fresh kernels."""
     base = tmp_path_factory.mktemp(name)
     (base / "plain").mkdir()
     (base / "durable").mkdir()
-    p = execute(base / "plain", plain(cells), timeout=timeout)
-    first = execute(base / "durable", cells, timeout=timeout)
-    second = execute(base / "durable", cells, timeout=timeout)
+    runs = [execute(base / "plain", plain(cells))]
+    runs += [execute(base / "durable", cells) for _ in range(durable)]
     log = base / "durable" / "ran.log"
-    return p, first, second, Counter(log.read_text().split() if log.exists() else ())
+    return (*runs, Counter(log.read_text().split() if log.exists() else ()))
 
 
 def printed(nb, index: int) -> dict:
@@ -217,7 +217,10 @@ def test_del_unmaps_a_replayed_array(memory):
 # -- a record that cannot be restored ------------------------------------------------------
 
 LRU_CELLS = [
-    SETUP + "\nimport functools\n@functools.lru_cache\ndef f0(x):\n    return x + 100",
+    SETUP + "\nimport functools\n@functools.lru_cache\ndef f0(x):\n    return x + 100\n"
+    "os.makedirs('lib', exist_ok=True)\n"
+    "with open('lib/mymod.py', 'w') as fh:\n"
+    "    fh.write('class Model:\\n    def __init__(self, n):\\n        self.n = n\\n')",
     "%%step cached\n"
     "@functools.lru_cache\n"
     "def f(x):\n"
@@ -230,30 +233,40 @@ LRU_CELLS = [
     "ran('cached')\n"
     "print(f(1), v)",
     "%%step alias\ng = f0\nran('alias')",
-    "print(json.dumps({'f': f(2), 'g': g is f0, 'v': v, 'w': type(w).__name__}))",
+    # Loads here, but not in a fresh kernel, whose sys.path lacks lib/: found on replay.
+    "%%step frompath\nsys.path.insert(0, os.path.abspath('lib'))\nimport mymod\n"
+    "m = mymod.Model(3)\nran('frompath')",
+    "print(json.dumps({'f': f(2), 'g': g is f0, 'v': v, 'w': type(w).__name__, 'm': m.n}))",
 ]
 
 
 @pytest.fixture(scope="module")
 def lru(tmp_path_factory):
-    base_runs = three_runs(tmp_path_factory, "lru", LRU_CELLS)
-    return base_runs
+    return three_runs(tmp_path_factory, "lru", LRU_CELLS, durable=3)
 
 
 def test_unrestorable_values_are_found_when_recorded_and_said_once(lru):
-    p, first, second, counts = lru
+    p, first, second, third, counts = lru
     (line,) = warnings_in(first)
     assert "'cached'" in line and "f (functools._lru_cache_wrapper" in line, line
     assert "w (__main__.Weird: it does not load back (ValueError" in line, line
     assert " g (" not in line and " v (" not in line, line
-    assert warnings_in(second) == [], warnings_in(second)
-    assert counts["cached"] == 2, "not replayable: the body ran again"
+    assert not any("'cached'" in ln for ln in warnings_in(second) + warnings_in(third))
+    assert counts["cached"] == 3, "not replayable: the body ran again"
     assert counts["sub"] == 1, "its sub-step replayed"
-    assert counts["alias"] == 1 and replay_noted(second, 2)
-    want = {"f": 3, "g": True, "v": 7, "w": "Weird"}
-    for nb in (p, first, second):
-        assert printed(nb, 3) == want
+    assert counts["alias"] == 1 and replay_noted(second, 2) and replay_noted(third, 2)
+    want = {"f": 3, "g": True, "v": 7, "w": "Weird", "m": 3}
+    for nb in (p, first, second, third):
+        assert printed(nb, 4) == want
         assert stream_text(outputs_of(nb, 1)) == "2 7\n"
+
+
+def test_a_value_that_fails_to_load_on_replay_is_said_once(lru):
+    _p, _first, second, third, counts = lru
+    (line,) = warnings_in(second)
+    assert "'frompath': cannot restore its variables (No module named 'mymod')" in line, line
+    assert warnings_in(third) == [], "recorded as not replayable: its rerun is not warned again"
+    assert counts["frompath"] == 3
 
 
 def test_del_frees_recorded_lists(memory):
