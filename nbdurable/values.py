@@ -76,7 +76,8 @@ STACK_PER_LEVEL = 512
 MAX_STACK = 1 << 30
 #: Room for the Python code a level runs (a ``__reduce__``, cloudpickle).
 _STACK_MARGIN = 32 * 1024 * 1024
-_stack_lock = threading.Lock()
+_stack_lock = threading.Lock()  # one helper at a time: it sets process-wide state
+_HELPER = "nbdurable-pickle"
 
 
 def _deep_safe(fn: Any, *args: Any) -> Any:
@@ -87,11 +88,12 @@ def _deep_safe(fn: Any, *args: Any) -> Any:
     recursion, so a value nested deeper than the stack allows raises
     ``RecursionError`` instead of overrunning the stack. The process-wide
     ``threading.stack_size`` is restored at once (it only affects threads
-    started meanwhile). The helper runs in a copy of the caller's context.
+    started meanwhile), and the recursion limit, if it had to be lowered,
+    when the helper is done. The helper runs in a copy of the caller's context.
     """
     limit = sys.getrecursionlimit()
-    if limit <= INLINE_LIMIT:
-        return fn(*args)
+    if limit <= INLINE_LIMIT or threading.current_thread().name == _HELPER:
+        return fn(*args)  # (a helper's own nested pickling runs on its large stack)
     levels = min(limit, (MAX_STACK - _STACK_MARGIN) // STACK_PER_LEVEL)
     box: dict[str, Any] = {}
     ctx = contextvars.copy_context()
@@ -105,8 +107,9 @@ def _deep_safe(fn: Any, *args: Any) -> Any:
     with _stack_lock:
         previous = threading.stack_size()
         try:
-            threading.stack_size(levels * STACK_PER_LEVEL + _STACK_MARGIN)
-            thread = threading.Thread(target=run, name="nbdurable-pickle", daemon=True)
+            # A whole number of 64 KiB: some platforms take only multiples of their page size.
+            threading.stack_size(-(-(levels * STACK_PER_LEVEL + _STACK_MARGIN) // 65536) * 65536)
+            thread = threading.Thread(target=run, name=_HELPER, daemon=True)
             lowered = levels < limit
             if lowered:  # a limit no stack we start could hold: hold what we can
                 sys.setrecursionlimit(levels)
