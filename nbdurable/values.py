@@ -318,7 +318,13 @@ class _Untried(Exception):
 
 
 class _TrialUnpickler(_Unpickler):
-    """An unpickler that notes the notebook names (``__main__.X``) it looks up."""
+    """An unpickler that notes the notebook names (``__main__.X``) it looks up.
+
+    A notebook class loads as the live class here (see :func:`_live_class`),
+    but as its saved copy in a fresh kernel that lacks it: the names the copy
+    refers to count too (a ``functools.cache`` method refers to
+    ``__main__.Class.method``).
+    """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -329,11 +335,19 @@ class _TrialUnpickler(_Unpickler):
             raise _Untried(module)
         if module == "__main__":
             self.main_refs.append(name)
-        return super().find_class(module, name)
+        found = super().find_class(module, name)
+        if found is _live_class:
+            return self._live_class
+        return found
+
+    def _live_class(self, qualname: str, fingerprint: str, copy: bytes) -> type:
+        self.main_refs += _main_refs(copy)
+        return _live_class(qualname, fingerprint, copy)
 
 
 _STRINGS = {"SHORT_BINUNICODE", "BINUNICODE", "BINUNICODE8", "UNICODE"}
 _GETS = {"GET", "BINGET", "LONG_BINGET"}
+_BYTES = {"SHORT_BINBYTES", "BINBYTES", "BINBYTES8"}
 
 
 def _main_refs(stream: bytes) -> list[str]:
@@ -364,6 +378,9 @@ def _main_refs(stream: bytes) -> list[str]:
                 module, _, attr = str(arg).partition(" ")
                 if module == "__main__":
                     refs.append(attr)
+            elif name in _BYTES and arg[:1] == b"\x80" and b"__main__" in arg:
+                refs += _main_refs(arg)  # a notebook class's saved copy (see _live_class)
+                pushed = [pushed[-1], None]
             elif name not in ("FRAME", "PROTO"):
                 pushed = [pushed[-1], None]
     except Exception:  # a stream we just wrote always parses; never fail the record on it

@@ -338,6 +338,18 @@ def test_restore_problem_finds_what_replay_cannot_load(monkeypatch):
     assert "__main__.f" in values.restore_problem(big, {"f"})
     assert values.restore_problem(values.dump_value(list(range(10))), {"f"}) is None
 
+    class Model:  # a cached method is saved by name inside the class's saved copy
+        @functools.cache  # noqa: B019 - the case under test
+        def size(self):
+            return 1
+
+    _in_main(monkeypatch, Model, "Model")
+    _in_main(monkeypatch, Model.size, "Model.size")
+    for value in (Model(), [list(range(600_000)), Model()]):
+        why = values.restore_problem(values.dump_value(value), {"Model"})
+        assert "__main__.Model.size, which this step defines" in why, why
+    assert values.restore_problem(values.dump_value(Model()), {"other"}) is None
+
 
 def test_restore_problem_does_not_load_library_objects(monkeypatch):
     plt = pytest.importorskip("matplotlib.pyplot")
