@@ -121,14 +121,14 @@ def _no_args(cmd: str, rest: list[str]) -> None:
 
 
 def load(ipython) -> None:  # noqa: ANN001
-    """Register the magics and the per-cell hook."""
+    """Register the magics and the per-cell hooks."""
     ipython.register_magics(StepMagics)
     ipython.events.register("pre_run_cell", _pre_run_cell)
     ipython.events.register("post_run_cell", _post_run_cell)
 
 
 def unload(ipython) -> None:  # noqa: ANN001
-    """Unregister the per-cell hook (magics are replaced on the next load)."""
+    """Unregister the per-cell hooks (magics are replaced on the next load)."""
     for event, hook in (("pre_run_cell", _pre_run_cell), ("post_run_cell", _post_run_cell)):
         try:
             ipython.events.unregister(event, hook)
