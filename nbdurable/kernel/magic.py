@@ -117,19 +117,27 @@ def _no_args(cmd: str, rest: list[str]) -> None:
 
 
 def load(ipython) -> None:  # noqa: ANN001
-    """Register the magics and the per-cell hook."""
+    """Register the magics and the per-cell hooks."""
     ipython.register_magics(StepMagics)
     ipython.events.register("pre_run_cell", _pre_run_cell)
+    ipython.events.register("post_run_cell", _post_run_cell)
 
 
 def unload(ipython) -> None:  # noqa: ANN001
-    """Unregister the per-cell hook (magics are replaced on the next load)."""
-    try:
-        ipython.events.unregister("pre_run_cell", _pre_run_cell)
-    except ValueError:
-        pass
+    """Unregister the per-cell hooks (magics are replaced on the next load)."""
+    for event, hook in (("pre_run_cell", _pre_run_cell), ("post_run_cell", _post_run_cell)):
+        try:
+            ipython.events.unregister(event, hook)
+        except ValueError:
+            pass
     get_session().new_cell(hooked=False)  # nothing marks cells any more
 
 
 def _pre_run_cell(info: object = None) -> None:
     get_session().new_cell()
+
+
+def _post_run_cell(result: object = None) -> None:
+    # What the cell unbound is not kept alive by nbdurable (see recording.Origins).
+    session = get_session()
+    session.steps.origins.prune(session.user_ns)

@@ -60,9 +60,13 @@ class StepRunner:
     def __init__(self, session: Session) -> None:
         self.session = session
         self.producers: dict[str, str] = {}  # variable name -> step key that produced it
-        # variable name -> (the object a step recorded or restored, its blob sha); see _input_fp
-        self.origins: dict[str, tuple[Any, str]] = {}
-        self.warned_unsaved: set[str] = set()
+        # variable name -> (the object a step recorded or restored, its blob sha); see
+        # _input_fp. Held weakly: a `del` frees the value as in a plain run.
+        self.origins = recording.Origins()
+        # step key -> names its previous record could not save (warned when it was recorded)
+        self.unsaved_known: dict[str, frozenset[str]] = {}
+        # step key -> {name: why} of values its last replay could not load (kept unsaved)
+        self.unloadable: dict[str, dict[str, str]] = {}
 
     def forget(self) -> None:
         """Forget what this kernel produced (the run changed)."""
@@ -98,7 +102,7 @@ class StepRunner:
         analysis = keys.analyse(py)
         source_fp = keys.source_fingerprint(py)
         ns = self.session.user_ns
-        self.origins = {n: o for n, o in self.origins.items() if ns.get(n) is o[0]}
+        self.origins.prune(ns)
         # A name this very step produced earlier in this kernel is not an input:
         # it did not exist when the step was first recorded, and counting it
         # would make every rerun in the same kernel look like a change.
@@ -122,6 +126,8 @@ class StepRunner:
             self.session.status[key] = ("invalidated", reason)
             events.emit("step-invalidated", self.session.run_id, key, reason=reason, label=label)
         plan = Plan(key, label, position, py, source_fp, analysis, inputs, raw_fps, state)
+        known = recording.unsaved_names(rec.variables if rec else ())
+        self.unsaved_known[key] = known | set(self.unloadable.get(key, ()))  # _replay said it
         self._execute(plan)
 
     def _input_fp(self, name: str, value: Any, fp: str) -> str:
@@ -133,17 +139,20 @@ class StepRunner:
         one recording from another, so a dependant of a re-executed step does
         not replay a result computed from the old value.
         """
-        origin = self.origins.get(name)
-        if origin is None or origin[0] is not value:
+        sha = self.origins.sha_for(name, value)
+        if sha is None:
             return fp
-        return hashlib.sha256(f"{fp}:{origin[1]}".encode()).hexdigest()[:32]
+        return hashlib.sha256(f"{fp}:{sha}".encode()).hexdigest()[:32]
 
     def _replay(self, rec: StepRecord, label: str, stale: str | None) -> bool:
         """Restore a record into the namespace and show its outputs; False if it cannot be."""
         restored: dict[str, Any] = {}
+        pure: dict[str, bool] = {}  # plain data, remembered by id only (see recording.Origins)
         ns = self.session.user_ns
+        loading: str | None = None
         try:
             for var in rec.variables:
+                loading = var.name
                 faults.point("replay")
                 if var.kind == "module":
                     restored[var.name] = values.import_module(var.ref)
@@ -151,9 +160,13 @@ class StepRunner:
                 blob = self.session.store.get_blob(var.ref)
                 if blob is None:
                     raise CorruptRecord(f"the saved value of {var.name!r} is missing")
-                value = values.loads(blob.stream, ns, blob.buffers)
+                value, pure[var.name] = values.load_value(blob.stream, ns, blob.buffers)
                 restored[var.name] = values.adopt(value, ns)
         except Exception as exc:  # a damaged blob, a module gone, a failing __setstate__
+            if loading is not None and not isinstance(exc, NbdurableError):
+                # The value itself does not load (not its blob): record it as unsaved.
+                why = f"did not load back on replay ({type(exc).__name__}: {exc})"
+                self.unloadable[rec.key] = {loading: why}
             warn(f"step {label!r}: cannot restore its variables ({exc}); the step runs again.")
             return False
         for name in rec.deleted:
@@ -162,7 +175,7 @@ class StepRunner:
         for var in rec.variables:
             self.producers[var.name] = rec.key
             if var.kind == "value":
-                self.origins[var.name] = (restored[var.name], var.ref)
+                self.origins[var.name] = (restored[var.name], var.ref, pure[var.name])
         replay(self.session.shell, list(rec.outputs))
         self.session.count_replayed(rec.duration, steps=1, calls=rec.substeps)
         state = "replayed" if stale is None else "pinned-stale"
@@ -189,7 +202,7 @@ class StepRunner:
 
     def _execute(self, plan: Plan) -> None:
         __tracebackhide__ = True
-        before = dict(self.session.user_ns)
+        before = recording.Snapshot(self.session.user_ns)  # weak: a value the body drops is freed
         ctx = StepContext(plan.key, plan.label)
         self.session.status[plan.key] = ("running", "")
         events.emit("step-start", self.session.run_id, plan.key, label=plan.label)
@@ -216,6 +229,7 @@ class StepRunner:
     ) -> None:
         what = (f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)[:500]
         what = redact.redact_text(what)[0]
+        self.unloadable.pop(key, None)
         self.session.status[key] = ("failed", what)
         failed = StepState(state.pinned, what, time.time(), state.stale, label, position)
         try:
@@ -241,7 +255,13 @@ class StepRunner:
         secrets = redact.secrets_in_env()
         try:
             saved = recording.save_variables(
-                self.session.store, ns, changed, _dotted_imports(py), _fingerprint, secrets
+                self.session.store,
+                ns,
+                changed,
+                _dotted_imports(py),
+                _fingerprint,
+                secrets,
+                unloadable=self.unloadable.pop(key, {}),
             )
         except StoreError as exc:
             raise StoreError(f"step {label!r} ran but was NOT recorded: {exc}") from exc
@@ -289,11 +309,12 @@ class StepRunner:
         self, key: str, label: str, saved: recording.Saved, leaked: list[str]
     ) -> None:
         """One loud warning for each kind of thing a recorded step did not write."""
-        if saved.unsaved and key not in self.warned_unsaved:
-            self.warned_unsaved.add(key)
+        # Said once, when first recorded so: rerunning the body is what it announced.
+        unsaved = saved.unsaved_beyond(self.unsaved_known.pop(key, frozenset()))
+        if unsaved:
             warn(
                 f"step {label!r} was recorded, but these variables cannot be saved: "
-                f"{'; '.join(saved.unsaved)}. On replay this step's body runs again (its "
+                f"{'; '.join(unsaved)}. On replay this step's body runs again (its "
                 "sub-steps still replay, so no recorded call repeats)."
             )
         if saved.secrets:

@@ -9,17 +9,39 @@ restart, the cell that defines ``class Finding`` runs again, and a replayed
 dataclass ``==``), not of a private copy. Modules are never pickled: they are
 recorded by name and re-imported. Anything that cannot be pickled (an open
 client, a socket, a generator) is reported, never silently dropped.
+
+Deep values. The pickler recurses on the C stack once per nesting level, and
+CPython bounds that recursion only by ``sys.getrecursionlimit()``: code that
+raises the limit (as code building deep linked structures must) would let
+the pickler run off the end of the thread's stack and kill the process. So
+above the default limit, pickling and unpickling run on a helper thread whose
+stack is sized for the limit (see :func:`_deep_safe`); a value deeper than
+the limit is then reported unsaveable, as it is at the default limit.
+
+Restorable values. A pickle can be written and still never load in a fresh
+kernel: an object pickled *by name* from the notebook (``__main__.f``, which
+is how a ``functools.lru_cache`` function is pickled) is looked up on load,
+and if the step itself defines that name it does not exist yet when the step
+is replayed; and a notebook class's own ``__reduce__``/``__setstate__`` may
+not round-trip. :func:`restore_problem` finds such pickles when they are
+written (for values that involve notebook code), by loading small ones back
+and by scanning the names large ones refer to, so the step is marked not
+replayable once, at record time.
 """
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import importlib
 import io
 import pickle
+import pickletools
+import sys
+import threading
 import types
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, NamedTuple
 
 import cloudpickle
 
@@ -41,18 +63,94 @@ class Unsaveable(Exception):
     """A value could not be pickled; the message says why."""
 
 
+#: Up to this recursion limit, pickling runs on the calling thread. One level
+#: of pickle recursion takes about 170 bytes of C stack (CPython 3.11, x86-64:
+#: a 200,000-node chain is 600,000 levels), so even a 512 KB thread stack holds it.
+INLINE_LIMIT = 3000
+#: C stack reserved per level of recursion limit on the helper thread: about
+#: three times what was measured, for types whose reduction takes more.
+STACK_PER_LEVEL = 512
+#: Largest helper-thread stack. Only the pages a deep value touches become
+#: memory; the rest is address space. Above ``MAX_STACK / STACK_PER_LEVEL``
+#: levels the recursion limit is lowered to that while the helper runs.
+MAX_STACK = 1 << 30
+#: Room for the Python code a level runs (a ``__reduce__``, cloudpickle).
+_STACK_MARGIN = 32 * 1024 * 1024
+_stack_lock = threading.Lock()  # one helper at a time: it sets process-wide state
+_HELPER = "nbdurable-pickle"
+
+
+def _deep_safe(fn: Any, *args: Any) -> Any:
+    """``fn(*args)``, on a helper thread with a stack sized for the recursion limit if raised.
+
+    At or below :data:`INLINE_LIMIT` it simply runs here. Above, the calling
+    thread waits for a thread whose stack holds ``limit`` levels of pickle
+    recursion, so a value nested deeper than the stack allows raises
+    ``RecursionError`` instead of overrunning the stack. The process-wide
+    ``threading.stack_size`` is restored at once (it only affects threads
+    started meanwhile), and the recursion limit, if it had to be lowered,
+    when the helper is done. The helper runs in a copy of the caller's context.
+    """
+    limit = sys.getrecursionlimit()
+    if limit <= INLINE_LIMIT or threading.current_thread().name == _HELPER:
+        return fn(*args)  # (a helper's own nested pickling runs on its large stack)
+    levels = min(limit, (MAX_STACK - _STACK_MARGIN) // STACK_PER_LEVEL)
+    box: dict[str, Any] = {}
+    ctx = contextvars.copy_context()
+
+    def run() -> None:
+        try:
+            box["value"] = ctx.run(fn, *args)
+        except BaseException as exc:  # re-raised on the caller's thread
+            box["error"] = exc
+
+    with _stack_lock:
+        previous = threading.stack_size()
+        try:
+            # A whole number of 64 KiB: some platforms take only multiples of their page size.
+            threading.stack_size(-(-(levels * STACK_PER_LEVEL + _STACK_MARGIN) // 65536) * 65536)
+            thread = threading.Thread(target=run, name=_HELPER, daemon=True)
+            lowered = levels < limit
+            if lowered:  # a limit no stack we start could hold: hold what we can
+                sys.setrecursionlimit(levels)
+            try:
+                thread.start()
+                thread.join()
+            except KeyboardInterrupt:
+                # An interrupted helper is left to finish in the background (its
+                # result is dropped), unless the limit was lowered for it: raising
+                # the limit again under it could let it overrun its stack.
+                while lowered and thread.is_alive():
+                    with contextlib.suppress(KeyboardInterrupt):
+                        thread.join()
+                raise
+            finally:
+                if lowered:
+                    sys.setrecursionlimit(limit)
+        finally:
+            threading.stack_size(previous)
+    if "error" in box:
+        raise box.pop("error")
+    return box.get("value")
+
+
 def dumps(value: Any) -> bytes:
     """Pickle ``value``; raise :class:`Unsaveable` with the reason if it cannot be."""
     if type(value) in _PLAIN:  # the common result of a model call: no cloudpickle set-up
         return pickle.dumps(value, PROTOCOL)
     try:
-        buffer = io.BytesIO()
-        _Pickler(buffer, protocol=PROTOCOL).dump(value)
-        return buffer.getvalue()
+        return _deep_safe(_dump, value, None)[0]
+    except RecursionError as exc:
+        raise Unsaveable(f"too deeply nested to pickle ({exc})") from exc
     except Exception as exc:  # pickling runs arbitrary __reduce__ code
         raise Unsaveable(f"{type(exc).__name__}: {exc}") from exc
-    except RecursionError as exc:  # pragma: no cover - subclass of Exception anyway
-        raise Unsaveable(f"too deeply nested: {exc}") from exc
+
+
+def _dump(value: Any, keep: Any) -> tuple[bytes, bool, bool]:
+    buffer = io.BytesIO()
+    pickler = _Pickler(buffer, protocol=PROTOCOL, buffer_callback=keep)
+    pickler.dump(value)
+    return buffer.getvalue(), pickler.plain, pickler.notebook
 
 
 def dumps_parts(value: Any) -> tuple[bytes, list[memoryview]]:
@@ -61,6 +159,34 @@ def dumps_parts(value: Any) -> tuple[bytes, list[memoryview]]:
     The buffers are views of the value's own memory (a numpy array's data,
     a bytearray), not copies; :func:`loads` takes them back. Raises
     :class:`Unsaveable` like :func:`dumps`.
+    """
+    got = dump_value(value)
+    return got.stream, got.buffers
+
+
+#: Exactly these types (and str, bytes, int, float, bool, None, which the
+#: pickler writes without asking) make a value *plain data*.
+_PLAIN_CONTAINERS = frozenset((list, dict, tuple, set, frozenset, bytearray))
+
+
+class Pickled(NamedTuple):
+    """A value pickled by :func:`dump_value`."""
+
+    stream: bytes
+    buffers: list[memoryview]  # out-of-band views of the value's own memory
+    #: Builtin containers of builtin scalars, nothing else (no subclass, no
+    #: class, no function, no array): what :func:`keys.fingerprint` sees completely.
+    plain: bool
+    #: Holds an object, class or function defined in the notebook (``__main__``).
+    notebook: bool
+
+
+def dump_value(value: Any) -> Pickled:
+    """:func:`dumps_parts`, and what the value is made of (see :class:`Pickled`).
+
+    The pickler asks ``reducer_override`` about every object but atoms,
+    strings and bytes, so both answers are exact and cost a lookup or two
+    per object.
     """
     buffers: list[memoryview] = []
 
@@ -72,9 +198,10 @@ def dumps_parts(value: Any) -> tuple[bytes, list[memoryview]]:
         return False
 
     try:
-        buffer = io.BytesIO()
-        _Pickler(buffer, protocol=PROTOCOL, buffer_callback=keep).dump(value)
-        return buffer.getvalue(), buffers
+        stream, plain, notebook = _deep_safe(_dump, value, keep)
+        return Pickled(stream, buffers, plain and not buffers, notebook)
+    except RecursionError as exc:
+        raise Unsaveable(f"too deeply nested to pickle ({exc})") from exc
     except Exception as exc:  # pickling runs arbitrary __reduce__ code
         raise Unsaveable(f"{type(exc).__name__}: {exc}") from exc
 
@@ -89,15 +216,190 @@ def loads(
     Notebook classes resolve to the same-named classes of ``namespace`` when
     their fingerprints match (see the module docstring).
     """
+    return load_value(data, namespace, buffers)[0]
+
+
+def load_value(
+    data: bytes | memoryview,
+    namespace: dict[str, Any] | None = None,
+    buffers: list[memoryview] | None = None,
+) -> tuple[Any, bool]:
+    """:func:`loads`, and whether the value is plain data (see :func:`dump_value`).
+
+    Every object that is not plain data is rebuilt through a global (a
+    class, a function) the unpickler looks up with ``find_class``, or on an
+    out-of-band buffer: a load that did neither made plain data.
+    """
     token = _namespace.set(namespace)
     try:
-        return pickle.loads(data, buffers=buffers or ())
+        unpickler = _Unpickler(io.BytesIO(data), buffers=buffers or ())
+        return _deep_safe(unpickler.load), unpickler.plain and not buffers
     finally:
         _namespace.reset(token)
 
 
+class _Unpickler(pickle.Unpickler):
+    """An unpickler that notes whether it looked up any global."""
+
+    plain = True
+
+    def find_class(self, module: str, name: str) -> Any:
+        self.plain = False
+        return super().find_class(module, name)
+
+
+#: Pickles whose stream (not counting out-of-band buffers, which a load
+#: reuses without copying) is at most this large are loaded back once when written.
+TRIAL_MAX = 2 * 1024 * 1024
+
+
+def restore_problem(
+    pickled: Pickled, produced: Iterable[str], namespace: dict[str, Any] | None = None
+) -> str | None:
+    """Why this pickle would not restore on replay, or None if it would.
+
+    Only pickles that involve the notebook's own code are looked at (an
+    object, class or function defined in the notebook, or a reference by
+    name to ``__main__``): a library's types are trusted to round-trip.
+    Such a pickle, if its stream is at most :data:`TRIAL_MAX` bytes, is
+    loaded back and the copy dropped: any error it raises now, it would
+    raise on replay (the notebook's own ``__setstate__``/``__reduce__`` code
+    runs once more, as replay would run it). The trial is given up, and
+    the pickle only scanned, as soon as it needs a global outside the
+    notebook, the standard library's data types, numpy and pandas: loading
+    other libraries' objects may have side effects (a matplotlib figure
+    registers itself with pyplot, and would be shown). Either way the names
+    it refers to in the notebook (``__main__.X``) are checked: one that the
+    step itself binds (``produced``) is not defined yet when the step is
+    replayed in a fresh kernel, or is an older object of that name.
+    """
+    stream = pickled.stream
+    if not pickled.notebook and b"__main__" not in stream:
+        return None
+    refs: list[str] | None = None
+    if len(stream) <= TRIAL_MAX:
+        token = _namespace.set(namespace)
+        unpickler = _TrialUnpickler(io.BytesIO(stream), buffers=pickled.buffers)
+        try:
+            _deep_safe(unpickler.load)
+            refs = unpickler.main_refs
+        except _Untried:
+            pass
+        except Exception as exc:  # whatever loading would raise on replay
+            return f"it does not load back ({type(exc).__name__}: {exc})"
+        finally:
+            _namespace.reset(token)
+    if refs is None:  # too large to load twice, or not ours to load: read its names
+        refs = _main_refs(stream)
+    own = set(produced)
+    for ref in refs:
+        if ref.split(".", 1)[0] in own:
+            return (
+                f"it is saved by reference to __main__.{ref}, which this step defines, "
+                "so replay cannot find it"
+            )
+    return None
+
+
+#: Modules whose objects a trial load may build: the notebook's, nbdurable's
+#: and cloudpickle's rebuilding functions, and data types known to load without
+#: side effects (first dotted part).
+_TRIAL_MODULES = frozenset(
+    (
+        "__main__", "builtins", "copyreg", "_codecs", "cloudpickle", "nbdurable", "types",
+        "collections", "functools", "operator", "datetime", "decimal", "fractions", "enum",
+        "uuid", "pathlib", "re", "array", "numpy", "pandas",
+    )
+)  # fmt: skip
+
+
+class _Untried(Exception):
+    """A trial load was given up: the pickle needs a global it should not build."""
+
+
+class _TrialUnpickler(_Unpickler):
+    """An unpickler that notes the notebook names (``__main__.X``) it looks up.
+
+    A notebook class loads as the live class here (see :func:`_live_class`),
+    but as its saved copy in a fresh kernel that lacks it: the names the copy
+    refers to count too (a ``functools.cache`` method refers to
+    ``__main__.Class.method``).
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.main_refs: list[str] = []
+
+    def find_class(self, module: str, name: str) -> Any:
+        if module.split(".", 1)[0] not in _TRIAL_MODULES:
+            raise _Untried(module)
+        if module == "__main__":
+            self.main_refs.append(name)
+        found = super().find_class(module, name)
+        if found is _live_class:
+            return self._live_class
+        return found
+
+    def _live_class(self, qualname: str, fingerprint: str, copy: bytes) -> type:
+        self.main_refs += _main_refs(copy)
+        return _live_class(qualname, fingerprint, copy)
+
+
+_STRINGS = {"SHORT_BINUNICODE", "BINUNICODE", "BINUNICODE8", "UNICODE"}
+_GETS = {"GET", "BINGET", "LONG_BINGET"}
+_BYTES = {"SHORT_BINBYTES", "BINBYTES", "BINBYTES8"}
+
+
+def _main_refs(stream: bytes) -> list[str]:
+    """``X`` for every ``__main__.X`` global in a pickle stream, read without loading it.
+
+    ``STACK_GLOBAL`` takes the module and name the two pushes before it left
+    (literal strings or memo reads of them), which is how pickle writes it.
+    """
+    refs: list[str] = []
+    memo: dict[int, str | None] = {}
+    pushed: list[str | None] = [None, None]
+    try:
+        for op, arg, _pos in pickletools.genops(stream):
+            name = op.name
+            if name in _STRINGS:
+                pushed = [pushed[-1], arg]
+            elif name in _GETS:
+                pushed = [pushed[-1], memo.get(arg)]
+            elif name == "MEMOIZE":
+                memo[len(memo)] = pushed[-1]
+            elif name in ("PUT", "BINPUT", "LONG_BINPUT"):
+                memo[arg] = pushed[-1]
+            elif name == "STACK_GLOBAL":
+                if pushed[0] == "__main__" and pushed[1] is not None:
+                    refs.append(pushed[1])
+                pushed = [None, None]
+            elif name in ("GLOBAL", "INST"):
+                module, _, attr = str(arg).partition(" ")
+                if module == "__main__":
+                    refs.append(attr)
+            elif name in _BYTES and arg[:1] == b"\x80" and b"__main__" in arg:
+                refs += _main_refs(arg)  # a notebook class's saved copy (see _live_class)
+                pushed = [pushed[-1], None]
+            elif name not in ("FRAME", "PROTO"):
+                pushed = [pushed[-1], None]
+    except Exception:  # a stream we just wrote always parses; never fail the record on it
+        return refs
+    return refs
+
+
 class _Pickler(cloudpickle.Pickler):
+    plain = True  # see Pickled
+    notebook = False
+
     def reducer_override(self, obj: Any) -> Any:
+        t = type(obj)
+        if t not in _PLAIN_CONTAINERS:
+            self.plain = False
+            if t.__module__ == "__main__" or (
+                (t is types.FunctionType or isinstance(obj, type)) and obj.__module__ == "__main__"
+            ):
+                self.notebook = True
         if (
             isinstance(obj, type)
             and obj.__module__ == "__main__"
