@@ -25,7 +25,7 @@ from typing import Any
 
 from IPython.core.displayhook import DisplayHook
 
-from . import config, events, faults, keys, lease, locate, recording, redact, values
+from . import config, events, faults, keys, lease, locate, procstate, recording, redact, values
 from .capture import Capture, replay, show_last_expr, underlying
 from .errors import CorruptRecord, LeaseHeld, NbdurableError, StoreError, UsageProblem
 from .records import StepRecord, StepState
@@ -447,9 +447,16 @@ class Session:
         except Exception as exc:  # a damaged blob, a module gone, a failing __setstate__
             warn(f"step {label!r}: cannot restore its variables ({exc}); the step runs again.")
             return False
-        for name in rec.deleted:
-            ns.pop(name, None)
-        ns.update(restored)
+        try:  # [procstate] the process state the step left: os.environ, RNGs, options...
+            process = procstate.prepare(rec.process)  # resolved and checked, nothing changed yet
+            for name in rec.deleted:
+                ns.pop(name, None)
+            ns.update(restored)
+            for change in process:
+                change()
+        except Exception as exc:  # a directory or module gone, an option pandas refuses
+            warn(f"step {label!r}: cannot restore its process state ({exc}); the step runs again.")
+            return False
         for var in rec.variables:
             self.producers[var.name] = rec.key
             if var.kind == "value":
@@ -482,6 +489,8 @@ class Session:
     def _execute(self, plan: Plan) -> None:
         __tracebackhide__ = True
         before = dict(self.user_ns)
+        # [procstate] process state before the body; _record compares it with after.
+        proc = procstate.snapshot(self.user_ns, procstate.assigned_attributes(plan.py))
         ctx = StepContext(plan.key, plan.label)
         self.status[plan.key] = ("running", "")
         events.emit("step-start", self.run_id, plan.key, label=plan.label)
@@ -496,7 +505,7 @@ class Session:
             self._record_failure(plan.key, plan.label, plan.position, plan.state, exc)
             raise
         self.current = None
-        self._record(plan, before, cap.outputs, started, time.perf_counter() - t0, ctx)
+        self._record(plan, before, cap.outputs, started, time.perf_counter() - t0, ctx, proc)
 
     def _record_failure(
         self, key: str, label: str, position: int | None, state: StepState, exc: BaseException
@@ -519,6 +528,7 @@ class Session:
         started: float,
         duration: float,
         ctx: StepContext,
+        proc: procstate.Snapshot,
     ) -> None:
         ns = self.user_ns
         key, label, position, py, state = plan.key, plan.label, plan.position, plan.py, plan.state
@@ -526,6 +536,8 @@ class Session:
         changed += _mutated_inputs(plan.raw_fps, before, ns, set(changed))
         deleted = tuple(sorted(n for n in before if n not in ns and not _HIDDEN.match(n)))
         secrets = redact.secrets_in_env()
+        # [procstate] what the step changed in the process, as plain data.
+        process = procstate.delta(proc, procstate.snapshot(ns, proc.watch), secrets) or None
         try:
             saved = recording.save_variables(
                 self.store, ns, changed, _dotted_imports(py), _fingerprint, secrets
@@ -551,6 +563,7 @@ class Session:
             duration=duration,
             substeps=ctx.subs_recorded + ctx.subs_replayed,
             substep_seconds=ctx.sub_seconds,
+            process=process,
         )
         kept = StepState(pinned=state.pinned, name=label, position=position)
         puts = [(self.keys.step(key), rec.to_header(), b""), self._touch_run()]
@@ -571,6 +584,17 @@ class Session:
         self.status[key] = ("recorded", "")
         events.emit("step-recorded", self.run_id, key, label=label, record=rec)
         self._warn_recorded(key, label, saved, sorted(set(leaked) | set(in_source)))
+        self._warn_process(key, label, procstate.replayable_reasons(process))  # [procstate]
+
+    def _warn_process(self, key: str, label: str, reasons: list[str]) -> None:
+        """[procstate] One line when the step changed process state that cannot be restored."""
+        if reasons and key + ":process" not in self._warned_unsaved:
+            self._warned_unsaved.add(key + ":process")
+            warn(
+                f"step {label!r} was recorded, but its changes to the process cannot be "
+                f"restored: {'; '.join(reasons)}. On replay its body runs again (its "
+                "sub-steps still replay)."
+            )
 
     def _warn_recorded(
         self, key: str, label: str, saved: recording.Saved, leaked: list[str]

@@ -165,15 +165,15 @@ def _library_dirs() -> tuple[str, ...]:
 
 
 _LIBRARY_DIRS = _library_dirs()
-_user: dict[str, tuple[Any, bool]] = {}  # module name -> (its __file__, is a user module)
+_user: dict[str, tuple[Any, bool]] = {}  # module name -> (the module, is a user module)
 
 
 def is_user_module(name: str, module: Any) -> bool:
     """True for a module of the user's own files: not the stdlib, site-packages or nbdurable."""
-    file = getattr(module, "__file__", None)
     known = _user.get(name)
-    if known is not None and known[0] == file:
+    if known is not None and known[0] is module:  # asked around every step: kept
         return known[1]
+    file = getattr(module, "__file__", None)
     mine = (
         isinstance(file, str)
         and name != "__main__"
@@ -183,7 +183,7 @@ def is_user_module(name: str, module: Any) -> bool:
         and "site-packages" not in file
         and "dist-packages" not in file
     )
-    _user[name] = (file, mine)
+    _user[name] = (module, mine)
     return mine
 
 
@@ -311,11 +311,14 @@ def _module_state(module: Any) -> dict[str, tuple[Any, str | None]]:
 
 
 def _user_modules() -> dict[str, dict[str, tuple[Any, str | None]]]:
-    return {
-        name: _module_state(mod)
-        for name, mod in list(sys.modules.items())
-        if mod is not None and is_user_module(name, mod)
-    }
+    cache = _user
+    out = {}
+    for name, mod in list(sys.modules.items()):
+        known = cache.get(name)
+        mine = known[1] if known is not None and known[0] is mod else is_user_module(name, mod)
+        if mine:
+            out[name] = _module_state(mod)
+    return out
 
 
 def _resolve(namespace: Mapping[str, Any], dotted: str) -> Any:
@@ -501,8 +504,8 @@ def describe_filter(item: tuple) -> list[Any]:
     action, message, category, module, lineno = item
 
     def pattern(p: Any) -> Any:
-        if p is None:
-            return None
+        if p is None or type(p) is str:  # a str matches by equality (warnings' C code)
+            return p
         if isinstance(p, re.Pattern) and isinstance(p.pattern, str):
             return [p.pattern, p.flags]
         raise NotPlain(f"its pattern is a {type(p).__name__}")
@@ -532,7 +535,7 @@ def _rebuild_filter(plain: list[Any]) -> tuple:
         raise LookupError(f"warnings category {where}.{qual} is gone")
 
     def pattern(p: Any) -> Any:
-        return None if p is None else re.compile(p[0], p[1])
+        return re.compile(p[0], p[1]) if isinstance(p, list) else p
 
     return (action, pattern(message), cls, pattern(module), lineno)
 
@@ -614,7 +617,8 @@ def _modules_delta(before: Snapshot, after: Snapshot, out: dict, why: list[str])
     for mod, now in after.modules.items():
         old = before.modules.get(mod)
         if old is None:
-            continue  # imported by the step: replay imports it again
+            _fresh_module(mod, now, after, changes, why)
+            continue
         for attr, (value, fp) in now.items():
             was = old.get(attr)
             if was is None or was[0] is not value:
@@ -639,6 +643,42 @@ def _modules_delta(before: Snapshot, after: Snapshot, out: dict, why: list[str])
     changes = {m: c for m, c in changes.items() if c}
     if changes:
         out["modules"] = changes
+
+
+def _fresh_module(
+    mod: str,
+    now: dict[str, tuple[Any, str | None]],
+    after: Snapshot,
+    changes: dict[str, dict[str, Any]],
+    why: list[str],
+) -> None:
+    """A user module the step imported: what it holds after the step, to check on replay.
+
+    The step may have changed it right after importing it
+    (``import helpers; helpers.REGISTRY.append(..)``), and nothing tells
+    that apart from what the import itself did. So each data attribute's
+    fingerprint is kept, with its value when it is plain data: replay imports
+    the module and puts back every value that differs (see :func:`prepare`).
+    Functions and classes come back from the import; one the step's source
+    rebinds cannot be restored.
+    """
+    fresh = {}
+    for attr, (value, fp) in now.items():
+        if isinstance(value, _OPAQUE):
+            if (mod, attr) in after.watched:
+                why.append(f"module {mod} attribute {attr} was rebound to a {type(value).__name__}")
+            continue
+        if fp is None:
+            continue  # no fingerprint: cannot be compared (see the module docstring)
+        try:
+            data = encode(value)
+            if len(json.dumps(data)) > MAX_VALUE_CHARS:
+                data = None
+        except NotPlain:
+            data = None  # checked on replay; restored only if it is as imported
+        fresh[attr] = [fp, data]
+    if fresh:
+        changes.setdefault(mod, {})["fresh"] = fresh
 
 
 # -- apply ---------------------------------------------------------------------------
@@ -699,6 +739,7 @@ def prepare(process: Mapping[str, Any] | None) -> list[Callable[[], None]]:
             quiet.append(functools.partial(mpl.rcParams.__setitem__, key, decode(value)))
     for name, change in (process.get("modules") or {}).items():
         mod = sys.modules.get(name) or importlib.import_module(name)
+        _check_fresh(name, mod, change.get("fresh", {}))
         quiet.append(lambda m=mod, c=change: _apply_module(m, c))
     if "warnings" in process:
         ((how, items),) = process["warnings"].items()
@@ -754,12 +795,34 @@ def _apply_warnings(change: Mapping[str, list]) -> None:
         mutated()
 
 
+def _check_fresh(name: str, mod: Any, fresh: Mapping[str, list]) -> None:
+    for attr, (fp, data) in fresh.items():
+        current = getattr(mod, attr, _ABSENT)
+        if data is None and (current is _ABSENT or _fingerprint(current) != fp):
+            raise LookupError(
+                f"module {name} attribute {attr} is not as the step left it, and cannot be "
+                "recorded as plain data"
+            )
+
+
+def _fingerprint(value: Any) -> str | None:
+    try:
+        return fingerprint(value)
+    except Exception:  # a fingerprint hook that fails: never equal
+        return None
+
+
 def _apply_module(mod: Any, change: Mapping[str, Any]) -> None:
     for attr, name in change.get("import", {}).items():
         setattr(mod, attr, importlib.import_module(name))
     for attr, data in change.get("set", {}).items():
         setattr(mod, attr, decode(data))
-    for attr, data in change.get("update", {}).items():
+    updates = dict(change.get("update", {}))
+    for attr, (fp, data) in change.get("fresh", {}).items():
+        current = getattr(mod, attr, _ABSENT)
+        if data is not None and (current is _ABSENT or _fingerprint(current) != fp):
+            updates[attr] = data
+    for attr, data in updates.items():
         value, current = decode(data), getattr(mod, attr, _ABSENT)
         # The step changed this very object in place; a name imported from the
         # module elsewhere (`from helpers import REGISTRY`) must see it too.
