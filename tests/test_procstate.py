@@ -159,6 +159,27 @@ def test_a_secret_environment_variable_is_not_written(saved):
         procstate.apply(d)
 
 
+def test_a_secret_copied_into_another_variable_is_not_written(saved):
+    before = procstate.snapshot()
+    os.environ["PLAIN_NAME"] = "sk-verysecretvalue"
+    d = procstate.delta(before, procstate.snapshot(), {"MY_API_KEY": b"sk-verysecretvalue"})
+    assert "sk-verysecretvalue" not in json.dumps(d)
+    assert procstate.replayable_reasons(d) == [
+        "environment variable $PLAIN_NAME holds the value of $MY_API_KEY"
+    ]
+
+
+def test_an_unknown_option_fails_before_changing_anything(saved):
+    os.environ.pop("NBD_X", None)
+    d = {"env": {"set": {"NBD_X": "1"}, "unset": []}, "pandas": {"display.no_such": 1}}
+    with pytest.raises(Exception, match="no_such"):
+        procstate.apply(d)
+    d = {"env": {"set": {"NBD_X": "1"}, "unset": []}, "rcparams": {"no.such": 1}}
+    with pytest.raises(KeyError, match="no.such"):
+        procstate.apply(d)
+    assert "NBD_X" not in os.environ
+
+
 def test_a_secret_copied_into_a_module_is_not_written(saved, tmp_path, monkeypatch):
     mod = _user_module(tmp_path, monkeypatch, "nbd_secretmod", "TOKEN = None\n")
     monkeypatch.setenv("SERVICE_TOKEN", "tok-0123456789")
