@@ -430,11 +430,13 @@ def test_a_user_module_the_step_imports_and_changes(tmp_path, monkeypatch):
     import nbd_helpers3  # noqa: F401 - the step's own import
 
     nbd_helpers3.REGISTRY.append("h")
+    nbd_helpers3.SCALE = 3
     d = roundtrip(procstate.delta(before, procstate.snapshot()))
     assert procstate.replayable_reasons(d) == []
     del sys.modules["nbd_helpers3"]  # a new kernel
     procstate.apply(d)
-    assert sys.modules["nbd_helpers3"].REGISTRY == ["h"]
+    again = sys.modules["nbd_helpers3"]
+    assert again is not nbd_helpers3 and (again.REGISTRY, again.SCALE) == (["h"], 3)
 
 
 def test_an_object_in_a_user_module_the_step_imports_must_match(tmp_path, monkeypatch):

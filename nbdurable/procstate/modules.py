@@ -74,17 +74,19 @@ def is_user_module(name: str, module: Any) -> bool:
 OPAQUE = (types.ModuleType, types.FunctionType, types.BuiltinFunctionType, type)
 
 
+#: Values that cannot change in place: compared by identity alone, never hashed.
+_IMMUTABLE = frozenset((int, float, complex, str, bytes, bool, type(None), range))
+
+
 def _module_state(module: Any) -> dict[str, tuple[Any, str | None]]:
     out = {}
     for name, value in list(vars(module).items()):
         if name.startswith("__") and name.endswith("__"):
             continue
+        # Functions, classes and immutable values: a change is a rebinding, seen by identity.
         fp = None
-        if not isinstance(value, OPAQUE):  # functions and classes: compared by identity
-            try:
-                fp = fingerprint(value)
-            except Exception:  # an object whose fingerprint hook fails: identity only
-                fp = None
+        if type(value) not in _IMMUTABLE and not isinstance(value, OPAQUE):
+            fp = fingerprint_or_none(value)  # None: identity only (a failing hook)
         out[name] = (value, fp)
     return out
 
@@ -255,6 +257,8 @@ def fresh_module(
             if (mod, attr) in after.watched:
                 why.append(f"module {mod} attribute {attr} was rebound to a {type(value).__name__}")
             continue
+        if fp is None:
+            fp = fingerprint_or_none(value)
         if fp is None:
             continue  # no fingerprint: cannot be compared (see the module docstring)
         try:
