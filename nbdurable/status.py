@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from . import procstate
 from ._text import human_size
 from .identity import locate
 from .identity.keys import source_fingerprint
@@ -185,7 +186,9 @@ def _state_of(
         return "orphaned", "no longer in the notebook"
     if not rec.replayable:
         unsaved = ", ".join(v.name for v in rec.variables if v.kind == "unsaved")
-        return "not replayable", f"cannot save {unsaved}; its body reruns, sub-steps replay"
+        reasons = procstate.replayable_reasons(rec.process)
+        why = f"cannot save {unsaved}" if unsaved else "; ".join(reasons)
+        return "not replayable", f"{why}; its body reruns, sub-steps replay"
     if live_state in ("replayed", "pinned-stale"):
         return "replayed", ""
     return "recorded", ""

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from html import escape
 from typing import TYPE_CHECKING, Any
 
-from .. import config, events, faults, redact
+from .. import config, events, faults, procstate, redact
 from ..errors import CorruptRecord, NbdurableError, StoreError, UsageProblem
 from ..identity import keys
 from ..store import values
@@ -67,6 +67,7 @@ class StepRunner:
         self.unsaved_known: dict[str, frozenset[str]] = {}
         # step key -> {name: why} of values its last replay could not load (kept unsaved)
         self.unloadable: dict[str, dict[str, str]] = {}
+        self.warned_process: set[str] = set()  # steps whose process changes were said unrestorable
 
     def forget(self) -> None:
         """Forget what this kernel produced (the run changed)."""
@@ -169,9 +170,16 @@ class StepRunner:
                 self.unloadable[rec.key] = {loading: why}
             warn(f"step {label!r}: cannot restore its variables ({exc}); the step runs again.")
             return False
-        for name in rec.deleted:
-            ns.pop(name, None)
-        ns.update(restored)
+        try:  # the process state the step left: os.environ, RNGs, options...
+            process = procstate.prepare(rec.process)  # resolved and checked, nothing changed yet
+            for name in rec.deleted:
+                ns.pop(name, None)
+            ns.update(restored)
+            for change in process:
+                change()
+        except Exception as exc:  # a directory or module gone, an option pandas refuses
+            warn(f"step {label!r}: cannot restore its process state ({exc}); the step runs again.")
+            return False
         for var in rec.variables:
             self.producers[var.name] = rec.key
             if var.kind == "value":
@@ -203,6 +211,9 @@ class StepRunner:
     def _execute(self, plan: Plan) -> None:
         __tracebackhide__ = True
         before = recording.Snapshot(self.session.user_ns)  # weak: a value the body drops is freed
+        # Process state before the body (os.environ, RNGs, options...); _record
+        # compares it with after and records the difference with the step.
+        proc = procstate.snapshot(self.session.user_ns, procstate.assigned_attributes(plan.py))
         ctx = StepContext(plan.key, plan.label)
         self.session.status[plan.key] = ("running", "")
         events.emit("step-start", self.session.run_id, plan.key, label=plan.label)
@@ -217,7 +228,7 @@ class StepRunner:
             self._record_failure(plan.key, plan.label, plan.position, plan.state, exc)
             raise
         self.session.current = None
-        self._record(plan, before, cap.outputs, started, time.perf_counter() - t0, ctx)
+        self._record(plan, before, cap.outputs, started, time.perf_counter() - t0, ctx, proc)
         if cap.unfaithful:  # outputs a replay cannot show as they looked
             warn(
                 f"step {plan.label!r}: some outputs cannot be replayed as they looked "
@@ -246,6 +257,7 @@ class StepRunner:
         started: float,
         duration: float,
         ctx: StepContext,
+        proc: procstate.Snapshot,
     ) -> None:
         ns = self.session.user_ns
         key, label, position, py, state = plan.key, plan.label, plan.position, plan.py, plan.state
@@ -253,6 +265,7 @@ class StepRunner:
         changed += _mutated_inputs(plan.raw_fps, before, ns, set(changed))
         deleted = tuple(sorted(n for n in before if n not in ns and not _HIDDEN.match(n)))
         secrets = redact.secrets_in_env()
+        process = procstate.delta(proc, procstate.snapshot(ns, proc.watch), secrets) or None
         try:
             saved = recording.save_variables(
                 self.session.store,
@@ -284,6 +297,7 @@ class StepRunner:
             duration=duration,
             substeps=ctx.subs_recorded + ctx.subs_replayed,
             substep_seconds=ctx.sub_seconds,
+            process=process,
         )
         kept = StepState(pinned=state.pinned, name=label, position=position)
         puts = [(self.session.keys.step(key), rec.to_header(), b""), self.session.touch_run()]
@@ -304,6 +318,17 @@ class StepRunner:
         self.session.status[key] = ("recorded", "")
         events.emit("step-recorded", self.session.run_id, key, label=label, record=rec)
         self._warn_recorded(key, label, saved, sorted(set(leaked) | set(in_source)))
+        self._warn_process(key, label, procstate.replayable_reasons(process))
+
+    def _warn_process(self, key: str, label: str, reasons: list[str]) -> None:
+        """One line, once per step in this kernel, when its process changes cannot be restored."""
+        if reasons and key not in self.warned_process:
+            self.warned_process.add(key)
+            warn(
+                f"step {label!r} was recorded, but its changes to the process cannot be "
+                f"restored: {'; '.join(reasons)}. On replay its body runs again (its "
+                "sub-steps still replay)."
+            )
 
     def _warn_recorded(
         self, key: str, label: str, saved: recording.Saved, leaked: list[str]

@@ -60,12 +60,17 @@ class StepRecord:
     duration: float
     substeps: int = 0
     substep_seconds: float = 0.0
+    #: Process state the step changed (os.environ, sys.path, RNG states, options,
+    #: user modules' data), as plain JSON data; see :mod:`nbdurable.procstate`.
+    process: dict[str, Any] | None = None
     format: int = RECORD_FORMAT
 
     @property
     def replayable(self) -> bool:
-        """True when every variable can be restored without running the body."""
-        return all(v.kind != "unsaved" for v in self.variables)
+        """True when every variable and the process state can be restored without the body."""
+        return all(v.kind != "unsaved" for v in self.variables) and not (
+            self.process and self.process.get("unreplayable")
+        )
 
     def to_header(self) -> dict[str, Any]:
         """Encode as a JSON-able dict."""
