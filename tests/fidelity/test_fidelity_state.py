@@ -630,6 +630,8 @@ def test_replay_restores_plain_state(case: Case, tmp_path):
     problems = []
     if (why := verdict(plain, first, rerun_ok=False)) is not None:
         problems.append(f"first durable run: {why}")
+    if first.calls != plain.calls:
+        problems.append(f"first durable run made calls {first.calls}, the plain run {plain.calls}")
     if (why := verdict(plain, restart)) is not None:
         problems.append(f"restart: {why}")
     assert not problems, "\n".join(problems)
