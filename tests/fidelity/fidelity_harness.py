@@ -80,7 +80,8 @@ def __canon(v, seen=()):
     if type(v) in (list, tuple):
         return type(v).__name__ + '[' + ', '.join(__canon(x, seen) for x in v) + ']'
     if type(v) is dict:
-        return '{' + ', '.join(__canon(k, seen) + ': ' + __canon(x, seen) for k, x in v.items()) + '}'
+        items = (__canon(k, seen) + ': ' + __canon(x, seen) for k, x in v.items())
+        return '{' + ', '.join(items) + '}'
     return repr(v)
 for __e in __PROBES:
     try:
