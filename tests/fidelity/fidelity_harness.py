@@ -201,17 +201,31 @@ class Workdir:
         PYTHONHASHSEED is fixed (``hashseed``) so that a plain and a durable
         run print sets alike; a restart corpus varies it on purpose.
         """
-        nb = make_notebook(sources, nbformat_minor=nbformat_minor)
         nb_path = self.path / NOTEBOOK
-        nbformat.write(nb, str(nb_path))
         kernel_env = {"PYTHONHASHSEED": hashseed, **self.env, **(env or {})}
         if durable:
             kernel_env["NBDURABLE_DIR"] = str(self.path / "store")
             kernel_env["NBDURABLE_NOTEBOOK"] = str(nb_path)
         before = len(self.calls())
-        done = run_notebook(
-            nb, cwd=self.path, env=kernel_env, allow_errors=True, timeout=180, startup_timeout=180
-        )
+        for attempt in range(3):
+            nb = make_notebook(sources, nbformat_minor=nbformat_minor)
+            nbformat.write(nb, str(nb_path))
+            try:
+                done = run_notebook(
+                    nb,
+                    cwd=self.path,
+                    env=kernel_env,
+                    allow_errors=True,
+                    timeout=180,
+                    startup_timeout=180,
+                )
+                break
+            except RuntimeError as exc:
+                # A kernel that dies before answering kernel_info ran no cell: on a
+                # loaded machine two kernels starting at once can race for a TCP
+                # port (ZMQError: Address already in use). Start another.
+                if "kernel_info" not in str(exc) or attempt == 2:
+                    raise
         outputs, notes = [], []
         for cell in done.cells:
             visible, said = split_outputs(cell.get("outputs", []))
