@@ -107,6 +107,7 @@ def run_notebook(
     env: Mapping[str, str] | None = None,
     timeout: int = 120,
     allow_errors: bool = False,
+    startup_timeout: int = 60,
 ) -> NotebookNode:
     """Execute `nb` in a fresh real kernel and return it with its outputs.
 
@@ -114,6 +115,8 @@ def run_notebook(
     (nbclient's ``execute(**kwargs)`` go to ``KernelManager.start_kernel``,
     whose ``env`` *replaces* the environment, hence the merge). The kernel is
     shut down afterwards. `nb` is modified in place and returned.
+    `startup_timeout` bounds the wait for a new kernel to answer: raise it
+    where many kernels start in a row on a loaded machine.
     """
     kernel_env = dict(os.environ)
     kernel_env.update(env or {})
@@ -126,6 +129,7 @@ def run_notebook(
             timeout=timeout,
             kernel_name=kernel_name(),
             allow_errors=allow_errors,
+            startup_timeout=startup_timeout,
             resources={"metadata": {"path": str(cwd)}},
             config=Config({"KernelManager": sockets}),
         )
