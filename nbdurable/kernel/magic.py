@@ -10,6 +10,7 @@ from IPython.core.magic import Magics, line_cell_magic, magics_class
 from .. import commands, status
 from ..errors import LeaseHeld, StoreError, UsageProblem
 from ..identity import keys, locate
+from . import cellstep
 from .session import Session, get_session
 
 _SUBCOMMANDS = locate.STEP_COMMANDS
@@ -117,27 +118,65 @@ def _no_args(cmd: str, rest: list[str]) -> None:
 
 
 def load(ipython) -> None:  # noqa: ANN001
-    """Register the magics and the per-cell hooks."""
+    """Register the magics, the ``%%step`` cell transformers and the per-cell hooks."""
+    _remove_transformers(ipython)  # a %reload_ext must not add them twice
+    global _cell
+    _cell = cellstep.StepCell(ipython)
+    ipython.input_transformers_post.append(cellstep.StepCellTransformer(ipython))
+    ipython.ast_transformers.append(cellstep.StepCellAst())
+    _install_marker(ipython)
     ipython.register_magics(StepMagics)
     ipython.events.register("pre_run_cell", _pre_run_cell)
     ipython.events.register("post_run_cell", _post_run_cell)
 
 
 def unload(ipython) -> None:  # noqa: ANN001
-    """Unregister the per-cell hooks (magics are replaced on the next load)."""
+    """Unregister the per-cell hooks and transformers (magics are replaced on the next load)."""
+    global _cell
     for event, hook in (("pre_run_cell", _pre_run_cell), ("post_run_cell", _post_run_cell)):
         try:
             ipython.events.unregister(event, hook)
         except ValueError:
             pass
+    _remove_transformers(ipython)
+    if _cell is not None:
+        _cell.close(getattr(ipython, "last_execution_result", None))
+        _cell = None
+    ipython.user_ns.pop(cellstep.MARKER, None)
+    ipython.user_ns_hidden.pop(cellstep.MARKER, None)
     get_session().new_cell(hooked=False)  # nothing marks cells any more
 
 
+_cell: cellstep.StepCell | None = None
+
+
+def _remove_transformers(ipython) -> None:  # noqa: ANN001
+    # By class name and module: after a reload the classes are new objects.
+    def ours(t: object) -> bool:
+        return type(t).__module__ == cellstep.__name__
+
+    ipython.input_transformers_post[:] = [t for t in ipython.input_transformers_post if not ours(t)]
+    ipython.ast_transformers[:] = [t for t in ipython.ast_transformers if not ours(t)]
+
+
+def _install_marker(ipython) -> None:  # noqa: ANN001
+    # Hidden from %who and from what steps record; put back if %reset removed it.
+    if _cell is not None and ipython.user_ns.get(cellstep.MARKER) is not _cell:
+        ipython.user_ns[cellstep.MARKER] = _cell
+        ipython.user_ns_hidden[cellstep.MARKER] = _cell
+
+
 def _pre_run_cell(info: object = None) -> None:
+    if _cell is not None:
+        # A silent execution (no post_run_cell) may have left a step open.
+        _cell.close(getattr(_cell.shell, "last_execution_result", None))
+        _install_marker(_cell.shell)
     get_session().new_cell()
 
 
 def _post_run_cell(result: object = None) -> None:
+    if _cell is not None:
+        _cell.close(result)
     # What the cell unbound is not kept alive by nbdurable (see recording.Origins).
     session = get_session()
     session.steps.origins.prune(session.user_ns)
