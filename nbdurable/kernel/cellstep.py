@@ -160,13 +160,17 @@ class StepCell:
         self.shell = shell
         self._running: Running | None = None
         self._replayed: Replayed | None = None
+        # The ExecutionResult of the cell that began the step: a cell the body
+        # runs itself (get_ipython().run_cell) fires the cell hooks too, and
+        # must not end the step.
+        self._owner: object = None
 
     def __call__(self, line: str, body: str) -> bool:
         """Begin the step; True when its body must execute, False when it was replayed."""
         __tracebackhide__ = True
         from .session import get_session
 
-        self.close(getattr(self.shell, "last_execution_result", None))
+        self.close(getattr(self.shell, "last_execution_result", None), stale=True)
         _show_header(sys._getframe(1).f_code.co_filename, line)
         try:
             name, force = locate.parse_step_line(line)
@@ -174,6 +178,7 @@ class StepCell:
         except (UsageProblem, StoreError, LeaseHeld) as exc:
             # One line, no traceback, as the magic says it.
             raise UsageError(keys.one_line(" ".join(str(exc).split()))) from None
+        self._owner = getattr(self.shell.displayhook, "exec_result", None)
         if isinstance(started, Replayed):
             self._replayed = started
             return False
@@ -188,13 +193,21 @@ class StepCell:
         """The result a replayed step recorded (None: nothing to show)."""
         return self._replayed.value if self._replayed is not None else None
 
-    def close(self, result: Any) -> None:
-        """End what a cell began, with its ``ExecutionResult`` (``post_run_cell``).
+    def close(self, result: Any, stale: bool = False) -> None:
+        """End what the cell that gave ``result`` (an ``ExecutionResult``) began.
 
-        Never raises: this runs in IPython's event hooks.
+        From ``post_run_cell``; with ``stale``, from the next cell's start
+        (``result`` is then the last finished cell's: a silent execution has no
+        ``post_run_cell``). Does nothing for another cell's result (one the
+        step's body ran itself). Never raises: this runs in IPython's event hooks.
         """
+        if self._owner is not None and result is not self._owner:
+            return
+        if stale and self._owner is None and result is not None:
+            return  # not begun by a cell IPython ran (no displayhook result): leave it
         running, self._running = self._running, None
         replayed, self._replayed = self._replayed, None
+        self._owner = None
         if running is None and replayed is None:
             return
         from .session import get_session

@@ -169,7 +169,7 @@ def _install_marker(ipython) -> None:  # noqa: ANN001
 def _pre_run_cell(info: object = None) -> None:
     if _cell is not None:
         # A silent execution (no post_run_cell) may have left a step open.
-        _cell.close(getattr(_cell.shell, "last_execution_result", None))
+        _cell.close(getattr(_cell.shell, "last_execution_result", None), stale=True)
         _install_marker(_cell.shell)
     get_session().new_cell()
 
