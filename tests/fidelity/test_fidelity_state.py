@@ -620,10 +620,6 @@ FAILS_TODAY: dict[str, str] = {
     "list-iterator-across-steps": "an iterator advanced by a later step is restored at its first position",
     "itertools-count": "itertools.count advanced by a step is restored unadvanced",
     "map-object": "a map object advanced by a step is restored unadvanced",
-    "underscore-after-replayed-result": "_ after a replayed result is not the result: print(_ + 1) raises",
-    "double-underscore": "_ and __ after replayed results are empty",
-    "out-dict": "Out lacks the replayed result",
-    "numbered-output": "_N of a replayed result is not defined",
 }
 
 
