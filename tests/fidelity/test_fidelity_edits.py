@@ -538,8 +538,6 @@ FAILS_TODAY: dict[str, str] = {
     "dynamic-read-eval": "eval('x') is not seen as a read of x",
     "dynamic-read-exec": "exec('y = x * 3') is not seen as a read of x",
     "dynamic-read-vars": "vars()['x'] is not seen as a read of x",
-    "trailing-semicolon-added": "a trailing ; added is ignored: the old displayed result is replayed",
-    "trailing-semicolon-removed": "a trailing ; removed is ignored: the result is not displayed",
     "dict-key-order": "dict key order is not part of the fingerprint",
     "notebook-class-instance": "an instance of a notebook class is fingerprinted by type: box.v change missed",
     "notebook-class-instance-as-substep-argument": "a changed notebook-class instance argument replays the old result",
