@@ -47,6 +47,11 @@ CELLS: list[str | tuple[str, str]] = [
     ("quiet", "'hidden';"),
     ("word", "'word'"),
     "print(repr(__), repr(_), sorted(map(repr, Out.values())))",
+    "data = [1, 2]",
+    ("input", "data"),
+    "print(_ is data)",
+    ("bound", "made = [3]\nmade"),
+    "print(_ is made, Out[max(Out)] is made)",
     "print(third, seen, rows, first, second, squares)",
 ]
 

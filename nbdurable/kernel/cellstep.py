@@ -241,6 +241,11 @@ def _show_header(filename: str, args: str) -> None:
         entry = linecache.cache.get(filename)
         if entry and entry[2] and entry[2][0].startswith(MARKER + "("):
             lines = [f"%%step {args}".rstrip() + "\n", *entry[2][1:]]
-            linecache.cache[filename] = (entry[0], entry[1], lines, entry[3])
+            entry = (entry[0], entry[1], lines, entry[3])
+            linecache.cache[filename] = entry
+            # IPython 8 restores linecache from its own copy on checkcache().
+            kept = getattr(linecache, "_ipython_cache", None)
+            if isinstance(kept, dict) and filename in kept:
+                kept[filename] = entry
     except Exception:  # a traceback's look is not worth failing a cell for
         pass

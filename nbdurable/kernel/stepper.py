@@ -246,10 +246,14 @@ class StepRunner:
             return None
         if "var" in saved:  # the very object one of its variables holds (`x = f(); x`)
             return restored[saved["var"]]
+        ns = self.session.user_ns
+        if "input" in saved:  # an input's object (`df.head` of a checked `df`: `df`)
+            if saved["input"] not in ns:
+                raise CorruptRecord(f"its result was {saved['input']!r}, which is not defined")
+            return ns[saved["input"]]
         blob = self.session.store.get_blob(saved["ref"])
         if blob is None:
             raise CorruptRecord("the saved value of its result is missing")
-        ns = self.session.user_ns
         return values.adopt(values.load_value(blob.stream, ns, blob.buffers)[0], ns)
 
     def finish_replay(self, replayed: Replayed) -> None:
@@ -355,7 +359,7 @@ class StepRunner:
                 secrets,
                 unloadable=self.unloadable.pop(key, {}),
             )
-            shown = _result_record(result, saved, ns, outputs)
+            shown = _result_record(result, saved, ns, outputs, plan.inputs)
             if shown is None and result is not None and _has_result(outputs):
                 extra = recording.save_variables(
                     self.session.store, {_RESULT: result}, [_RESULT], set(), _fingerprint, secrets
@@ -458,14 +462,26 @@ def _has_result(outputs: list[dict[str, Any]]) -> bool:
 
 
 def _result_record(
-    result: Any, saved: recording.Saved, ns: dict[str, Any], outputs: list[dict[str, Any]]
+    result: Any,
+    saved: recording.Saved,
+    ns: dict[str, Any],
+    outputs: list[dict[str, Any]],
+    inputs: dict[str, str],
 ) -> dict[str, str] | None:
-    """``{"var": name}`` when the result is the object a saved variable holds, else None."""
+    """The result as the very object a variable holds, so ``_ is x`` stays true; else None.
+
+    ``{"var": name}``: a variable the step saved. ``{"input": name}``: an input
+    of the step (its fingerprint is checked before a replay, so on replay
+    the name holds the same value).
+    """
     if result is None or not _has_result(outputs):
         return None
     for var in saved.variables:
         if var.kind == "value" and ns.get(var.name) is result:
             return {"var": var.name}
+    for name in inputs:
+        if ns.get(name) is result:
+            return {"input": name}
     return None
 
 
