@@ -16,7 +16,7 @@ import re
 import textwrap
 
 import pytest
-from kernel_util import make_notebook, normalize_outputs, run_notebook
+from kernel_util import make_notebook, normalize_outputs, run_notebook, stream_text
 
 pytestmark = pytest.mark.kernel
 
@@ -140,3 +140,33 @@ def test_a_traceback_shows_the_cells_own_lines(tmp_path):
     text = re.sub(r"\x1b\[[0-9;]*m", "", "\n".join(err.traceback))
     assert "%%step boom" in text and "----> 3" in text, text
     assert "__nbdurable_step__" not in text, text
+
+
+def test_in_holds_the_cell_as_ipython_makes_it(tmp_path):
+    """``In[n]`` of a ``%%step`` cell is IPython's own text of it, not nbdurable's rewrite."""
+    env = {"NBDURABLE_DIR": str(tmp_path / "store"), "JPY_SESSION_NAME": ""}
+    cells = ["%load_ext nbdurable\n%step run t", "%%step w\nx = 1", "print(repr(In[2]))"]
+    nb = run_notebook(make_notebook(cells), cwd=tmp_path, env=env)
+    want = repr("get_ipython().run_cell_magic('step', 'w', 'x = 1\\n')")
+    assert nb.cells[2].outputs[0]["text"] == want + "\n"
+
+
+def test_step_called_from_code_and_from_a_silent_cell(tmp_path):
+    """``run_cell_magic("step", ...)`` from code runs its body itself; a silent cell's step ends."""
+    env = {"NBDURABLE_DIR": str(tmp_path / "store"), "JPY_SESSION_NAME": ""}
+    cells = [
+        "%load_ext nbdurable\n%step run t",
+        "z = 0\nget_ipython().run_cell_magic('step', 'viacall', 'y = 2\\nprint(y)')",
+        "get_ipython().run_cell('%%step hushed\\nq = 3', silent=True);",
+        "print(y, q)",
+        "%step list",
+    ]
+    for run in ("records", "replays"):
+        nb = run_notebook(make_notebook(cells), cwd=tmp_path, env=env)
+        assert stream_text(nb.cells[1].outputs) == "2\n", run
+        assert stream_text(nb.cells[3].outputs) == "2 3\n", run
+        table = stream_text(nb.cells[4].outputs)
+        state = "recorded" if run == "records" else "replayed"
+        for name in ("viacall", "hushed"):
+            (row,) = [line for line in table.splitlines() if name in line]
+            assert state in row, (run, table)

@@ -77,7 +77,40 @@ class StepCellTransformer:
         finally:
             _local.inner = False
         marker = f"{MARKER}({args!r}, {body!r})\n"
-        return [marker, *py.splitlines(keepends=True)]
+        out = [marker, *py.splitlines(keepends=True)]
+        _remember("".join(out), "".join(lines))
+        return out
+
+
+#: transformed text -> IPython's own text of the cell (the last few), see _restore_history
+_originals: dict[str, str] = {}
+
+
+def _remember(transformed: str, original: str) -> None:
+    if len(_originals) > 16:
+        _originals.clear()
+    # IPython's history keeps a cell without its trailing newlines.
+    _originals[transformed.rstrip("\n")] = original.rstrip("\n")
+
+
+def _restore_history(shell: Any) -> None:
+    """``In[n]`` (and ``%history``) hold the cell as IPython alone would have made it.
+
+    IPython stores the transformed cell, here the marker and the body; a plain
+    run of a ``%%step`` cell stores its ``run_cell_magic`` call.
+    """
+    hm = getattr(shell, "history_manager", None)
+    hist = getattr(hm, "input_hist_parsed", None)
+    if not hist or hist[-1] not in _originals:
+        return
+    ours = hist[-1]
+    hist[-1] = _originals.pop(ours)
+    lock = getattr(hm, "db_input_cache_lock", None)
+    cache = getattr(hm, "db_input_cache", None)
+    if lock is not None and cache:
+        with lock:
+            if cache and cache[-1][1] == ours:
+                cache[-1] = (cache[-1][0], hist[-1], *cache[-1][2:])
 
 
 def _magic_call(text: str) -> tuple[str, str] | None:
@@ -164,14 +197,17 @@ class StepCell:
         # runs itself (get_ipython().run_cell) fires the cell hooks too, and
         # must not end the step.
         self._owner: object = None
+        self._cell_file: str | None = None  # the file name IPython compiled that cell under
+        self._unpatch: Any = None  # undoes replayed_value's display hook patch
 
     def __call__(self, line: str, body: str) -> bool:
         """Begin the step; True when its body must execute, False when it was replayed."""
         __tracebackhide__ = True
         from .session import get_session
 
-        self.close(getattr(self.shell, "last_execution_result", None), stale=True)
-        _show_header(sys._getframe(1).f_code.co_filename, line)
+        self.close(None, stale=True)
+        cell_file = sys._getframe(1).f_code.co_filename
+        _show_header(cell_file, line)
         try:
             name, force = locate.parse_step_line(line)
             started = get_session(self.shell).steps.begin(body, name=name, force=force)
@@ -179,6 +215,7 @@ class StepCell:
             # One line, no traceback, as the magic says it.
             raise UsageError(keys.one_line(" ".join(str(exc).split()))) from None
         self._owner = getattr(self.shell.displayhook, "exec_result", None)
+        self._cell_file = cell_file
         if isinstance(started, Replayed):
             self._replayed = started
             return False
@@ -190,31 +227,61 @@ class StepCell:
         return self._running is not None
 
     def replayed_value(self) -> Any:
-        """The result a replayed step recorded (None: nothing to show)."""
-        return self._replayed.value if self._replayed is not None else None
+        """The result a replayed step recorded (None: nothing to show).
+
+        The display hook shows it with the recorded data, not formatted again:
+        a formatter the recording kernel had (matplotlib's PNG for a figure)
+        may be missing here, and a ``__repr__`` that prints must not print twice.
+        """
+        replayed = self._replayed
+        if replayed is None:
+            return None
+        value = replayed.value
+        if value is not None and replayed.shown is not None:
+            hook = self.shell.displayhook
+            original = hook.compute_format_data
+
+            def recorded_format(result: Any) -> tuple[dict, dict]:
+                vars(hook).pop("compute_format_data", None)  # once
+                return replayed.format_data() if result is value else original(result)
+
+            hook.compute_format_data = recorded_format
+            self._unpatch = lambda: vars(hook).pop("compute_format_data", None)
+        return value
 
     def close(self, result: Any, stale: bool = False) -> None:
         """End what the cell that gave ``result`` (an ``ExecutionResult``) began.
 
-        From ``post_run_cell``; with ``stale``, from the next cell's start
-        (``result`` is then the last finished cell's: a silent execution has no
-        ``post_run_cell``). Does nothing for another cell's result (one the
-        step's body ran itself). Never raises: this runs in IPython's event hooks.
+        From ``post_run_cell``. With ``stale``, from a cell's start: a silent
+        execution has no ``post_run_cell``, so a step it began is ended then,
+        with that cell's own result, unless its cell is still running (a cell
+        the step's body runs itself). Does nothing for another cell's result.
+        Never raises: this runs in IPython's event hooks.
         """
-        if self._owner is not None and result is not self._owner:
+        if self._running is None and self._replayed is None:
             return
-        if stale and self._owner is None and result is not None:
-            return  # not begun by a cell IPython ran (no displayhook result): leave it
+        if stale:
+            if self._cell_file is not None and _on_stack(self._cell_file):
+                return
+            result = self._owner
+        elif self._owner is not None and result is not self._owner:
+            return
         running, self._running = self._running, None
         replayed, self._replayed = self._replayed, None
-        self._owner = None
-        if running is None and replayed is None:
-            return
+        self._owner = self._cell_file = None
+        unpatch, self._unpatch = self._unpatch, None
+        try:
+            if unpatch is not None:
+                unpatch()
+            _restore_history(self.shell)
+        except Exception:  # the history's look is not worth failing a hook for
+            pass
         from .session import get_session
 
         steps = get_session(self.shell).steps
         try:
-            if replayed is not None:
+            if replayed is not None and not stale:
+                # (Ended late, a silent cell's: its outputs would land in another cell.)
                 steps.finish_replay(replayed)
             elif running is not None:
                 error = _error_of(result)
@@ -224,6 +291,37 @@ class StepCell:
             warn(keys.one_line(" ".join(str(exc).split())))
         except Exception as exc:  # never leave IPython with a broken hook
             warn(f"nbdurable could not finish the step: {type(exc).__name__}: {exc}")
+
+
+#: Raised by sub-steps inside a step's body; said in one line, as the magic says them.
+ONE_LINE = (UsageProblem, StoreError, LeaseHeld)
+
+
+def one_line_errors(cell: StepCell) -> Any:
+    """A ``set_custom_exc`` handler: :data:`ONE_LINE` errors of a step's body in one line.
+
+    Elsewhere (a plain cell) they show IPython's usual traceback, as before.
+    """
+
+    def handler(shell: Any, etype: type, value: BaseException, tb: Any, tb_offset: Any = None):  # noqa: ANN202
+        if cell.executing():
+            shell.show_usage_error(UsageError(keys.one_line(" ".join(str(value).split()))))
+            return []
+        stb = shell.InteractiveTB.structured_traceback(etype, value, tb, tb_offset=tb_offset)
+        shell._showtraceback(etype, value, stb)
+        return stb
+
+    return handler
+
+
+def _on_stack(filename: str) -> bool:
+    """True while code compiled under `filename` (the step's cell) is executing."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_filename == filename:
+            return True
+        frame = frame.f_back
+    return False
 
 
 def _error_of(result: Any) -> BaseException | None:

@@ -125,6 +125,8 @@ def load(ipython) -> None:  # noqa: ANN001
     ipython.input_transformers_post.append(cellstep.StepCellTransformer(ipython))
     ipython.ast_transformers.append(cellstep.StepCellAst())
     _install_marker(ipython)
+    if tuple(ipython.custom_exceptions) in ((), cellstep.ONE_LINE):  # a user's own: kept
+        ipython.set_custom_exc(cellstep.ONE_LINE, cellstep.one_line_errors(_cell))
     ipython.register_magics(StepMagics)
     ipython.events.register("pre_run_cell", _pre_run_cell)
     ipython.events.register("post_run_cell", _post_run_cell)
@@ -139,8 +141,10 @@ def unload(ipython) -> None:  # noqa: ANN001
         except ValueError:
             pass
     _remove_transformers(ipython)
+    if tuple(ipython.custom_exceptions) == cellstep.ONE_LINE:
+        ipython.set_custom_exc((), None)
     if _cell is not None:
-        _cell.close(getattr(ipython, "last_execution_result", None))
+        _cell.close(None, stale=True)
         _cell = None
     ipython.user_ns.pop(cellstep.MARKER, None)
     ipython.user_ns_hidden.pop(cellstep.MARKER, None)
@@ -169,7 +173,7 @@ def _install_marker(ipython) -> None:  # noqa: ANN001
 def _pre_run_cell(info: object = None) -> None:
     if _cell is not None:
         # A silent execution (no post_run_cell) may have left a step open.
-        _cell.close(getattr(_cell.shell, "last_execution_result", None), stale=True)
+        _cell.close(None, stale=True)
         _install_marker(_cell.shell)
     get_session().new_cell()
 

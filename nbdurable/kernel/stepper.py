@@ -25,7 +25,7 @@ from ..identity import keys
 from ..store import values
 from ..store.records import StepRecord, StepState
 from . import recording
-from .capture import Capture, replay
+from .capture import WIDGET_VIEW_MIME, Capture, replay, strip_widget_views
 from .context import StepContext, warn
 from .execute import flush_streams, run_body
 
@@ -235,9 +235,10 @@ class StepRunner:
         events.emit(
             "step-replayed", self.session.run_id, rec.key, label=label, record=rec, stale=stale
         )
-        if result is None and cut < len(outputs):  # no value recorded: show what it looked like
-            result = Shown(outputs[cut])
-        return Replayed(rec, label, stale, outputs[cut + 1 :], result)
+        shown = outputs[cut] if cut < len(outputs) else None
+        if result is None and shown is not None:  # no value recorded: show what it looked like
+            result = Shown(shown)
+        return Replayed(rec, label, stale, outputs[cut + 1 :], result, shown)
 
     def _load_result(self, rec: StepRecord, restored: dict[str, Any]) -> Any:
         """The value the step's last expression showed, as recorded (None: none recorded)."""
@@ -507,6 +508,14 @@ class Replayed:
     stale: str | None
     after: list[dict[str, Any]]  # outputs recorded after the execute_result
     value: Any  # the result to show (None: none)
+    shown: dict[str, Any] | None = None  # its recorded execute_result
+
+    def format_data(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The recorded result's ``(data, metadata)``, as :func:`capture.replay` shows them."""
+        out = self.shown or {}
+        data = strip_widget_views(out.get("data", {}))
+        metadata = {k: v for k, v in (out.get("metadata") or {}).items() if k != WIDGET_VIEW_MIME}
+        return data, metadata
 
 
 class Shown:
