@@ -1,0 +1,590 @@
+"""The shared engine: a store in a PostgreSQL database, for a team or many machines.
+
+Selected by a URL (``NBDURABLE_STORE=postgresql://user@host/db``; see
+:mod:`.engine`). Everything above the :class:`~.base.Store` interface is the
+same as on the embedded engine: the same keys, the same signed records.
+
+Tables, in the PostgreSQL schema named by the URL's ``namespace`` parameter
+(default ``nbdurable``; one per team or project, created on first use)::
+
+    schema_version(version)             the table layout; a newer one is refused
+    kv(key, value, size, blob)          one row per key; value NULL when chunked
+    chunks(blob, n, data)               a large blob's bytes, CHUNK-sized rows
+
+A blob at least :attr:`PgStore.small_blob_max` bytes long is streamed into
+``chunks`` rows (``chunk_size``, 8 MB by default) inside one transaction that
+ends by inserting its ``kv`` row: a blob is all there or not there, of any
+size (PostgreSQL limits one value to 1 GB; chunks lift that). Reading streams
+the chunks into an unlinked temporary file, which is hashed and mapped as the
+embedded engine maps its value files.
+
+Records are signed with ``NBDURABLE_KEY``, which every member of the team
+sets; it is never stored in the database. Without it the store does not
+open: an unsigned shared store would let anyone with write access to the
+database plant a pickle that every kernel replaying it unpickles.
+
+Faults: a lost connection (server restarted, backend terminated) is retried
+on a fresh connection from the pool, for at most :data:`RETRIES` attempts.
+Every write is an idempotent upsert of signed bytes under a fixed key, so a
+transaction whose COMMIT was lost in flight and is then retried records the
+same row once; the lease's compare-and-set (:meth:`PgStore.swap`) runs under
+a row-level advisory lock and is re-evaluated on retry. ``connect_timeout``
+(10 s) and ``statement_timeout`` (60 s) in the URL bound every wait, so a
+slow or hung server becomes a one-line :class:`StoreError`, never a hung
+kernel.
+
+The medium cannot be deleted from under an open store as a directory can:
+:meth:`replaced` is always False, and a dropped schema surfaces as a
+:class:`StoreError` on the next query.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import tempfile
+import threading
+import time
+import zlib
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+from .._text import one_line
+from ..errors import CorruptRecord, FormatVersionError, StoreError
+from . import blobs, codec, layout
+from .base import Header, Store
+
+try:
+    import psycopg
+    import psycopg_pool
+except ImportError:  # pragma: no cover - the error is raised on open
+    psycopg = None  # type: ignore[assignment]
+    psycopg_pool = None  # type: ignore[assignment]
+
+#: The table layout; increment on a breaking change (an older nbdurable then refuses it).
+SCHEMA_VERSION = 1
+#: Rows of a chunked blob hold this many bytes (the URL's ``chunk_size`` overrides it).
+CHUNK_SIZE = 8 * 1024 * 1024
+#: Attempts of one operation when the connection is lost.
+RETRIES = 4
+DEFAULT_NAMESPACE = "nbdurable"
+_NAMESPACE = re.compile(r"[a-z_][a-z0-9_]{0,62}")
+# URL parameters read here; every other one goes to libpq as given.
+_OURS = ("namespace", "chunk_size", "statement_timeout")
+
+
+def display(url: str) -> str:
+    """``url`` without its password and parameters: safe to print."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if parts.port:
+        host += f":{parts.port}"
+    user = f"{parts.username}@" if parts.username else ""
+    return urlunsplit((parts.scheme, user + host, parts.path, "", ""))
+
+
+def _reason(exc: BaseException) -> str:
+    """The server's or libpq's own words, first line only (libpq adds hints below it)."""
+    text = str(exc).strip().splitlines()
+    return one_line(text[0]) if text else type(exc).__name__
+
+
+class PgStore(Store):
+    """The store in a PostgreSQL schema; see the module docstring."""
+
+    small_blob_max = 64 * 1024
+    elsewhere = "use another ?namespace= in NBDURABLE_STORE"
+    path: str  # type: ignore[assignment]  # the URL, shown without password
+
+    def __init__(self, url: str, *, durability: str = "crash") -> None:
+        # ``durability`` is the server's business (synchronous_commit); accepted for
+        # the signature every engine shares.
+        if psycopg is None:
+            raise StoreError(
+                "the PostgreSQL store needs psycopg 3: pip install 'nbdurable[postgres]'"
+            )
+        self.url = url
+        self.path = display(url)
+        params = dict(parse_qsl(urlsplit(url).query))
+        self.namespace = params.get("namespace", DEFAULT_NAMESPACE)
+        if not _NAMESPACE.fullmatch(self.namespace):
+            raise StoreError(
+                f"namespace {self.namespace!r} in {self.path} is not a plain lower-case name "
+                "(letters, digits, _; at most 63): fix the URL's ?namespace="
+            )
+        self.chunk_size = _positive(params, "chunk_size", CHUNK_SIZE, self.path)
+        timeout = _positive(params, "statement_timeout", 60, self.path)
+        rest = [(k, v) for k, v in parse_qsl(urlsplit(url).query) if k not in _OURS]
+        if not any(k == "connect_timeout" for k, _ in rest):
+            rest.append(("connect_timeout", "10"))
+        self._connect_timeout = float(dict(rest)["connect_timeout"])
+        self._conninfo = urlunsplit(urlsplit(url)._replace(query=urlencode(rest)))
+        self._options = {"options": f"-c statement_timeout={int(timeout * 1000)}"}
+        self._t = f'"{self.namespace}"'
+        # Advisory locks are per database: the namespace's own lock space.
+        self._space = zlib.crc32(self.namespace.encode()) - 2**31
+        self._local = threading.local()
+        self._pool: Any = None
+        self.generation = 0
+        self.deletions = 0
+        self._open()
+
+    # -- opening ------------------------------------------------------------------------
+    def _open(self) -> None:
+        secret = os.environ.get("NBDURABLE_KEY", "")
+        if len(secret) < 16:
+            raise StoreError(
+                f"the shared store {self.path} needs NBDURABLE_KEY set to the team's signing "
+                "key (at least 16 characters; the same on every machine) before it opens"
+            )
+        try:
+            with psycopg.connect(self._conninfo, **self._options) as conn:
+                self._create(conn)
+        except psycopg.OperationalError as exc:
+            raise StoreError(
+                f"cannot reach the nbdurable store at {self.path}: {_reason(exc)}. Nothing was "
+                "read or recorded; start the PostgreSQL server or fix NBDURABLE_STORE (--store)."
+            ) from exc
+        except psycopg.Error as exc:
+            raise StoreError(
+                f"cannot open the nbdurable store at {self.path}: {_reason(exc)}; check the "
+                "database's permissions, or use another ?namespace="
+            ) from exc
+        self._pool = psycopg_pool.ConnectionPool(
+            self._conninfo,
+            min_size=1,
+            max_size=4,
+            kwargs=self._options,
+            timeout=self._connect_timeout + 5,
+            open=False,
+            name=f"nbdurable-{self.namespace}",
+        )
+        self._pool.open(wait=False)
+        self._start(secret.encode("utf-8"))
+
+    def _create(self, conn: Any) -> None:
+        """Create the schema and tables if missing; refuse a newer layout."""
+        t = self._t
+        with conn.transaction():
+            conn.execute("SELECT pg_advisory_xact_lock(%s, 0)", (self._space,))
+            conn.execute(f"CREATE SCHEMA IF NOT EXISTS {t}")
+            conn.execute(f"CREATE TABLE IF NOT EXISTS {t}.schema_version (version int NOT NULL)")
+            conn.execute(
+                f'CREATE TABLE IF NOT EXISTS {t}.kv (key text COLLATE "C" PRIMARY KEY, '
+                "value bytea, size bigint NOT NULL, blob bigint)"
+            )
+            conn.execute(f"CREATE INDEX IF NOT EXISTS kv_blob ON {t}.kv (blob)")
+            conn.execute(
+                f"CREATE TABLE IF NOT EXISTS {t}.chunks (blob bigint NOT NULL, n int NOT NULL, "
+                "data bytea NOT NULL, PRIMARY KEY (blob, n))"
+            )
+            # Chunks are pickles and array bytes: compressing them costs more than it saves.
+            conn.execute(f"ALTER TABLE {t}.chunks ALTER data SET STORAGE EXTERNAL")
+            conn.execute(f"CREATE SEQUENCE IF NOT EXISTS {t}.blob_ids")
+            found = conn.execute(f"SELECT max(version) FROM {t}.schema_version").fetchone()[0]
+            if found is None:
+                conn.execute(f"INSERT INTO {t}.schema_version VALUES (%s)", (SCHEMA_VERSION,))
+            elif found > SCHEMA_VERSION:
+                raise FormatVersionError(
+                    f"the store at {self.path} (namespace {self.namespace!r}) has table layout "
+                    f"{found}; this nbdurable reads layout {SCHEMA_VERSION}. Upgrade nbdurable, "
+                    "or use another ?namespace="
+                )
+
+    # -- running statements ---------------------------------------------------------------
+    def _run(self, doing: str, fn: Callable[[Any], Any]) -> Any:
+        """``fn(connection)`` in one transaction, retried on a fresh connection if it is lost.
+
+        Inside :meth:`transaction` it runs on that transaction's connection,
+        without retry (the caller's block cannot be replayed from here).
+        """
+        pinned = getattr(self._local, "conn", None)
+        if pinned is not None:
+            return self._guarded(doing, lambda: fn(pinned))
+        for attempt in range(RETRIES):
+            conn = None
+            try:
+                with self._pool.connection() as conn:
+                    return fn(conn)
+            except psycopg_pool.PoolTimeout as exc:  # before its base class, OperationalError
+                raise self._failure(doing, exc) from exc
+            except psycopg.OperationalError as exc:
+                # A broken connection is dropped by the pool; the next attempt gets a new one.
+                lost = conn is None or conn.broken or conn.closed
+                if not lost or attempt == RETRIES - 1:
+                    raise self._failure(doing, exc) from exc
+                # Its idle siblings died with it (a restarted server): drop them too.
+                with contextlib.suppress(Exception):
+                    self._pool.check()
+                time.sleep(0.05 * 2**attempt)
+            except psycopg.Error as exc:
+                raise self._failure(doing, exc) from exc
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _guarded(self, doing: str, fn: Callable[[], Any]) -> Any:
+        try:
+            return fn()
+        except (psycopg.Error, psycopg_pool.PoolTimeout) as exc:
+            raise self._failure(doing, exc) from exc
+
+    def _failure(self, doing: str, exc: BaseException) -> StoreError:
+        advice = "check that the PostgreSQL server is up and reachable (NBDURABLE_STORE)"
+        if doing == "write":
+            return StoreError(
+                f"could not write to the nbdurable store at {self.path}: {_reason(exc)}. "
+                f"Nothing was recorded for this write; {advice}, then run the cell again."
+            )
+        return StoreError(
+            f"could not {doing} the nbdurable store at {self.path}: {_reason(exc)}; {advice}."
+        )
+
+    def _one(self, sql: str, args: Sequence[Any], doing: str = "read") -> Any:
+        """The first row of one statement (None if none)."""
+        return self._run(doing, lambda c: c.execute(sql, args, binary=True).fetchone())
+
+    # -- reading ------------------------------------------------------------------------
+    def read(self, key: str) -> bytes | None:
+        """The stored bytes of ``key`` (a chunked blob's joined), unverified."""
+
+        def fn(conn: Any) -> bytes | None:
+            row = conn.execute(
+                f"SELECT value, blob FROM {self._t}.kv WHERE key = %s", (key,), binary=True
+            ).fetchone()
+            if row is None:
+                return None
+            if row[1] is None:
+                return bytes(row[0])
+            rows = conn.execute(
+                f"SELECT data FROM {self._t}.chunks WHERE blob = %s ORDER BY n",
+                (row[1],),
+                binary=True,
+            )
+            return b"".join(bytes(r[0]) for r in rows)
+
+        return self._run("read", fn)
+
+    def read_prefix(self, prefix: str, row_max: int) -> list[tuple[str, bytes | None]]:
+        """Keys under ``prefix`` with their bytes if at most ``row_max`` long, in key order."""
+
+        def fn(conn: Any) -> list[tuple[str, bytes | None]]:
+            rows = conn.execute(
+                f"SELECT key, CASE WHEN blob IS NULL AND size <= %s THEN value END "
+                f"FROM {self._t}.kv WHERE key >= %s AND key < %s ORDER BY key",
+                (row_max, prefix, layout.upper(prefix)),
+                binary=True,
+            ).fetchall()
+            return [(k, None if v is None else bytes(v)) for k, v in rows]
+
+        return self._run("read", fn)
+
+    def scan(self, prefix: str) -> list[str]:
+        """All keys that start with ``prefix``, in key order (an index range scan)."""
+        return self._run(
+            "read",
+            lambda c: [
+                r[0]
+                for r in c.execute(
+                    f"SELECT key FROM {self._t}.kv WHERE key >= %s AND key < %s ORDER BY key",
+                    (prefix, layout.upper(prefix)),
+                )
+            ],
+        )
+
+    def stats(self, prefix: str) -> tuple[int, int]:
+        """``(count, bytes)`` of the keys under ``prefix``."""
+        row = self._one(
+            f"SELECT count(*), coalesce(sum(size), 0) FROM {self._t}.kv "
+            "WHERE key >= %s AND key < %s",
+            (prefix, layout.upper(prefix)),
+        )
+        return int(row[0]), int(row[1])
+
+    def size_of(self, key: str) -> int:
+        """Bytes stored for ``key`` (0 if absent)."""
+        row = self._one(f"SELECT size FROM {self._t}.kv WHERE key = %s", (key,))
+        return 0 if row is None else int(row[0])
+
+    def has(self, key: str) -> bool:
+        """True if ``key`` is present (not verified)."""
+        return self._one(f"SELECT 1 FROM {self._t}.kv WHERE key = %s", (key,)) is not None
+
+    # -- writing ------------------------------------------------------------------------
+    def write(self, values: dict[str, bytes], deletes: Sequence[str] = ()) -> None:
+        """Write and delete in one transaction (upserts: a retried write lands once)."""
+        rows = [(k, v, len(v)) for k, v in values.items()]
+
+        def fn(conn: Any) -> None:
+            with conn.cursor() as cur:
+                # A key that held a chunked blob gives its chunks up (rare: a rewritten blob).
+                chunked = [k for k in values if k.startswith(layout.BLOBS)] + list(deletes)
+                if chunked:
+                    self._drop_chunks(cur, chunked)
+                cur.executemany(
+                    f"INSERT INTO {self._t}.kv (key, value, size) VALUES (%s, %b, %s) "
+                    "ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value, "
+                    "size = EXCLUDED.size, blob = NULL",
+                    rows,
+                )
+                if deletes:
+                    cur.execute(f"DELETE FROM {self._t}.kv WHERE key = ANY(%s)", (list(deletes),))
+
+        if deletes:
+            self.deletions += 1
+        self._run("write", fn)
+        self._suspect.difference_update(values)
+
+    def _drop_chunks(self, cur: Any, keys: Sequence[str]) -> None:
+        cur.execute(
+            f"DELETE FROM {self._t}.chunks WHERE blob IN "
+            f"(SELECT blob FROM {self._t}.kv WHERE key = ANY(%s) AND blob IS NOT NULL)",
+            (list(keys),),
+        )
+
+    def delete(self, key: str) -> bool:
+        """Delete one key; True if it existed."""
+
+        def fn(conn: Any) -> bool:
+            with conn.cursor() as cur:
+                self._drop_chunks(cur, [key])
+                cur.execute(f"DELETE FROM {self._t}.kv WHERE key = %s", (key,))
+                return cur.rowcount > 0
+
+        self.deletions += 1
+        return self._run("write", fn)
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[None]:
+        """Reads and writes inside it are one transaction, serialized with every other one."""
+        if getattr(self._local, "conn", None) is not None:
+            yield  # nested: part of the outer transaction
+            return
+        try:
+            with self._pool.connection() as conn:
+                conn.execute("SELECT pg_advisory_xact_lock(%s, 1)", (self._space,))
+                self._local.conn = conn
+                try:
+                    yield
+                finally:
+                    self._local.conn = None
+        except (psycopg.Error, psycopg_pool.PoolTimeout) as exc:
+            raise self._failure("write", exc) from exc
+
+    def swap(self, key: str, update: Callable[[Header | None], Header | None]) -> Header | None:
+        """The lease's compare-and-set: read, ``update``, write under the key's own lock.
+
+        One transaction holding an advisory lock on the key (a row lock
+        cannot lock a row that does not exist yet), so two machines taking
+        the same lease are serialized. On a lost connection the whole of it
+        runs again, ``update`` included, on the state then committed.
+        """
+
+        def fn(conn: Any) -> Header | None:
+            conn.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (self._space, key))
+            row = conn.execute(
+                f"SELECT value FROM {self._t}.kv WHERE key = %s", (key,), binary=True
+            ).fetchone()
+            current = None
+            if row is not None:
+                with contextlib.suppress(CorruptRecord):
+                    current = codec.decode(self._mac, key, bytes(row[0]))[0]
+            new = update(current)
+            if new is None:
+                if row is not None:
+                    conn.execute(f"DELETE FROM {self._t}.kv WHERE key = %s", (key,))
+            else:
+                value = self._encode(key, new)
+                conn.execute(
+                    f"INSERT INTO {self._t}.kv (key, value, size) VALUES (%s, %b, %s) "
+                    "ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value, "
+                    "size = EXCLUDED.size, blob = NULL",
+                    (key, value, len(value)),
+                )
+            return current
+
+        return self._run("write", fn)
+
+    # -- blobs (format: see .blobs) -------------------------------------------------------
+    def _put_blob_file(
+        self, parts: Sequence[blobs.Buffer], total: int, secrets: dict[str, bytes]
+    ) -> tuple[str, int]:
+        """Stream a large blob into chunk rows, hashing it; its kv row commits with them."""
+        written = [0]
+
+        def fn(conn: Any) -> str:
+            written[0] = 0
+            t = self._t
+            blob_id = conn.execute(f"SELECT nextval('{t}.blob_ids')").fetchone()[0]
+            out = _ChunkWriter(
+                conn, f"INSERT INTO {t}.chunks VALUES (%s, %s, %b)", blob_id, self.chunk_size
+            )
+            sha = blobs.write(out, parts, secrets)
+            out.flush()
+            key = layout.blob(sha)
+            if key in self._suspect:  # found damaged or missing: replace it
+                with conn.cursor() as cur:
+                    self._drop_chunks(cur, [key])
+                    cur.execute(f"DELETE FROM {t}.kv WHERE key = %s", (key,))
+            stored = conn.execute(
+                f"INSERT INTO {t}.kv (key, value, size, blob) VALUES (%s, NULL, %s, %s) "
+                "ON CONFLICT (key) DO NOTHING RETURNING key",
+                (key, total, blob_id),
+            ).fetchone()
+            if stored is None:  # stored already (maybe by another machine just now)
+                conn.rollback()  # its chunks go with the transaction
+            else:
+                written[0] = total
+            return sha
+
+        sha = self._run("write", fn)
+        self._suspect.discard(layout.blob(sha))
+        return sha, written[0]
+
+    def get_blob(self, sha: str) -> blobs.Blob | None:
+        """The verified blob ``sha``, None if absent (:class:`CorruptRecord` if damaged).
+
+        Chunks are streamed into an unlinked temporary file, then verified and
+        mapped like a value file of the embedded engine.
+        """
+        key = layout.blob(sha)
+
+        def fn(conn: Any) -> blobs.Blob | None:
+            row = conn.execute(
+                f"SELECT value, blob, size FROM {self._t}.kv WHERE key = %s", (key,), binary=True
+            ).fetchone()
+            if row is None:
+                return None
+            value, blob_id, size = row
+            if blob_id is None:
+                return self._blob_from_bytes(sha, key, bytes(value))
+            with tempfile.TemporaryFile(prefix="nbdurable-blob-") as f:
+                with conn.cursor(name=f"blob_{blob_id}", binary=True) as cur:
+                    cur.itersize = 1  # one chunk in memory at a time
+                    cur.execute(
+                        f"SELECT data FROM {self._t}.chunks WHERE blob = %s ORDER BY n",
+                        (blob_id,),
+                    )
+                    for (data,) in cur:
+                        f.write(data)
+                got = f.tell()
+                if got != size:
+                    raise CorruptRecord(f"blob {sha[:12]} has {got} bytes, not {size} (truncated)")
+                f.seek(0)
+                return blobs.read_verified(sha, f, size)
+
+        try:
+            blob = self._run("read", fn)
+        except CorruptRecord:
+            self._suspect.add(key)
+            raise
+        if blob is None:
+            self._suspect.add(key)
+        return blob
+
+    # -- housekeeping ---------------------------------------------------------
+    def check(self, fix: bool = True) -> list[str]:
+        """Check chunked blobs; with ``fix``, remove what cannot be whole.
+
+        One line per problem: a blob whose chunks do not add up to its size
+        (its record is deleted; the step that saved it runs again), chunks
+        that belong to no record (left only by a hand edit: every blob's
+        chunks commit with its row).
+        """
+        t = self._t
+        done = "; removed" if fix else ""
+
+        def fn(conn: Any) -> list[str]:
+            problems = []
+            bad = conn.execute(
+                f"SELECT k.key, k.size, coalesce(sum(length(c.data)), 0) FROM {t}.kv k "
+                f"LEFT JOIN {t}.chunks c ON c.blob = k.blob WHERE k.blob IS NOT NULL "
+                "GROUP BY k.key, k.size HAVING coalesce(sum(length(c.data)), 0) <> k.size"
+            ).fetchall()
+            for key, size, got in bad:
+                problems.append(f"record {key!r} has {got} bytes in its chunks, not {size}{done}")
+            orphans = conn.execute(
+                f"SELECT DISTINCT blob FROM {t}.chunks c WHERE NOT EXISTS "
+                f"(SELECT 1 FROM {t}.kv k WHERE k.blob = c.blob)"
+            ).fetchall()
+            problems += [f"chunks of blob {b} belong to no record{done}" for (b,) in orphans]
+            if fix:
+                with conn.cursor() as cur:
+                    self._drop_chunks(cur, [k for k, _, _ in bad])
+                    cur.execute(
+                        f"DELETE FROM {t}.kv WHERE key = ANY(%s)", ([k for k, _, _ in bad],)
+                    )
+                    cur.execute(
+                        f"DELETE FROM {t}.chunks WHERE blob = ANY(%s)", ([b for (b,) in orphans],)
+                    )
+                if bad:
+                    self.deletions += 1
+            return problems
+
+        return self._run("check", fn)
+
+    def replaced(self) -> bool:
+        """Always False: a database is not swapped under a URL as a directory is."""
+        return False
+
+    def check_same(self) -> None:
+        """Nothing to check (see :meth:`replaced`)."""
+
+    def reopen(self) -> None:
+        """Close the pool and connect again."""
+        self.close()
+        self.generation += 1
+        self._open()
+
+    def close(self) -> None:
+        """Close the pool's connections."""
+        if self._pool is not None:
+            with contextlib.suppress(Exception):
+                self._pool.close()
+            self._pool = None
+
+    def drop(self) -> None:
+        """Remove the whole namespace (its schema and every record in it)."""
+        self._run("write", lambda c: c.execute(f"DROP SCHEMA IF EXISTS {self._t} CASCADE"))
+        self.close()
+
+
+class _ChunkWriter:
+    """A write-only file that inserts ``size``-byte rows as it fills (see blobs.write)."""
+
+    def __init__(self, conn: Any, sql: str, blob_id: int, size: int) -> None:
+        self.conn, self.sql, self.blob_id, self.size = conn, sql, blob_id, size
+        self.buf = bytearray()
+        self.n = 0
+
+    def write(self, data: blobs.Buffer) -> int:
+        view = memoryview(data).cast("B")
+        self.buf += view
+        while len(self.buf) >= self.size:
+            self._insert(bytes(self.buf[: self.size]))
+            del self.buf[: self.size]
+        return view.nbytes
+
+    def flush(self) -> None:
+        if self.buf or self.n == 0:
+            self._insert(bytes(self.buf))
+            self.buf = bytearray()
+
+    def _insert(self, chunk: bytes) -> None:
+        self.conn.execute(self.sql, (self.blob_id, self.n, chunk))
+        self.n += 1
+
+
+def _positive(params: dict[str, str], name: str, default: float, where: str) -> Any:
+    raw = params.get(name)
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+        if value <= 0:
+            raise ValueError
+    except ValueError:
+        raise StoreError(
+            f"{name}={raw!r} in {where} must be a positive whole number: fix the URL"
+        ) from None
+    return value
