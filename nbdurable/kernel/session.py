@@ -28,7 +28,8 @@ from IPython.core.displayhook import DisplayHook
 from .. import config, events, faults, redact
 from ..errors import CorruptRecord, LeaseHeld, NbdurableError, StoreError, UsageProblem
 from ..identity import keys, locate
-from ..store import RunKeys, Store, values
+from ..store import RunKeys, Store, open_store, values
+from ..store import engine as store_engine
 from ..store.records import StepRecord, StepState
 from . import lease, recording
 from .capture import Capture, replay, show_last_expr, underlying
@@ -204,7 +205,13 @@ class Session:
             )
         if self.notebook is not None:
             self.nbfile = locate.NotebookFile(self.notebook)
-        self._store = Store(locate.store_dir(self.notebook), durability=config.get().durability)
+        # The store: a directory, or a URL for a shared one (see store.engine). Run ids
+        # are relative to the local directory even then, so two machines whose
+        # projects lie at different paths share the run of the same notebook.
+        local = locate.store_dir(self.notebook)
+        target = store_engine.chosen(local)
+        self._store = open_store(target, durability=config.get().durability)
+        self._anchor = local if store_engine.is_url(target) else self._store.path
 
     @property
     def store(self) -> Store:
@@ -221,7 +228,7 @@ class Session:
             return self._run_name
         assert self._store is not None
         # Read on every sub-step: computed once per (notebook, store), not per call.
-        where = (self.notebook, self._store.path)
+        where = (self.notebook, self._anchor)
         if self._run_id_for is None or self._run_id_for[0] != where:
             self._run_id_for = (where, locate.run_id_for(*where))
         return self._run_id_for[1]
@@ -302,6 +309,7 @@ class Session:
     def set_store(self, store: Store, run_id: str | None = None) -> None:
         """Use an already-open store (tests, the CLI)."""
         self._store = store
+        self._anchor = store.path if isinstance(store.path, Path) else locate.store_dir(None)
         self._run_name = run_id
 
     def _touch_run(self) -> tuple[str, dict[str, Any], bytes]:
