@@ -641,7 +641,7 @@ def cmd_copy(args: argparse.Namespace) -> int:
 
     source = _store_dir(args, None)
     dest = args.to if engine.is_url(args.to) else _path(Path(args.to))
-    with _open(source) as src, _open(dest, must_exist=False) or engine.open_store(dest) as dst:
+    with _open(source) as src, engine.open_store(dest) as dst:
         report = copy_run(src, dst, args.run_id)
     print(
         f"copied run {args.run_id!r}: {report.records} records and {report.blobs} saved "

@@ -121,7 +121,10 @@ class PgStore(Store):
             rest.append(("connect_timeout", "10"))
         self._connect_timeout = float(dict(rest)["connect_timeout"])
         self._conninfo = urlunsplit(urlsplit(url)._replace(query=urlencode(rest)))
-        self._options = {"options": f"-c statement_timeout={int(timeout * 1000)}"}
+        self._options: dict[str, str] = {"options": f"-c statement_timeout={int(timeout * 1000)}"}
+        if not any(k == "application_name" for k, _ in rest):
+            # How an operator (or a test) tells this store's sessions in pg_stat_activity.
+            self._options["application_name"] = f"nbdurable-{self.namespace}"
         self._t = f'"{self.namespace}"'
         # Advisory locks are per database: the namespace's own lock space.
         self._space = zlib.crc32(self.namespace.encode()) - 2**31
