@@ -9,6 +9,7 @@ NBDURABLE_HOST, sharing one store URL and one ledger.
 from __future__ import annotations
 
 import json
+import random
 import time
 from collections import Counter
 
@@ -16,6 +17,7 @@ import nbformat
 import pytest
 from kernel_util import make_notebook, outputs_of, run_notebook
 from nbclient.exceptions import CellExecutionError, DeadKernelError
+from test_faults import FIXED_KILLS, run_scenario
 from test_lease import Kernel
 from test_story import CELLS
 
@@ -138,3 +140,9 @@ def test_two_machines_share_a_run_one_at_a_time(tmp_path, pg_url):
     assert _kinds(resumed) == {"answer": 20, "search": 19, "synthesize": 1}
     hashes = json.loads(outputs_of(second, 4)[0]["text"].splitlines()[0])
     assert hashes[:40] == [c["out"] for c in before[:-1] if c["kind"] == "answer"]
+
+
+@pytest.mark.parametrize("kill", FIXED_KILLS, ids=lambda k: "-".join(map(str, k)))
+def test_survives_a_kill_on_postgres(kill, tmp_path, pg_url):
+    """The fault-injection suite of tests/test_faults.py, on the team store."""
+    print(run_scenario(tmp_path / "run", kill, random.Random(f"pg-{kill}"), pg_url))

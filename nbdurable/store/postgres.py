@@ -51,6 +51,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
+from .. import faults
 from .._text import one_line
 from ..errors import CorruptRecord, FormatVersionError, StoreError
 from . import blobs, codec, layout
@@ -332,6 +333,7 @@ class PgStore(Store):
                 )
                 if deletes:
                     cur.execute(f"DELETE FROM {self._t}.kv WHERE key = ANY(%s)", (list(deletes),))
+                faults.point("store-write")  # inside the transaction, before its commit
 
         if deletes:
             self.deletions += 1
