@@ -399,3 +399,24 @@ def test_cli_ls_gc_check_and_copy_with_a_url(pg_url, tmp_path, capsys):
         assert admin.list_runs(pg) == [] and pg.scan("b/") == []
     assert main(["copy", "nb.ipynb", "--from", pg_url, "--to", str(tmp_path / "x")]) == 2
     assert "no run 'nb.ipynb'" in capsys.readouterr().err
+
+
+def test_the_store_is_configured_else_nbdurable_store_else_the_directory(tmp_path, monkeypatch):
+    import nbdurable
+    from nbdurable.errors import UsageProblem
+    from nbdurable.store import engine
+
+    url = "postgresql://team@db/runs?namespace=team1"
+    monkeypatch.delenv("NBDURABLE_STORE", raising=False)
+    assert engine.chosen(tmp_path) == tmp_path
+    monkeypatch.setenv("NBDURABLE_STORE", str(tmp_path / "elsewhere"))
+    assert engine.chosen(tmp_path) == tmp_path / "elsewhere"
+    monkeypatch.setenv("NBDURABLE_STORE", url)
+    assert engine.chosen(tmp_path) == url
+    try:
+        nbdurable.configure(store=str(tmp_path / "configured"))
+        assert engine.chosen(tmp_path) == tmp_path / "configured"
+    finally:
+        nbdurable.configure(store=None)
+    with pytest.raises(UsageProblem, match="postgresql:// URL"):
+        nbdurable.configure(store=42)

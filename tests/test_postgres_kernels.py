@@ -17,6 +17,7 @@ import nbformat
 import pytest
 from kernel_util import make_notebook, outputs_of, run_notebook
 from nbclient.exceptions import CellExecutionError, DeadKernelError
+from test_cli import CRASHY, inproc, write
 from test_faults import FIXED_KILLS, run_scenario
 from test_lease import Kernel
 from test_story import CELLS
@@ -146,3 +147,40 @@ def test_two_machines_share_a_run_one_at_a_time(tmp_path, pg_url):
 def test_survives_a_kill_on_postgres(kill, tmp_path, pg_url):
     """The fault-injection suite of tests/test_faults.py, on the team store."""
     print(run_scenario(tmp_path / "run", kill, random.Random(f"pg-{kill}"), pg_url))
+
+
+def test_nbdurable_run_resumes_through_a_url(tmp_path, pg_url, capsys, monkeypatch):
+    nb = write(tmp_path, CRASHY)
+    monkeypatch.setenv("DIE_AT", "3,6")
+    code, out, err = inproc(capsys, monkeypatch, tmp_path, "run", nb, "--store", pg_url, "--json")
+    assert code == 0, out + err
+    summary = json.loads(out)
+    assert summary["kernel_deaths"] == 2 and summary["calls"] == {"made": 8, "replayed": 6}
+    assert "namespace" not in summary["store"] and summary["store"].startswith("postgresql://")
+    assert (tmp_path / "calls.log").read_text().split() == [str(i) for i in range(8)]
+    assert not (tmp_path / "store").exists(), "nothing was recorded in the directory"
+    code, out, err = inproc(
+        capsys, monkeypatch, tmp_path, "status", nb, "--store", pg_url, "--json"
+    )
+    assert code == 0, out + err
+    assert {s["state"] for s in json.loads(out)["steps"]} == {"recorded"}
+
+
+def test_a_server_that_is_down_is_one_line_in_the_notebook(tmp_path, monkeypatch):
+    import socket
+
+    monkeypatch.setenv("NBDURABLE_KEY", "k" * 20)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    url = f"postgresql://postgres:pw@127.0.0.1:{port}/test"
+    nb = make_notebook(["%load_ext nbdurable", "%%step one\nx = 1"])
+    env = {"NBDURABLE_STORE": url, "NBDURABLE_NOTEBOOK": str(tmp_path / "nb.ipynb")}
+    done = run_notebook(nb, cwd=tmp_path, env=env, allow_errors=True)
+    # A UsageError: IPython prints its one line, no traceback.
+    (out,) = done.cells[1].outputs
+    assert out["output_type"] == "stream" and out["name"] == "stderr", out
+    text = out["text"].rstrip("\n")
+    assert text.startswith("UsageError: cannot reach the nbdurable store at ")
+    assert f"postgresql://postgres@127.0.0.1:{port}/test" in text and ":pw@" not in text
+    assert "\n" not in text and "start the PostgreSQL server" in text
