@@ -22,7 +22,7 @@ from nbdurable.errors import CorruptRecord, FormatVersionError, LeaseHeld, Store
 from nbdurable.kernel import lease
 from nbdurable.store import RunKeys, Store, admin, layout, open_store, values
 from nbdurable.store.copy import copy_run
-from nbdurable.store.postgres import PgStore
+from nbdurable.store.postgres import PgStore, display
 
 pytestmark = pytest.mark.postgres
 
@@ -59,7 +59,7 @@ def test_a_url_opens_the_postgres_engine_and_a_directory_the_embedded_one(pg_url
     with Store(pg_url) as a, open_store(pg_url) as b, open_store(tmp_path / "d") as c:
         assert type(a) is PgStore and type(b) is PgStore
         assert type(c).__name__ == "DiskStore"
-        assert a.path == b.path and "namespace" not in a.path
+        assert a.path == b.path and a.path.endswith(f"/test?namespace={namespace(pg_url)}")
     with pytest.raises(StoreError, match="unknown store URL mysql://"):
         open_store("mysql://x@y/z")
 
@@ -385,13 +385,15 @@ def test_cli_ls_gc_check_and_copy_with_a_url(pg_url, tmp_path, capsys):
     assert main(["copy", "nb.ipynb", "--from", str(tmp_path / "disk"), "--to", pg_url]) == 0
     out = capsys.readouterr().out
     assert "copied run 'nb.ipynb': 3 records and 1 saved variables" in out
-    assert "namespace" not in out
+    assert f"to {display(pg_url)}" in out
     assert main(["ls", "--store", pg_url, "--json"]) == 0
     import json
 
     runs = json.loads(capsys.readouterr().out)["runs"]
     assert [r["run"] for r in runs] == ["nb.ipynb"]
     assert main(["check", "--store", pg_url]) == 0
+    assert "sound" in capsys.readouterr().out
+    assert main(["check", "--store", str(tmp_path / "disk")]) == 0
     assert "sound" in capsys.readouterr().out
     assert main(["gc", "--store", pg_url, "--older-than", "0s"]) == 0
     assert "removed run 'nb.ipynb'" in capsys.readouterr().out

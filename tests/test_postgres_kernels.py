@@ -26,6 +26,7 @@ from nbdurable.cli import main
 from nbdurable.demo.sim import ledger_calls
 from nbdurable.kernel import lease
 from nbdurable.store import Store
+from nbdurable.store.postgres import display
 
 pytestmark = [pytest.mark.postgres, pytest.mark.kernel]
 
@@ -92,7 +93,7 @@ def test_cli_status_and_export_through_a_url(tmp_path, pg_url, capsys):
     capsys.readouterr()
     assert main(["status", notebook, "--store", pg_url, "--json"]) == 0
     status = json.loads(capsys.readouterr().out)
-    assert status["run"] == "story.ipynb" and "namespace" not in status["store"]
+    assert status["run"] == "story.ipynb" and status["store"] == display(pg_url)
     assert [s["state"] for s in status["steps"]] == ["recorded"]
     assert main(["export", notebook, "--store", pg_url, "--format", "json"]) == 0
     doc = json.loads(capsys.readouterr().out)
@@ -156,7 +157,7 @@ def test_nbdurable_run_resumes_through_a_url(tmp_path, pg_url, capsys, monkeypat
     assert code == 0, out + err
     summary = json.loads(out)
     assert summary["kernel_deaths"] == 2 and summary["calls"] == {"made": 8, "replayed": 6}
-    assert "namespace" not in summary["store"] and summary["store"].startswith("postgresql://")
+    assert summary["store"] == display(pg_url)
     assert (tmp_path / "calls.log").read_text().split() == [str(i) for i in range(8)]
     assert not (tmp_path / "store").exists(), "nothing was recorded in the directory"
     code, out, err = inproc(

@@ -77,13 +77,15 @@ _OURS = ("namespace", "chunk_size", "statement_timeout")
 
 
 def display(url: str) -> str:
-    """``url`` without its password and parameters: safe to print."""
+    """``url`` without its password and parameters but the namespace: safe to print."""
     parts = urlsplit(url)
     host = parts.hostname or ""
     if parts.port:
         host += f":{parts.port}"
     user = f"{parts.username}@" if parts.username else ""
-    return urlunsplit((parts.scheme, user + host, parts.path, "", ""))
+    namespace = dict(parse_qsl(parts.query)).get("namespace")
+    query = f"namespace={namespace}" if namespace else ""
+    return urlunsplit((parts.scheme, user + host, parts.path, query, ""))
 
 
 def _reason(exc: BaseException) -> str:
@@ -171,6 +173,12 @@ class PgStore(Store):
     def _create(self, conn: Any) -> None:
         """Create the schema and tables if missing; refuse a newer layout."""
         t = self._t
+        # An existing namespace is only read: opening it takes no lock and needs no
+        # right to create (a team member may only read and write rows).
+        if conn.execute("SELECT to_regclass(%s)", (f"{t}.schema_version",)).fetchone()[0]:
+            found = conn.execute(f"SELECT max(version) FROM {t}.schema_version").fetchone()[0]
+            if found == SCHEMA_VERSION:
+                return
         with conn.transaction():
             conn.execute("SELECT pg_advisory_xact_lock(%s, 0)", (self._space,))
             conn.execute(f"CREATE SCHEMA IF NOT EXISTS {t}")
