@@ -218,10 +218,10 @@ def test_sessions_killed_between_writes_lose_nothing_and_record_nothing_twice(pg
 
 def test_a_session_killed_in_the_middle_of_a_blob_write(pg_url, monkeypatch):
     """The write's transaction is lost with its session; the retry writes it whole, once."""
-    from nbdurable.store import postgres
+    from nbdurable.store import _pg
 
     url = pg_url + "&chunk_size=65536"
-    real = postgres._ChunkWriter._insert
+    real = _pg.ChunkWriter._insert
     killed = []
 
     def insert(self, chunk):
@@ -229,7 +229,7 @@ def test_a_session_killed_in_the_middle_of_a_blob_write(pg_url, monkeypatch):
             killed.append(terminate(url))
         return real(self, chunk)
 
-    monkeypatch.setattr(postgres._ChunkWriter, "_insert", insert)
+    monkeypatch.setattr(_pg.ChunkWriter, "_insert", insert)
     with Store(url) as s:
         sha, arr = _array_blob(s, 200_000)
         assert killed and killed[0] >= 1, "the session writing the blob was ended"

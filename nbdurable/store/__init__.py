@@ -2,7 +2,7 @@
 
 - :mod:`.base`: the :class:`Store` interface (``Store(directory)`` opens the embedded engine);
 - :mod:`.engine`: which engine a directory or URL opens (:func:`open_store`);
-- :mod:`.postgres`: the shared engine, a PostgreSQL database;
+- :mod:`.postgres`: the shared engine, a PostgreSQL database (:mod:`._pg`: its URL and tables);
 - :mod:`.disk`: the embedded engine, a diskcache directory (:mod:`._diskcache` fences diskcache);
 - :mod:`.codec`: signing and encoding records; :mod:`.layout`: every key;
 - :mod:`.records`: what a record holds; :mod:`.blobs` and :mod:`.values`: saved variables;

@@ -42,20 +42,21 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import tempfile
 import threading
 import time
 import zlib
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from .. import faults
-from .._text import one_line
-from ..errors import CorruptRecord, FormatVersionError, StoreError
+from ..errors import CorruptRecord, StoreError
 from . import blobs, codec, layout
+from ._pg import ChunkWriter, create_tables, display, parse_url, reason
 from .base import Header, Store
+
+#: Attempts of one operation when the connection is lost.
+RETRIES = 4
 
 try:
     import psycopg
@@ -63,35 +64,6 @@ try:
 except ImportError:  # pragma: no cover - the error is raised on open
     psycopg = None  # type: ignore[assignment]
     psycopg_pool = None  # type: ignore[assignment]
-
-#: The table layout; increment on a breaking change (an older nbdurable then refuses it).
-SCHEMA_VERSION = 1
-#: Rows of a chunked blob hold this many bytes (the URL's ``chunk_size`` overrides it).
-CHUNK_SIZE = 8 * 1024 * 1024
-#: Attempts of one operation when the connection is lost.
-RETRIES = 4
-DEFAULT_NAMESPACE = "nbdurable"
-_NAMESPACE = re.compile(r"[a-z_][a-z0-9_]{0,62}")
-# URL parameters read here; every other one goes to libpq as given.
-_OURS = ("namespace", "chunk_size", "statement_timeout")
-
-
-def display(url: str) -> str:
-    """``url`` without its password and parameters but the namespace: safe to print."""
-    parts = urlsplit(url)
-    host = parts.hostname or ""
-    if parts.port:
-        host += f":{parts.port}"
-    user = f"{parts.username}@" if parts.username else ""
-    namespace = dict(parse_qsl(parts.query)).get("namespace")
-    query = f"namespace={namespace}" if namespace else ""
-    return urlunsplit((parts.scheme, user + host, parts.path, query, ""))
-
-
-def _reason(exc: BaseException) -> str:
-    """The server's or libpq's own words, first line only (libpq adds hints below it)."""
-    text = str(exc).strip().splitlines()
-    return one_line(text[0]) if text else type(exc).__name__
 
 
 class PgStore(Store):
@@ -110,24 +82,10 @@ class PgStore(Store):
             )
         self.url = url
         self.path = display(url)
-        params = dict(parse_qsl(urlsplit(url).query))
-        self.namespace = params.get("namespace", DEFAULT_NAMESPACE)
-        if not _NAMESPACE.fullmatch(self.namespace):
-            raise StoreError(
-                f"namespace {self.namespace!r} in {self.path} is not a plain lower-case name "
-                "(letters, digits, _; at most 63): fix the URL's ?namespace="
-            )
-        self.chunk_size = _positive(params, "chunk_size", CHUNK_SIZE, self.path)
-        timeout = _positive(params, "statement_timeout", 60, self.path)
-        rest = [(k, v) for k, v in parse_qsl(urlsplit(url).query) if k not in _OURS]
-        if not any(k == "connect_timeout" for k, _ in rest):
-            rest.append(("connect_timeout", "10"))
-        self._connect_timeout = float(dict(rest)["connect_timeout"])
-        self._conninfo = urlunsplit(urlsplit(url)._replace(query=urlencode(rest)))
-        self._options: dict[str, str] = {"options": f"-c statement_timeout={int(timeout * 1000)}"}
-        if not any(k == "application_name" for k, _ in rest):
-            # How an operator (or a test) tells this store's sessions in pg_stat_activity.
-            self._options["application_name"] = f"nbdurable-{self.namespace}"
+        target = parse_url(url)
+        self.namespace, self.chunk_size = target.namespace, target.chunk_size
+        self._conninfo, self._options = target.conninfo, target.options
+        self._connect_timeout = target.connect_timeout
         self._t = f'"{self.namespace}"'
         # Advisory locks are per database: the namespace's own lock space.
         self._space = zlib.crc32(self.namespace.encode()) - 2**31
@@ -147,15 +105,15 @@ class PgStore(Store):
             )
         try:
             with psycopg.connect(self._conninfo, **self._options) as conn:
-                self._create(conn)
+                create_tables(conn, self._t, self._space, self.path)
         except psycopg.OperationalError as exc:
             raise StoreError(
-                f"cannot reach the nbdurable store at {self.path}: {_reason(exc)}. Nothing was "
+                f"cannot reach the nbdurable store at {self.path}: {reason(exc)}. Nothing was "
                 "read or recorded; start the PostgreSQL server or fix NBDURABLE_STORE (--store)."
             ) from exc
         except psycopg.Error as exc:
             raise StoreError(
-                f"cannot open the nbdurable store at {self.path}: {_reason(exc)}; check the "
+                f"cannot open the nbdurable store at {self.path}: {reason(exc)}; check the "
                 "database's permissions, or use another ?namespace="
             ) from exc
         self._pool = psycopg_pool.ConnectionPool(
@@ -169,41 +127,6 @@ class PgStore(Store):
         )
         self._pool.open(wait=False)
         self._start(secret.encode("utf-8"))
-
-    def _create(self, conn: Any) -> None:
-        """Create the schema and tables if missing; refuse a newer layout."""
-        t = self._t
-        # An existing namespace is only read: opening it takes no lock and needs no
-        # right to create (a team member may only read and write rows).
-        if conn.execute("SELECT to_regclass(%s)", (f"{t}.schema_version",)).fetchone()[0]:
-            found = conn.execute(f"SELECT max(version) FROM {t}.schema_version").fetchone()[0]
-            if found == SCHEMA_VERSION:
-                return
-        with conn.transaction():
-            conn.execute("SELECT pg_advisory_xact_lock(%s, 0)", (self._space,))
-            conn.execute(f"CREATE SCHEMA IF NOT EXISTS {t}")
-            conn.execute(f"CREATE TABLE IF NOT EXISTS {t}.schema_version (version int NOT NULL)")
-            conn.execute(
-                f'CREATE TABLE IF NOT EXISTS {t}.kv (key text COLLATE "C" PRIMARY KEY, '
-                "value bytea, size bigint NOT NULL, blob bigint)"
-            )
-            conn.execute(f"CREATE INDEX IF NOT EXISTS kv_blob ON {t}.kv (blob)")
-            conn.execute(
-                f"CREATE TABLE IF NOT EXISTS {t}.chunks (blob bigint NOT NULL, n int NOT NULL, "
-                "data bytea NOT NULL, PRIMARY KEY (blob, n))"
-            )
-            # Chunks are pickles and array bytes: compressing them costs more than it saves.
-            conn.execute(f"ALTER TABLE {t}.chunks ALTER data SET STORAGE EXTERNAL")
-            conn.execute(f"CREATE SEQUENCE IF NOT EXISTS {t}.blob_ids")
-            found = conn.execute(f"SELECT max(version) FROM {t}.schema_version").fetchone()[0]
-            if found is None:
-                conn.execute(f"INSERT INTO {t}.schema_version VALUES (%s)", (SCHEMA_VERSION,))
-            elif found > SCHEMA_VERSION:
-                raise FormatVersionError(
-                    f"the store at {self.path} (namespace {self.namespace!r}) has table layout "
-                    f"{found}; this nbdurable reads layout {SCHEMA_VERSION}. Upgrade nbdurable, "
-                    "or use another ?namespace="
-                )
 
     # -- running statements ---------------------------------------------------------------
     def _run(self, doing: str, fn: Callable[[Any], Any]) -> Any:
@@ -245,11 +168,11 @@ class PgStore(Store):
         advice = "check that the PostgreSQL server is up and reachable (NBDURABLE_STORE)"
         if doing == "write":
             return StoreError(
-                f"could not write to the nbdurable store at {self.path}: {_reason(exc)}. "
+                f"could not write to the nbdurable store at {self.path}: {reason(exc)}. "
                 f"Nothing was recorded for this write; {advice}, then run the cell again."
             )
         return StoreError(
-            f"could not {doing} the nbdurable store at {self.path}: {_reason(exc)}; {advice}."
+            f"could not {doing} the nbdurable store at {self.path}: {reason(exc)}; {advice}."
         )
 
     def _one(self, sql: str, args: Sequence[Any], doing: str = "read") -> Any:
@@ -429,7 +352,7 @@ class PgStore(Store):
             written[0] = 0
             t = self._t
             blob_id = conn.execute(f"SELECT nextval('{t}.blob_ids')").fetchone()[0]
-            out = _ChunkWriter(
+            out = ChunkWriter(
                 conn, f"INSERT INTO {t}.chunks VALUES (%s, %s, %b)", blob_id, self.chunk_size
             )
             sha = blobs.write(out, parts, secrets)
@@ -560,44 +483,3 @@ class PgStore(Store):
         """Remove the whole namespace (its schema and every record in it)."""
         self._run("write", lambda c: c.execute(f"DROP SCHEMA IF EXISTS {self._t} CASCADE"))
         self.close()
-
-
-class _ChunkWriter:
-    """A write-only file that inserts ``size``-byte rows as it fills (see blobs.write)."""
-
-    def __init__(self, conn: Any, sql: str, blob_id: int, size: int) -> None:
-        self.conn, self.sql, self.blob_id, self.size = conn, sql, blob_id, size
-        self.buf = bytearray()
-        self.n = 0
-
-    def write(self, data: blobs.Buffer) -> int:
-        view = memoryview(data).cast("B")
-        self.buf += view
-        while len(self.buf) >= self.size:
-            self._insert(bytes(self.buf[: self.size]))
-            del self.buf[: self.size]
-        return view.nbytes
-
-    def flush(self) -> None:
-        if self.buf or self.n == 0:
-            self._insert(bytes(self.buf))
-            self.buf = bytearray()
-
-    def _insert(self, chunk: bytes) -> None:
-        self.conn.execute(self.sql, (self.blob_id, self.n, chunk))
-        self.n += 1
-
-
-def _positive(params: dict[str, str], name: str, default: float, where: str) -> Any:
-    raw = params.get(name)
-    if raw is None:
-        return default
-    try:
-        value = int(raw)
-        if value <= 0:
-            raise ValueError
-    except ValueError:
-        raise StoreError(
-            f"{name}={raw!r} in {where} must be a positive whole number: fix the URL"
-        ) from None
-    return value
