@@ -120,7 +120,9 @@ class PgStore(Store):
             self._conninfo,
             min_size=1,
             max_size=4,
-            kwargs=self._options,
+            # Autocommit: a one-statement write commits in one round trip; every
+            # other write is an explicit transaction (see _run).
+            kwargs={**self._options, "autocommit": True},
             timeout=self._connect_timeout + 5,
             open=False,
             name=f"nbdurable-{self.namespace}",
@@ -129,11 +131,13 @@ class PgStore(Store):
         self._start(secret.encode("utf-8"))
 
     # -- running statements ---------------------------------------------------------------
-    def _run(self, doing: str, fn: Callable[[Any], Any]) -> Any:
-        """``fn(connection)`` in one transaction, retried on a fresh connection if it is lost.
+    def _run(self, doing: str, fn: Callable[[Any], Any], tx: bool = True) -> Any:
+        """``fn(connection)``, retried on a fresh connection if the connection is lost.
 
-        Inside :meth:`transaction` it runs on that transaction's connection,
-        without retry (the caller's block cannot be replayed from here).
+        With ``tx`` it runs in one transaction; without, each statement
+        commits on its own (one statement, or ``fn`` opens its own). Inside
+        :meth:`transaction` it runs on that transaction's connection, without
+        retry (the caller's block cannot be replayed from here).
         """
         pinned = getattr(self._local, "conn", None)
         if pinned is not None:
@@ -142,7 +146,10 @@ class PgStore(Store):
             conn = None
             try:
                 with self._pool.connection() as conn:
-                    return fn(conn)
+                    if not tx:
+                        return fn(conn)
+                    with conn.transaction():
+                        return fn(conn)
             except psycopg_pool.PoolTimeout as exc:  # before its base class, OperationalError
                 raise self._failure(doing, exc) from exc
             except psycopg.OperationalError as exc:
@@ -177,7 +184,7 @@ class PgStore(Store):
 
     def _one(self, sql: str, args: Sequence[Any], doing: str = "read") -> Any:
         """The first row of one statement (None if none)."""
-        return self._run(doing, lambda c: c.execute(sql, args, binary=True).fetchone())
+        return self._run(doing, lambda c: c.execute(sql, args, binary=True).fetchone(), tx=False)
 
     # -- reading ------------------------------------------------------------------------
     def read(self, key: str) -> bytes | None:
@@ -198,7 +205,7 @@ class PgStore(Store):
             )
             return b"".join(bytes(r[0]) for r in rows)
 
-        return self._run("read", fn)
+        return self._run("read", fn, tx=False)
 
     def read_prefix(self, prefix: str, row_max: int) -> list[tuple[str, bytes | None]]:
         """Keys under ``prefix`` with their bytes if at most ``row_max`` long, in key order."""
@@ -212,7 +219,7 @@ class PgStore(Store):
             ).fetchall()
             return [(k, None if v is None else bytes(v)) for k, v in rows]
 
-        return self._run("read", fn)
+        return self._run("read", fn, tx=False)
 
     def scan(self, prefix: str) -> list[str]:
         """All keys that start with ``prefix``, in key order (an index range scan)."""
@@ -225,6 +232,7 @@ class PgStore(Store):
                     (prefix, layout.upper(prefix)),
                 )
             ],
+            tx=False,
         )
 
     def stats(self, prefix: str) -> tuple[int, int]:
@@ -256,19 +264,29 @@ class PgStore(Store):
                 chunked = [k for k in values if k.startswith(layout.BLOBS)] + list(deletes)
                 if chunked:
                     self._drop_chunks(cur, chunked)
-                cur.executemany(
+                upsert = (
                     f"INSERT INTO {self._t}.kv (key, value, size) VALUES (%s, %b, %s) "
                     "ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value, "
-                    "size = EXCLUDED.size, blob = NULL",
-                    rows,
+                    "size = EXCLUDED.size, blob = NULL"
                 )
+                if len(rows) == 1:
+                    cur.execute(upsert, rows[0])
+                else:
+                    cur.executemany(upsert, rows)
                 if deletes:
                     cur.execute(f"DELETE FROM {self._t}.kv WHERE key = ANY(%s)", (list(deletes),))
                 faults.point("store-write")  # inside the transaction, before its commit
 
         if deletes:
             self.deletions += 1
-        self._run("write", fn)
+        # One plain record (a sub-step's) is one statement: it commits alone, in one round trip.
+        alone = (
+            len(rows) == 1
+            and not deletes
+            and not rows[0][0].startswith(layout.BLOBS)
+            and not faults.armed("store-write")
+        )
+        self._run("write", fn, tx=not alone)
         self._suspect.difference_update(values)
 
     def _drop_chunks(self, cur: Any, keys: Sequence[str]) -> None:
@@ -297,7 +315,7 @@ class PgStore(Store):
             yield  # nested: part of the outer transaction
             return
         try:
-            with self._pool.connection() as conn:
+            with self._pool.connection() as conn, conn.transaction():
                 conn.execute("SELECT pg_advisory_xact_lock(%s, 1)", (self._space,))
                 self._local.conn = conn
                 try:
@@ -351,29 +369,29 @@ class PgStore(Store):
         def fn(conn: Any) -> str:
             written[0] = 0
             t = self._t
-            blob_id = conn.execute(f"SELECT nextval('{t}.blob_ids')").fetchone()[0]
-            out = ChunkWriter(
-                conn, f"INSERT INTO {t}.chunks VALUES (%s, %s, %b)", blob_id, self.chunk_size
-            )
-            sha = blobs.write(out, parts, secrets)
-            out.flush()
-            key = layout.blob(sha)
-            if key in self._suspect:  # found damaged or missing: replace it
-                with conn.cursor() as cur:
-                    self._drop_chunks(cur, [key])
-                    cur.execute(f"DELETE FROM {t}.kv WHERE key = %s", (key,))
-            stored = conn.execute(
-                f"INSERT INTO {t}.kv (key, value, size, blob) VALUES (%s, NULL, %s, %s) "
-                "ON CONFLICT (key) DO NOTHING RETURNING key",
-                (key, total, blob_id),
-            ).fetchone()
-            if stored is None:  # stored already (maybe by another machine just now)
-                conn.rollback()  # its chunks go with the transaction
-            else:
+            with conn.transaction() as txn:
+                blob_id = conn.execute(f"SELECT nextval('{t}.blob_ids')").fetchone()[0]
+                out = ChunkWriter(
+                    conn, f"INSERT INTO {t}.chunks VALUES (%s, %s, %b)", blob_id, self.chunk_size
+                )
+                sha = blobs.write(out, parts, secrets)
+                out.flush()
+                key = layout.blob(sha)
+                if key in self._suspect:  # found damaged or missing: replace it
+                    with conn.cursor() as cur:
+                        self._drop_chunks(cur, [key])
+                        cur.execute(f"DELETE FROM {t}.kv WHERE key = %s", (key,))
+                stored = conn.execute(
+                    f"INSERT INTO {t}.kv (key, value, size, blob) VALUES (%s, NULL, %s, %s) "
+                    "ON CONFLICT (key) DO NOTHING RETURNING key",
+                    (key, total, blob_id),
+                ).fetchone()
+                if stored is None:  # stored already (maybe by another machine just now):
+                    raise psycopg.Rollback(txn)  # its chunks go with the transaction
                 written[0] = total
             return sha
 
-        sha = self._run("write", fn)
+        sha = self._run("write", fn, tx=False)
         self._suspect.discard(layout.blob(sha))
         return sha, written[0]
 
@@ -481,5 +499,7 @@ class PgStore(Store):
 
     def drop(self) -> None:
         """Remove the whole namespace (its schema and every record in it)."""
-        self._run("write", lambda c: c.execute(f"DROP SCHEMA IF EXISTS {self._t} CASCADE"))
+        self._run(
+            "write", lambda c: c.execute(f"DROP SCHEMA IF EXISTS {self._t} CASCADE"), tx=False
+        )
         self.close()
