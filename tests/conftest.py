@@ -34,12 +34,14 @@ def pg_server() -> str:
     import psycopg
 
     url = os.environ.get("NBDURABLE_TEST_PG", PG_DEFAULT)
+    problem = None
     try:
         psycopg.connect(url, connect_timeout=5).close()
     except psycopg.OperationalError as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        problem = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    if problem is not None:  # outside the except: one line, no chained traceback
         pytest.fail(
-            f"no PostgreSQL server answers at {url} ({first}): start one "
+            f"no PostgreSQL server answers at {url} ({problem}): start one "
             "(`pg_ctlcluster 15 main start`, or apt-get install postgresql) or set "
             "NBDURABLE_TEST_PG to a server's URL",
             pytrace=False,
