@@ -835,8 +835,9 @@ def run_notebook(
     not written when interrupted). ``run_name`` records to a named run
     instead of the notebook's own. ``timeout`` is per cell in seconds (None:
     no limit). ``cwd`` is the kernel's working directory (default: the
-    notebook's). ``store`` is the store directory (default: ``NBDURABLE_DIR``
-    or ``.nbdurable`` beside the notebook). ``env`` is added to the kernel's
+    notebook's). ``store`` is the store directory or a ``postgresql://`` URL
+    (default: ``NBDURABLE_STORE``, ``NBDURABLE_DIR``, or ``.nbdurable`` beside
+    the notebook). ``env`` is added to the kernel's
     environment. ``takeover`` takes the run's lease even from a live holder
     (another kernel recording into the same run). Bad input raises
     :class:`UsageProblem`; everything else is in the returned
