@@ -237,6 +237,11 @@ def per_step(url: str, steps: list[int], size: int, root: Path) -> Table:
             if hasattr(system, "cleanup"):
                 system.cleanup()
     t.notes.append(
+        "LangGraph runs with its default durability ('async'): a task's write is committed "
+        "while the next task runs, so its record time does not include the commit that "
+        "nbdurable and DBOS wait for"
+    )
+    t.notes.append(
         f"values of {size} B; ×nbd is a system's median over nbdurable (PostgreSQL)'s at the "
         "same n: above 1 means nbdurable is cheaper per step"
     )
