@@ -23,6 +23,10 @@ model request is counted per path, and the usage the server reported is
 summed; with ``log`` set, each request is also appended to that file as one
 JSON line, so a test can assert "zero repeated requests" across processes.
 
+A streamed request whose last user message contains ``FAIL_MID_STREAM`` gets
+an error event after two events (``data: {"error": ...}`` for OpenAI,
+``event: error`` for Anthropic), as a provider sends when it fails mid-way.
+
 The server is bounded: after ``max_requests`` model requests it answers 503,
 and after ``lifetime`` seconds it stops itself. ``chunk_delay`` sleeps between
 stream events, so a test can kill a kernel in the middle of a stream.
@@ -188,6 +192,7 @@ def read_log(path: str | Path) -> list[dict[str, Any]]:
 
 class _Handler(BaseHTTPRequestHandler):
     owner: LLMServer
+    _fail_mid_stream = False
     protocol_version = "HTTP/1.1"
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib's name
@@ -216,6 +221,7 @@ class _Handler(BaseHTTPRequestHandler):
         if n is None:
             self._json(503, {"error": {"message": "test server: max_requests reached"}})
             return
+        self._fail_mid_stream = "FAIL_MID_STREAM" in _last_user_text(body)
         text = f"answer #{n} to: {_last_user_text(body)[:80]}"
         inp, out = _input_tokens(body), _words(text)
         self.owner._add_usage(inp, out)
@@ -332,6 +338,9 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(data)
 
     def _sse(self, events: list[tuple[str | None, Any]]) -> None:
+        if self._fail_mid_stream:
+            error = {"type": "error", "error": {"type": "overloaded_error", "message": "boom"}}
+            events = [*events[:2], ("error" if events[0][0] else None, error)]
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Cache-Control", "no-cache")
