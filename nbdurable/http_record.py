@@ -25,9 +25,11 @@ in any order without being taken for different ones.
 
 Credentials are never stored: request headers are not kept at all (they
 are not part of the key either: SDKs put retry counts and timeouts there),
-response headers lose ``set-cookie`` and every credential header, and the
+response headers lose ``set-cookie`` and every credential header, the
 URL's credential-looking query values and well-known key formats are masked
-(in the key too, which is computed the same way on both sides).
+(in the key too, which is computed the same way on both sides), and a
+response body that shows a key or an environment secret has it masked to
+its own length (:attr:`Exchange.redacted` says what, so the caller can warn).
 
 The patch is on the classes, so it sees every client, including ones made
 before the session began (a client made in an earlier cell). It is
@@ -54,7 +56,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-from .redact import redact_keys
+from .redact import redact_keys, secrets_in_env
 
 #: Response headers never stored.
 DROPPED_HEADERS = frozenset(
@@ -87,6 +89,8 @@ class Exchange:
     status: int
     headers: tuple[tuple[str, str], ...]
     body: bytes
+    #: what was masked in the body (key kinds, ``$NAME`` of environment secrets)
+    redacted: tuple[str, ...] = ()
 
     @property
     def key(self) -> tuple[str, str, str]:
@@ -122,6 +126,22 @@ def _safe_headers(items: Iterable[tuple[Any, Any]]) -> tuple[tuple[str, str], ..
         if k.lower() not in DROPPED_HEADERS:
             out.append((k, v))
     return tuple(out)
+
+
+def _mask(body: bytes) -> tuple[bytes, tuple[str, ...]]:
+    """``body`` with keys and environment secrets masked to their own length.
+
+    Same length, so a Content-Length and the framing of an event stream stay
+    valid; what was masked is named in :attr:`Exchange.redacted`, for the
+    caller's warning. (A compressed body is masked only where a key shows.)
+    """
+    body, kinds = redact_keys(body, keep_length=True)
+    found = list(kinds)
+    for name, value in secrets_in_env().items():
+        if value in body:
+            body = body.replace(value, b"*" * len(value))
+            found.append("$" + name)
+    return body, tuple(found)
 
 
 class HTTPSession:
@@ -173,7 +193,10 @@ class HTTPSession:
     ) -> None:
         if self.on_record is not None:
             method, url, fp = key
-            self.on_record(Exchange(ordinal, method, url, fp, status, _safe_headers(headers), body))
+            body, found = _mask(body)
+            self.on_record(
+                Exchange(ordinal, method, url, fp, status, _safe_headers(headers), body, found)
+            )
 
     # -- activation --------------------------------------------------------------
     def __enter__(self) -> HTTPSession:

@@ -154,3 +154,26 @@ def test_urls_lose_their_credentials():
     safe = safe_url(url)
     assert "AIza" not in safe and "u:p" not in safe and "alt=json" in safe
     assert safe_url("http://h/p?q=1") == "http://h/p?q=1"
+
+
+def test_a_key_in_a_response_body_is_masked(monkeypatch):
+    secret = "env-secret-value-12345"
+    monkeypatch.setenv("SERVICE_TOKEN", secret)
+    key = "sk-" + "proj-" + "Q1w2E3r4T5y6U7i8O9p0A1s2D3f4"
+    recorded: list[Exchange] = []
+    with LLMServer(lifetime=120) as server:
+        client = openai.OpenAI(api_key="sk-t", base_url=server.openai_base_url)
+        ask = [{"role": "user", "content": f"echo {key} and {secret}"}]
+        with HTTPSession(on_record=recorded.append):
+            client.chat.completions.create(model="m", messages=ask)
+            list(client.chat.completions.create(model="m", messages=ask, stream=True))
+    assert len(recorded) == 2
+    for ex in recorded:
+        assert key.encode() not in ex.body and secret.encode() not in ex.body
+        assert ex.redacted == ("openai", "$SERVICE_TOKEN")
+    # still a valid response: replay parses it
+    with HTTPSession(recorded, on_miss="raise"):
+        reply = client.chat.completions.create(model="m", messages=ask)
+        chunks = list(client.chat.completions.create(model="m", messages=ask, stream=True))
+    assert "[redacted openai key]" in reply.choices[0].message.content
+    assert len(chunks) > 2
