@@ -35,6 +35,13 @@ managers, ``response.headers``. Rebuilding the stream class around stored
 objects instead would mean reimplementing those helpers for every SDK
 version, and being wrong silently where they differ.
 
+Other streams (LangChain's ``.stream()`` generator, litellm's stream
+wrapper, any iterator of picklable chunks) have no SDK class worth
+rebuilding: :func:`record_iter` yields their chunks while keeping them and
+hands them over once the iterator is exhausted, and :func:`replay_iter`
+yields them again from a plain generator (the async forms are in
+:mod:`nbdurable.awaitables`).
+
 The rebuilt stream needs a client (its SSE decoder and its response
 processing); it is a client of the same SDK made for the purpose, with a
 placeholder key and an address that nothing listens on: no request is made
@@ -212,6 +219,23 @@ def record_stream(obj: Any, on_complete: Callable[[StreamRecord], Any]) -> Any:
     raise TypeError(
         f"not a stream nbdurable can record: {type(obj).__module__}.{type(obj).__qualname__}"
     )
+
+
+def record_iter(source: Any, on_complete: Callable[[list[Any]], Any]) -> Iterator[Any]:
+    """Yield ``source``'s chunks while keeping them; hand them over once it is exhausted.
+
+    Abandoned half way (``break``, ``close()``, an error), it hands nothing over.
+    """
+    chunks: list[Any] = []
+    for chunk in source:
+        chunks.append(chunk)
+        yield chunk
+    on_complete(chunks)
+
+
+def replay_iter(chunks: list[Any]) -> Iterator[Any]:
+    """Yield the recorded ``chunks`` again."""
+    yield from chunks
 
 
 # -- replaying -----------------------------------------------------------------

@@ -14,7 +14,14 @@ import pickle
 import pytest
 from llm_server import LLMServer
 
-from nbdurable.streams import StreamRecord, record_stream, replay_stream, stream_kind
+from nbdurable.streams import (
+    StreamRecord,
+    record_iter,
+    record_stream,
+    replay_iter,
+    replay_stream,
+    stream_kind,
+)
 
 openai = pytest.importorskip("openai")
 anthropic = pytest.importorskip("anthropic")
@@ -264,3 +271,44 @@ def test_no_credential_in_the_record(server, clients):
         s.until_done()
     body = pickle.dumps(records[0])
     assert b"sk-ant-t" not in body and b"sk-test" not in body
+
+
+def test_langchain_stream_records_and_replays(server):
+    lc = pytest.importorskip("langchain_openai")
+    chat = lc.ChatOpenAI(model="gpt-t", base_url=server.openai_base_url, api_key="sk-test")
+    saved = []
+    first = list(record_iter(chat.stream("tell me", stream_usage=True), saved.append))
+    assert len(saved) == 1 and saved[0] == first
+    before = server.total
+    again = list(replay_iter(pickle.loads(pickle.dumps(saved[0]))))
+    assert server.total == before and again == first
+    whole = again[0]
+    for chunk in again[1:]:
+        whole = whole + chunk  # LangChain's own way of joining chunks
+    assert whole.content.startswith("answer #") and whole.usage_metadata["output_tokens"] > 0
+    # abandoned: nothing
+    half = record_iter(chat.stream("tell me"), saved.append)
+    next(half)
+    half.close()
+    assert len(saved) == 1
+
+
+@pytest.mark.filterwarnings("ignore:Item.* `ReadOnly` qualifier:UserWarning")
+@pytest.mark.filterwarnings("ignore:Accessing the 'model_.*' attribute:DeprecationWarning")
+def test_litellm_stream_records_and_replays(server, monkeypatch):
+    monkeypatch.setenv("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no price table fetch
+    litellm = pytest.importorskip("litellm")
+    saved = []
+    stream = litellm.completion(
+        model="openai/gpt-t",
+        api_base=server.openai_base_url,
+        api_key="sk-test",
+        messages=MESSAGES,
+        stream=True,
+    )
+    first = list(record_iter(stream, saved.append))
+    before = server.total
+    again = list(replay_iter(pickle.loads(pickle.dumps(saved[0]))))
+    assert server.total == before and again == first
+    built = litellm.stream_chunk_builder(again, messages=MESSAGES)
+    assert built.choices[0].message.content.startswith("answer #")
