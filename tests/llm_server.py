@@ -7,7 +7,9 @@ Serves, on 127.0.0.1 and an ephemeral port:
   ``data: [DONE]``; with ``stream_options.include_usage`` a last chunk with
   empty ``choices`` carries the usage, as OpenAI does. A request that offers
   ``tools`` and ends with a user message is answered with a call to the first
-  tool (so tool-calling loops can be tested).
+  tool (so tool-calling loops can be tested); one with a JSON-schema
+  ``response_format`` is answered with a JSON object whose string fields
+  hold the answer (so ``parse``/``response_format=Model`` work).
 - ``POST /v1/messages``: an Anthropic ``message`` JSON object, or with
   ``"stream": true`` the events ``message_start``, ``content_block_start``,
   ``ping``, ``content_block_delta``..., ``content_block_stop``,
@@ -182,6 +184,15 @@ def _input_tokens(body: dict[str, Any]) -> int:
     return max(words, 1)
 
 
+def _structured(body: dict[str, Any], text: str) -> str:
+    """With a JSON-schema ``response_format``, the answer as JSON: each string field says it."""
+    fmt = body.get("response_format") or {}
+    if fmt.get("type") != "json_schema":
+        return text
+    props = (fmt.get("json_schema") or {}).get("schema", {}).get("properties", {})
+    return json.dumps({k: text for k, v in props.items() if v.get("type") == "string"})
+
+
 def read_log(path: str | Path) -> list[dict[str, Any]]:
     """The requests a server logged to ``path`` (empty when there were none)."""
     p = Path(path)
@@ -244,6 +255,7 @@ class _Handler(BaseHTTPRequestHandler):
                 "type": "function",
                 "function": {"name": name, "arguments": json.dumps({"n": n})},
             }
+        text = _structured(body, text)
         head = {"id": f"chatcmpl-{n}", "created": CREATED + n, "model": model}
         if not body.get("stream"):
             message: dict[str, Any] = {"role": "assistant", "content": None if call else text}

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import pickle
 
 import httpx
 import pytest
 import requests
 from llm_server import LLMServer
 
+from nbdurable import values
 from nbdurable.http_record import Exchange, HTTPSession, ReplayMiss, safe_url
 
 openai = pytest.importorskip("openai")
@@ -52,12 +52,12 @@ def test_sdk_calls_recorded_then_replayed_with_the_server_stopped():
         requests_made = server.total
     assert requests_made == 6 and session.sent == 6 and len(recorded) == 6
     assert first["completion"] != first["again"], "two identical questions, two answers"
-    stored = pickle.dumps(recorded)
+    stored = values.dumps(recorded)  # the store's own serializer
     assert b"sk-live-secret" not in stored and b"sk-ant-live-secret" not in stored
     assert all("authorization" not in dict(ex.headers) for ex in recorded)
 
     # the server is gone: any request that went out would fail
-    with HTTPSession(pickle.loads(stored), on_miss="raise") as replay:
+    with HTTPSession(values.loads(stored), on_miss="raise") as replay:
         again = _calls(*urls)
     assert replay.served == 6 and replay.sent == 0
     assert again == first

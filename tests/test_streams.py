@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import pickle
 
+import pydantic
 import pytest
 from llm_server import LLMServer
 
@@ -312,3 +313,26 @@ def test_litellm_stream_records_and_replays(server, monkeypatch):
     assert server.total == before and again == first
     built = litellm.stream_chunk_builder(again, messages=MESSAGES)
     assert built.choices[0].message.content.startswith("answer #")
+
+
+class Answer(pydantic.BaseModel):
+    """A structured-output class, as a user would pass to ``response_format``."""
+
+    text: str
+
+
+def test_records_go_through_the_stores_serializer(clients):
+    from nbdurable import values
+
+    records: list[StreamRecord] = []
+    manager = clients["openai"].chat.completions.stream(
+        model="m", messages=MESSAGES, response_format=Answer
+    )
+    with record_stream(manager, records.append) as s:
+        s.until_done()
+    back = values.loads(values.dumps(records[0]))
+    assert back.chunks == records[0].chunks and back.manager_class is records[0].manager_class
+    with replay_stream(back) as s:
+        s.until_done()
+        parsed = s.get_final_completion().choices[0].message.parsed
+    assert isinstance(parsed, Answer) and parsed.text.startswith("answer #")
