@@ -35,7 +35,8 @@ The patch is on the classes, so it sees every client, including ones made
 before the session began (a client made in an earlier cell). It is
 installed when the first session starts and removed when the last one
 ends. A session belongs to the process: sessions are not meant to run in
-two threads at once (a step runs one at a time).
+two threads at once (a step runs one at a time), and a request another
+thread makes while one is active goes through it too.
 
 Not intercepted: other HTTP libraries (aiohttp, urllib3 used directly,
 ``http.client``) and httpx clients given a custom transport class. A
@@ -52,7 +53,7 @@ import json
 import re
 import threading
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
@@ -165,6 +166,9 @@ class HTTPSession:
         self._ordinal = 0
         self.served = 0  # requests answered from the record
         self.sent = 0  # requests that went out
+        #: every exchange this session used, served or newly recorded, numbered
+        #: by this session's ordinals: what a step writes as its new record
+        self.exchanges: list[Exchange] = []
 
     # -- the decision, shared by every library ----------------------------------
     def _begin(self, method: str, url: str, body: bytes) -> tuple[int, tuple[str, str, str]]:
@@ -173,12 +177,14 @@ class HTTPSession:
             self._ordinal += 1
             return self._ordinal, key
 
-    def _lookup(self, key: tuple[str, str, str]) -> Exchange | None:
+    def _lookup(self, ordinal: int, key: tuple[str, str, str]) -> Exchange | None:
         with self._lock:
             queue = self._unused.get(key)
             if queue:
                 self.served += 1
-                return queue.pop(0)
+                ex = queue.pop(0)
+                self.exchanges.append(replace(ex, ordinal=ordinal))
+                return ex
             if self.on_miss == "raise":
                 method, url, fp = key
                 raise ReplayMiss(
@@ -191,12 +197,14 @@ class HTTPSession:
     def _finish(
         self, ordinal: int, key: tuple[str, str, str], status: int, headers: Any, body: bytes
     ) -> None:
+        method, url, fp = key
+        body, found = _mask(body)
+        ex = Exchange(ordinal, method, url, fp, status, _safe_headers(headers), body, found)
+        with self._lock:
+            self.exchanges.append(ex)
+            self.exchanges.sort(key=lambda e: e.ordinal)
         if self.on_record is not None:
-            method, url, fp = key
-            body, found = _mask(body)
-            self.on_record(
-                Exchange(ordinal, method, url, fp, status, _safe_headers(headers), body, found)
-            )
+            self.on_record(ex)
 
     # -- activation --------------------------------------------------------------
     def __enter__(self) -> HTTPSession:
@@ -297,7 +305,7 @@ def _httpx_patches(mod: Any) -> list[tuple[type, str, Any]]:
         if session is None:
             return orig_sync(self, request)
         ordinal, key = session._begin(request.method, str(request.url), request.read())
-        ex = session._lookup(key)
+        ex = session._lookup(ordinal, key)
         if ex is not None:
             return replayed(ex, request)
         response = orig_sync(self, request)
@@ -322,7 +330,7 @@ def _httpx_patches(mod: Any) -> list[tuple[type, str, Any]]:
         if session is None:
             return await orig_async(self, request)
         ordinal, key = session._begin(request.method, str(request.url), await request.aread())
-        ex = session._lookup(key)
+        ex = session._lookup(ordinal, key)
         if ex is not None:
             return replayed(ex, request)
         response = await orig_async(self, request)
@@ -377,7 +385,7 @@ def _requests_patches(adapters: Any) -> list[tuple[type, str, Any]]:
             body = b"".join(body if not hasattr(body, "read") else [body.read()])
             request.body = body
         ordinal, key = session._begin(request.method, request.url, body or b"")
-        ex = session._lookup(key)
+        ex = session._lookup(ordinal, key)
         if ex is not None:
             return from_bytes(self, request, ex.status, ex.headers, ex.body)
         response = orig_send(self, request, *args, **kwargs)

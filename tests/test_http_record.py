@@ -110,6 +110,9 @@ def test_a_changed_request_is_a_miss():
             client.chat.completions.create(model="other-model", messages=MESSAGES)
         assert server.total - before == 1 and session.served == 1 and len(more) == 1
         assert json.loads(more[0].body)["model"] == "other-model"
+        # the session's full set (served and new, in its own order) is the next record
+        assert [e.ordinal for e in session.exchanges] == [1, 2]
+        assert session.exchanges[0].body == recorded[0].body and session.exchanges[1] == more[0]
 
 
 def test_an_abandoned_stream_is_not_recorded():
