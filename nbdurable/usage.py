@@ -38,6 +38,7 @@ given for ``gpt-4o`` applies to it (the longest given name it starts with).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -168,6 +169,32 @@ def model_of(obj: Any) -> str | None:
         if isinstance(name, str) and name:
             return name
     return None
+
+
+def reply_of_http_body(body: bytes, content_type: str = "") -> Any:
+    """The reply a raw HTTP response body holds, for :func:`usage_of` / :meth:`Tally.add`.
+
+    A JSON body gives its object; a server-sent-events body gives the list of
+    its events' JSON objects (a stream, in the shape of its chunks); anything
+    else gives None. For the bodies recorded by ``%%step --http``.
+    """
+    text = body.decode("utf-8", "replace")
+    if "text/event-stream" in content_type or text.lstrip().startswith(("data:", "event:")):
+        events = []
+        for frame in text.split("\n\n"):
+            data = "\n".join(
+                line[5:].strip() for line in frame.splitlines() if line.startswith("data:")
+            )
+            if data and data != "[DONE]":
+                try:
+                    events.append(json.loads(data))
+                except ValueError:
+                    continue
+        return events
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
 
 
 def check_prices(prices: Any) -> dict[str, tuple[float, float]]:

@@ -235,7 +235,15 @@ class _Handler(BaseHTTPRequestHandler):
         self._fail_mid_stream = "FAIL_MID_STREAM" in _last_user_text(body)
         text = f"answer #{n} to: {_last_user_text(body)[:80]}"
         inp, out = _input_tokens(body), _words(text)
-        self.owner._add_usage(inp, out)
+        # only usage the reply reports is summed: an OpenAI stream reports it
+        # only when asked to (stream_options.include_usage)
+        reported = not (
+            path == "/v1/chat/completions"
+            and body.get("stream")
+            and not (body.get("stream_options") or {}).get("include_usage")
+        )
+        if reported:
+            self.owner._add_usage(inp, out)
         if path == "/v1/chat/completions":
             self._openai(n, body, text, inp, out)
         else:

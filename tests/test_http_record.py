@@ -12,6 +12,7 @@ from llm_server import LLMServer
 
 from nbdurable import values
 from nbdurable.http_record import Exchange, HTTPSession, ReplayMiss, safe_url
+from nbdurable.usage import Tally, reply_of_http_body
 
 openai = pytest.importorskip("openai")
 anthropic = pytest.importorskip("anthropic")
@@ -51,6 +52,15 @@ def test_sdk_calls_recorded_then_replayed_with_the_server_stopped():
             first = _calls(*urls)
         requests_made = server.total
     assert requests_made == 6 and session.sent == 6 and len(recorded) == 6
+    # the tokens the recorded bodies report are the ones the server counted
+    tally = Tally()
+    for ex in recorded:
+        tally.add(reply_of_http_body(ex.body, dict(ex.headers)["Content-Type"]))
+    assert tally.total.replies == 5, "all but the stream not asked for its usage"
+    assert (tally.total.input, tally.total.output) == (
+        server.usage["input_tokens"],
+        server.usage["output_tokens"],
+    )
     assert first["completion"] != first["again"], "two identical questions, two answers"
     stored = values.dumps(recorded)  # the store's own serializer
     assert b"sk-live-secret" not in stored and b"sk-ant-live-secret" not in stored

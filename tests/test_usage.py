@@ -210,3 +210,12 @@ def test_from_json_skips_bad_rows():
         {"m": Tokens(1, 2, 1), None: Tokens(3, 4, 1)}
     )
     assert Tally.from_json({"not": "a list"}) == Tally()
+
+
+def test_reply_of_http_body_shapes():
+    from nbdurable.usage import reply_of_http_body
+
+    assert reply_of_http_body(b"<html>", "text/html") is None
+    assert reply_of_http_body(b'{"usage": {"input_tokens": 2}}') == {"usage": {"input_tokens": 2}}
+    sse = b'event: a\ndata: {"x": 1}\n\ndata: not json\n\ndata: [DONE]\n\n'
+    assert reply_of_http_body(sse, "text/event-stream") == [{"x": 1}]
