@@ -56,6 +56,8 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from .http_record import safe_url
+
 #: The SDKs whose streams are understood (by top-level module name).
 SDKS = ("openai", "anthropic")
 #: Response headers never kept: credentials and cookies.
@@ -124,7 +126,7 @@ def _describe(raw: Any, is_async: bool) -> StreamRecord:
         cast_to=getattr(raw, "_cast_to", None),
         is_async=is_async,
         chunks=[],
-        url=str(getattr(request, "url", "")),
+        url=safe_url(str(getattr(request, "url", ""))),
         status=int(getattr(response, "status_code", 200) or 200),
         headers={k: v for k, v in headers.items() if k.lower() not in DROPPED_HEADERS},
         http_module=type(response).__module__.split(".")[0] if response is not None else "httpx",
