@@ -23,6 +23,8 @@ const IDLE_POLL = 10000;
 const ERROR_POLL = 30000;
 
 const MARK_CLASS = 'nbd-mark';
+/** On the cell header holding a mark: the header, empty and 0 px high otherwise, grows. */
+const HOST_CLASS = 'nbd-mark-host';
 
 export class CellMarks {
   constructor(panel: NotebookPanel) {
@@ -214,12 +216,14 @@ export class CellMarks {
       let node = host.querySelector(`:scope > .${MARK_CLASS}`) as HTMLElement | null;
       if (row === undefined) {
         node?.remove();
+        host.classList.remove(HOST_CLASS);
         return;
       }
       if (node === null) {
         node = document.createElement('div');
         node.className = MARK_CLASS;
         host.appendChild(node);
+        host.classList.add(HOST_CLASS);
       }
       render(node, markFor(views[i], row));
     });
