@@ -31,8 +31,8 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from nbclient.exceptions import CellExecutionError
 from kernel_util import REPO_ROOT, make_notebook, run_notebook
+from nbclient.exceptions import CellExecutionError
 from test_browser import CHROMIUM, CHROMIUM_ARGS, _free_port, _tail, _write_settings
 
 from nbdurable import commands as ops
