@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -48,7 +49,7 @@ NOTEBOOK = "marks.ipynb"
 CELL = "contains(concat(' ', normalize-space(@class), ' '), ' jp-Cell ')"
 RUN_ID = NOTEBOOK  # the notebook's path relative to the store's parent
 
-SETUP = "%load_ext nbdurable\nfrom nbdurable import step"
+SETUP = "%load_ext nbdurable\nfrom nbdurable import step\nimport time"
 PLAN = "%%step plan\nplan = ['alpha', 'beta', 'gamma']"
 RESEARCH = "%%step research\nfound = [step(f'ask:{q}', str.upper, q) for q in plan]"
 HANDLE = "%%step handle\nimport threading\nlock = threading.Lock()"
@@ -58,8 +59,12 @@ PINME = "%%step pinme\nsummary = len(found)"
 EXTRA = "%%step extra\nextra = draft * 2"
 BROKEN = "%%step broken\nraise RuntimeError('the model timed out')"
 LATER = "%%step later\nreport = draft.upper()"
+SLOW = (
+    "%%step slow\nticks = [step(f'tick:{i}', lambda i: (time.sleep(0.1), i)[1], i)\n"
+    "         for i in range(30)]"
+)
 FIRST = [SETUP, PLAN, RESEARCH, HANDLE, UNNAMED, REVISE, PINME, BROKEN, LATER]
-SECOND = [SETUP, PLAN, RESEARCH, HANDLE, UNNAMED, REVISE, PINME, EXTRA, BROKEN, LATER]
+SECOND = [SETUP, PLAN, RESEARCH, HANDLE, UNNAMED, REVISE, PINME, EXTRA, BROKEN, LATER, SLOW]
 
 
 def _expected(unnamed_id: str) -> dict[str, tuple[str, str]]:
@@ -74,6 +79,7 @@ def _expected(unnamed_id: str) -> dict[str, tuple[str, str]]:
         "name:extra": ("recorded", "✓ recorded"),
         "name:broken": ("failed", "the model timed out"),
         "name:later": ("pending", "○ pending"),
+        "name:slow": ("pending", "○ pending"),
     }
 
 
@@ -187,6 +193,17 @@ def _get(url: str) -> tuple[int, dict]:
         return exc.code, json.load(exc)
 
 
+def _wait_idle_kernel(url: str) -> None:
+    """Until the notebook's kernel (the server's only one) is started and idle."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        _, kernels = _get(f"{url}/api/kernels")
+        if kernels and all(k["execution_state"] == "idle" for k in kernels):
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"no idle kernel after 60 s: {kernels}")
+
+
 def test_cell_marks(app):
     from playwright.sync_api import expect, sync_playwright
 
@@ -276,6 +293,22 @@ def test_cell_marks(app):
             expect(mark("name:plan")).to_have_attribute("data-nbd-state", "invalidated")
             expect(mark("name:plan")).to_contain_text("its code changed")
             page.screenshot(path=str(ARTIFACTS / f"cell-marks-{kind}-saved.png"))
+
+            # Running: the mark says so, and its sub-step counter moves.
+            _wait_idle_kernel(url)
+            page.locator(".jp-Cell").first.locator(".cm-content").click()
+            page.keyboard.press("Shift+Enter")
+            slow = mark("name:slow")
+            page.locator(".jp-Cell", has=slow).locator(".cm-content").click()
+            page.keyboard.press("Shift+Enter")
+            expect(slow).to_have_attribute("data-nbd-state", "running", timeout=30_000)
+            counter = slow.locator(".nbd-mark-fact")
+            expect(counter).to_have_text(re.compile(r"\d+ sub-steps? recorded"), timeout=10_000)
+            first = counter.text_content()
+            expect(counter).not_to_have_text(first, timeout=10_000)
+            page.screenshot(path=str(ARTIFACTS / f"cell-marks-{kind}-running.png"))
+            expect(slow).to_have_attribute("data-nbd-state", "recorded", timeout=30_000)
+            expect(slow).to_contain_text("30 calls")
         finally:
             page.screenshot(path=str(ARTIFACTS / f"cell-marks-{kind}-final.png"), full_page=True)
             browser.close()
