@@ -50,7 +50,7 @@ CELL = "contains(concat(' ', normalize-space(@class), ' '), ' jp-Cell ')"
 RUN_ID = NOTEBOOK  # the notebook's path relative to the store's parent
 
 SETUP = "%load_ext nbdurable\nfrom nbdurable import step\nimport time"
-PLAN = "%%step plan\nplan = ['alpha', 'beta', 'gamma']"
+PLAN = "%%step plan\ntime.sleep(0.3)  # think\nplan = ['alpha', 'beta', 'gamma']"
 RESEARCH = "%%step research\nfound = [step(f'ask:{q}', str.upper, q) for q in plan]"
 HANDLE = "%%step handle\nimport threading\nlock = threading.Lock()"
 UNNAMED = "%%step\nwords = sum(len(f) for f in found)"

@@ -62,24 +62,34 @@ export class CellMarks {
   /** Ask the server now, then go on polling. */
   private _refetch(): void {
     window.clearTimeout(this._timer);
-    void this._fetch().then(delay => {
-      if (!this._disposed) {
-        window.clearTimeout(this._timer);
+    // Only the latest question schedules the next one: an answer to an older
+    // one (asked while the kernel was idle) must not slow a busy poll down.
+    const generation = ++this._generation;
+    void this._fetch().then(ok => {
+      if (!this._disposed && generation === this._generation) {
+        const delay = !ok ? ERROR_POLL : this._isBusy() ? BUSY_POLL : IDLE_POLL;
         this._timer = window.setTimeout(() => this._refetch(), delay);
       }
     });
   }
 
-  /** Fetch and draw; the delay until the next poll. */
-  private async _fetch(): Promise<number> {
-    const busy = this._panel.sessionContext.session?.kernel?.status === 'busy';
+  /** The kernel is busy, or a cell waits for it. */
+  private _isBusy(): boolean {
+    return (
+      this._panel.sessionContext.session?.kernel?.status === 'busy' ||
+      this._runningId(this._panel.content.widgets) !== null
+    );
+  }
+
+  /** Fetch and draw; false if the server could not answer. */
+  private async _fetch(): Promise<boolean> {
     if (document.hidden) {
-      return IDLE_POLL;
+      return true;
     }
     if (!this._hasSteps()) {
       this._reply = null;
       this._draw();
-      return IDLE_POLL;
+      return true;
     }
     const settings = ServerConnection.makeSettings();
     const url =
@@ -96,16 +106,16 @@ export class CellMarks {
           // not our JSON: the server extension is not enabled
         }
         this._problem(message);
-        return ERROR_POLL;
+        return false;
       }
       this._reply = (await response.json()) as IStepsReply;
       this._error = '';
     } catch (reason) {
       this._problem(String(reason));
-      return ERROR_POLL;
+      return false;
     }
     this._draw();
-    return busy ? BUSY_POLL : IDLE_POLL;
+    return true;
   }
 
   private _problem(message: string): void {
@@ -235,6 +245,7 @@ export class CellMarks {
   private _busy = false;
   private _disposed = false;
   private _timer = 0;
+  private _generation = 0;
   private _drawTimer = 0;
   private _order = 0;
   private _scheduled = new Map<string, number>();

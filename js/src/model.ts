@@ -184,6 +184,9 @@ export function when(t: number, now: Date = new Date()): string {
 }
 
 export function seconds(s: number): string {
+  if (s < 0.1) {
+    return '< 0.1 s';
+  }
   return s < 10 ? `${s.toFixed(1)} s` : s < 120 ? `${Math.round(s)} s` : `${(s / 60).toFixed(1)} min`;
 }
 
