@@ -8,7 +8,8 @@ cd "$(dirname "$0")"
 PYTHON=${PYTHON:-python3}
 CORE=$("$PYTHON" -c 'import os, jupyterlab; print(os.path.join(os.path.dirname(jupyterlab.__file__), "staging"))')
 [ -d node_modules ] || npm ci --no-audit --no-fund
-rm -rf lib tsconfig.tsbuildinfo ../nbdurable/labextension
-npx tsc
+rm -rf lib tsconfig.tsbuildinfo
+npx tsc  # first: a type error leaves the committed build alone
+rm -rf ../nbdurable/labextension
 npx build-labextension --core-path "$CORE" .
 cp install.json ../nbdurable/labextension/install.json

@@ -64,7 +64,8 @@ SLOW = (
     "         for i in range(30)]"
 )
 FIRST = [SETUP, PLAN, RESEARCH, HANDLE, UNNAMED, REVISE, PINME, BROKEN, LATER]
-SECOND = [SETUP, PLAN, RESEARCH, HANDLE, UNNAMED, REVISE, PINME, EXTRA, BROKEN, LATER, SLOW]
+PANEL = "%step panel"
+SECOND = [SETUP, PLAN, RESEARCH, HANDLE, UNNAMED, REVISE, PINME, EXTRA, BROKEN, LATER, SLOW, PANEL]
 
 
 def _expected(unnamed_id: str) -> dict[str, tuple[str, str]]:
@@ -315,6 +316,43 @@ def test_cell_marks(app):
             page.screenshot(path=str(ARTIFACTS / f"cell-marks-{kind}-running.png"))
             expect(slow).to_have_attribute("data-nbd-state", "recorded", timeout=30_000)
             expect(slow).to_contain_text("30 calls")
+
+            # The step panel, then a kernel restart: the dead panel says so in one line,
+            # offers no button, and shows the steps as the store holds them.
+            panel_cell = page.locator(".jp-Cell").nth(SECOND.index(PANEL))
+            panel_cell.locator(".cm-content").click()
+            page.keyboard.press("Shift+Enter")
+            live = panel_cell.locator(".nbd-panel")
+            expect(live.locator('.nbd-step[data-step="slow"]')).to_have_attribute(
+                "data-state", "recorded", timeout=30_000
+            )
+            _wait_idle_kernel(url)
+            page.get_by_role("menuitem", name="Kernel", exact=True).click()
+            page.get_by_role("menuitem", name=re.compile(r"^Restart Kernel…")).first.click()
+            page.locator(".jp-Dialog .jp-Dialog-button.jp-mod-accept").click()
+            note = panel_cell.locator(".nbd-snapshot-note")
+            expect(note).to_contain_text("the kernel restarted", timeout=30_000)
+            expect(live).to_be_hidden()
+            expect(panel_cell.get_by_role("button")).to_have_count(0)
+            snap_slow = panel_cell.locator('.nbd-snapshot [data-nbd-key="name:slow"]')
+            expect(snap_slow).to_have_attribute("data-nbd-state", "recorded")
+            expect(snap_slow).to_contain_text("30 calls")
+            page.screenshot(path=str(ARTIFACTS / f"cell-marks-{kind}-restarted.png"))
+
+            # Saved and reloaded: neither "model not found" nor the text saved when the
+            # panel was drawn, but the store's steps now.
+            page.keyboard.press("ControlOrMeta+s")
+            page.wait_for_timeout(1000)
+            _wait_idle_kernel(url)
+            page.reload()
+            panel_cell = page.locator(".jp-Cell").nth(SECOND.index(PANEL))
+            panel_cell.scroll_into_view_if_needed()  # long notebooks render lazily
+            note = panel_cell.locator(".nbd-snapshot-note")
+            expect(note).to_contain_text("the notebook was reopened", timeout=30_000)
+            expect(panel_cell.get_by_text("model not found")).to_be_hidden()
+            snap_slow = panel_cell.locator('.nbd-snapshot [data-nbd-key="name:slow"]')
+            expect(snap_slow).to_have_attribute("data-nbd-state", "recorded")
+            page.screenshot(path=str(ARTIFACTS / f"cell-marks-{kind}-reloaded-panel.png"))
         finally:
             page.screenshot(path=str(ARTIFACTS / f"cell-marks-{kind}-final.png"), full_page=True)
             browser.close()

@@ -16,6 +16,7 @@ import { URLExt } from '@jupyterlab/coreutils';
 import { ServerConnection } from '@jupyterlab/services';
 
 import { ICellView, IStepsReply, markFor, matchCells, parseStep } from './model';
+import { PanelKeeper } from './panels';
 
 /** Milliseconds between two questions while the kernel is busy, and otherwise. */
 const BUSY_POLL = 1000;
@@ -33,6 +34,12 @@ export class CellMarks {
     ctx.saveState.connect(this._onSave, this);
     ctx.fileChanged.connect(this._refetch, this);
     panel.sessionContext.statusChanged.connect(this._onStatus, this);
+    panel.sessionContext.kernelChanged.connect((_, args) => {
+      if (args.oldValue) {
+        this._keeper.kernelRestarted(panel.content.widgets);
+        this._redraw();
+      }
+    });
     NotebookActions.executionScheduled.connect(this._onScheduled, this);
     NotebookActions.executed.connect(this._onExecuted, this);
     document.addEventListener('visibilitychange', this._onVisible);
@@ -43,6 +50,11 @@ export class CellMarks {
       panel.model?.contentChanged.connect(this._redraw, this);
       panel.content.modelContentChanged.connect(this._redraw, this);
       this._refetch();
+      // A widget that cannot be restored says so only once the widget manager
+      // has tried, a moment after the notebook opens: look again then.
+      for (const ms of [1500, 4000]) {
+        window.setTimeout(() => this._redraw(), ms);
+      }
     });
     panel.disposed.connect(() => this.dispose());
   }
@@ -141,6 +153,17 @@ export class CellMarks {
 
   private _onStatus(): void {
     const status = this._panel.sessionContext.session?.kernel?.status;
+    const was = this._lastStatus;
+    this._lastStatus = status;
+    // 'starting' right after a running kernel: restarted from elsewhere (the REST API).
+    const restart =
+      status === 'restarting' ||
+      status === 'autorestarting' ||
+      (status === 'starting' && (was === 'idle' || was === 'busy'));
+    if (restart) {
+      this._keeper.kernelRestarted(this._panel.content.widgets);
+      this._redraw();
+    }
     if (status === 'busy' && !this._busy) {
       this._busy = true;
       this._refetch();
@@ -237,12 +260,14 @@ export class CellMarks {
       }
       render(node, markFor(views[i], row));
     });
+    this._keeper.draw(cells, this._reply);
   }
 
   private _panel: NotebookPanel;
   private _reply: IStepsReply | null = null;
   private _error = '';
   private _busy = false;
+  private _lastStatus: string | undefined;
   private _disposed = false;
   private _timer = 0;
   private _generation = 0;
@@ -250,6 +275,7 @@ export class CellMarks {
   private _order = 0;
   private _scheduled = new Map<string, number>();
   private _waiting = new WeakSet<Cell>();
+  private _keeper = new PanelKeeper();
 }
 
 /** The step key of the replay note nbdurable puts among a replayed cell's outputs. */

@@ -36,6 +36,8 @@ export interface IStepsReply {
   store: string;
   store_exists: boolean;
   cells: IStepRow[];
+  /** Steps no longer in the notebook, and sub-steps outside steps (no cell fields). */
+  others: IStepRow[];
 }
 
 /** A cell as the frontend holds it now. */
@@ -207,10 +209,15 @@ export function markFor(cell: ICellView, row: IStepRow | null): IMark {
   } else {
     state = row!.state;
   }
+  return describe(state, row, !edited);
+}
+
+/** What a mark of ``state`` says of ``row``; ``same`` when the row is this very cell's. */
+export function describe(state: string, row: IStepRow | null, same = true): IMark {
   const facts: string[] = [];
   let detail = '';
   if (state === 'running') {
-    if (row !== null && !edited) {
+    if (row !== null && same) {
       facts.push(`${plural(row.substeps, 'sub-step')} recorded`);
     }
   } else if (state === 'edited') {
