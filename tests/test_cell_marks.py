@@ -331,7 +331,9 @@ def test_cell_marks(app):
             page.get_by_role("menuitem", name=re.compile(r"^Restart Kernel…")).first.click()
             page.locator(".jp-Dialog .jp-Dialog-button.jp-mod-accept").click()
             note = panel_cell.locator(".nbd-snapshot-note")
-            expect(note).to_contain_text("the kernel restarted", timeout=30_000)
+            expect(note).to_have_text(
+                re.compile(r"^The kernel restarted: this panel is not live\."), timeout=30_000
+            )
             expect(live).to_be_hidden()
             expect(panel_cell.get_by_role("button")).to_have_count(0)
             snap_slow = panel_cell.locator('.nbd-snapshot [data-nbd-key="name:slow"]')
@@ -348,7 +350,9 @@ def test_cell_marks(app):
             panel_cell = page.locator(".jp-Cell").nth(SECOND.index(PANEL))
             panel_cell.scroll_into_view_if_needed()  # long notebooks render lazily
             note = panel_cell.locator(".nbd-snapshot-note")
-            expect(note).to_contain_text("the notebook was reopened", timeout=30_000)
+            expect(note).to_have_text(
+                re.compile(r"^The notebook was reopened: this panel is not live\."), timeout=30_000
+            )
             expect(panel_cell.get_by_text("model not found")).to_be_hidden()
             snap_slow = panel_cell.locator('.nbd-snapshot [data-nbd-key="name:slow"]')
             expect(snap_slow).to_have_attribute("data-nbd-state", "recorded")

@@ -24,14 +24,14 @@ const DEAD_CLASS = 'nbd-panel-ended';
 const SNAPSHOT_CLASS = 'nbd-snapshot';
 /** The first words of StepPanel.text(): the run id comes as a Python repr. */
 const PANEL_TEXT = /^nbdurable run ['"]/;
-const REOPENED = 'the notebook was reopened, and its kernel does not hold this panel';
+const REOPENED = 'The notebook was reopened';
 
 export class PanelKeeper {
   /** The kernel restarted: every panel drawn so far is dead. */
   kernelRestarted(cells: readonly Cell[]): void {
     for (const { modelId } of panelOutputs(cells)) {
       if (modelId !== null) {
-        this._dead.set(modelId, 'the kernel restarted');
+        this._dead.set(modelId, 'The kernel restarted');
       }
     }
   }
@@ -114,8 +114,7 @@ function renderSnapshot(snap: HTMLElement, why: string, reply: IStepsReply | nul
   const note = el(
     'div',
     'nbd-snapshot-note',
-    `This step panel has no live kernel: ${why}. The steps below are read from the store now; ` +
-      'run %step panel for a live panel with its buttons.'
+    `${why}: this panel is not live. Steps as stored now; %step panel shows a live one.`
   );
   const list = el('div', 'nbd-snapshot-rows');
   for (const row of rows) {
