@@ -81,11 +81,9 @@ class StepMagics(Magics):
             print(f"this kernel now holds run {session.run_id!r}{who}")
         elif cmd == "panel":
             _no_args(cmd, rest)
-            from IPython.display import display
-
             from .panel import panel
 
-            display(panel())
+            panel().show()
         else:
             known = ", ".join(_SUBCOMMANDS)
             raise UsageProblem(f"%step: unknown command {keys._shown(cmd)}; commands: {known}")
