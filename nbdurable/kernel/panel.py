@@ -17,7 +17,8 @@ kernel's main thread so the counter moves while the cell is still running
 (ipykernel sends widget messages from any thread).
 
 Where widgets cannot render (plain IPython, nbconvert), the widget's
-``text/plain`` is the run header and :func:`nbdurable.commands.format_table`.
+``text/plain`` is the run header and :func:`nbdurable.commands.format_table`;
+:meth:`StepPanel.show` (``%step panel``) keeps the saved copy of it current.
 """
 
 from __future__ import annotations
