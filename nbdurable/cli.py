@@ -482,7 +482,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     store = _open(directory, must_exist=False)
     if store is None:
         run_id = _run_id(args, notebook, None, directory)
-        infos = _pending(notebook)
+        infos = status.pending_infos(notebook)
     else:
         with store:
             run_id = _run_id(args, notebook, store, directory)
@@ -500,16 +500,6 @@ def cmd_status(args: argparse.Namespace) -> int:
     print(f"{notebook.name} · run {run_id!r} · store {_shown(directory)}")
     print(status.format_table(infos) if infos else "no %%step cells and nothing recorded")
     return 0
-
-
-def _pending(notebook: Path) -> list[Any]:
-    """Status rows when no store exists yet: every step cell is pending."""
-    from .identity.locate import NotebookFile
-    from .status import StepInfo
-
-    nbf = NotebookFile(notebook)
-    nbf.refresh()
-    return [StepInfo(c.key, c.label, "pending", position=c.index) for c in nbf.cells]
 
 
 @contextmanager
