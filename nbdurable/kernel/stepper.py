@@ -285,10 +285,15 @@ class StepRunner:
         proc = procstate.snapshot(ns, procstate.assigned_attributes(plan.py))
         ctx = StepContext(plan.key, plan.label)
         cap = Capture(self.session.shell)
-        cap.__enter__()  # left by finish(); nothing below can fail half-way
-        self.session.status[plan.key] = ("running", "")
-        self.session.current = ctx
-        events.emit("step-start", self.session.run_id, plan.key, label=plan.label)
+        cap.__enter__()  # left by finish()
+        try:
+            self.session.status[plan.key] = ("running", "")
+            self.session.current = ctx
+            events.emit("step-start", self.session.run_id, plan.key, label=plan.label)
+        except BaseException:  # nothing is left open when the step does not start
+            self.session.current = None
+            cap.__exit__(None, None, None)
+            raise
         return Running(plan, before, proc, ctx, cap, time.time(), time.perf_counter())
 
     def finish(self, running: Running, error: BaseException | None, result: Any = None) -> None:
