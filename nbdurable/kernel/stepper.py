@@ -69,7 +69,9 @@ class StepRunner:
         self.unsaved_known: dict[str, frozenset[str]] = {}
         # step key -> {name: why} of values its last replay could not load (kept unsaved)
         self.unloadable: dict[str, dict[str, str]] = {}
-        self.warned_process: set[str] = set()  # steps whose process changes were said unrestorable
+        # step key -> reasons its previous record's process changes could not be restored
+        # (warned when it was recorded; a rerun that finds the same says nothing)
+        self.process_known: dict[str, frozenset[str]] = {}
 
     def forget(self) -> None:
         """Forget what this kernel produced (the run changed)."""
@@ -163,6 +165,9 @@ class StepRunner:
         plan = Plan(key, label, position, py, source_fp, analysis, inputs, raw_fps, state)
         known = recording.unsaved_names(rec.variables if rec else ())
         self.unsaved_known[key] = known | set(self.unloadable.get(key, ()))  # _replay said it
+        self.process_known[key] = frozenset(
+            procstate.replayable_reasons(rec.process if rec else None)
+        )
         return self._start(plan)
 
     def _input_fp(self, name: str, value: Any, fp: str) -> str:
@@ -313,11 +318,13 @@ class StepRunner:
             cap.__exit__(type(error), error, error.__traceback__)
             self._record_failure(plan.key, plan.label, plan.position, plan.state, error)
             return
-        self._record(
+        rec = self._record(
             plan, running.before, cap.outputs, running.started, duration, running.ctx,
             running.proc, result,
         )  # fmt: skip
-        if cap.unfaithful:  # outputs a replay cannot show as they looked
+        # Outputs a replay cannot show as they looked; moot (and not said) when the
+        # step is not replayable: its body runs again and shows them live.
+        if cap.unfaithful and rec.replayable:
             warn(
                 f"step {plan.label!r}: some outputs cannot be replayed as they looked "
                 f"({'; '.join(cap.unfaithful)}); a replay shows their static text or image."
@@ -347,7 +354,7 @@ class StepRunner:
         ctx: StepContext,
         proc: procstate.Snapshot,
         result: Any = None,
-    ) -> None:
+    ) -> StepRecord:
         ns = self.session.user_ns
         key, label, position, py, state = plan.key, plan.label, plan.position, plan.py, plan.state
         changed = _changed_names(before, ns, plan.analysis)
@@ -418,11 +425,17 @@ class StepRunner:
         events.emit("step-recorded", self.session.run_id, key, label=label, record=rec)
         self._warn_recorded(key, label, saved, sorted(set(leaked) | set(in_source)))
         self._warn_process(key, label, procstate.replayable_reasons(process))
+        return rec
 
     def _warn_process(self, key: str, label: str, reasons: list[str]) -> None:
-        """One line, once per step in this kernel, when its process changes cannot be restored."""
-        if reasons and key not in self.warned_process:
-            self.warned_process.add(key)
+        """One line when a step's process changes cannot be restored, said once.
+
+        Said when first recorded so: a later rerun whose previous record had
+        the same reasons (rerunning the body is what the line announced) says nothing.
+        """
+        known = self.process_known.pop(key, frozenset())
+        reasons = [r for r in reasons if r not in known]
+        if reasons:
             warn(
                 f"step {label!r} was recorded, but its changes to the process cannot be "
                 f"restored: {'; '.join(reasons)}. On replay its body runs again (its "
