@@ -27,7 +27,7 @@ from ..errors import LeaseHeld
 from ..identity import keys, locate
 from ..store import RunKeys, RunView, Store
 from . import lease
-from .context import Savings, StepContext, SubIndex, warn
+from .context import Savings, StepContext, SubIndex, say, warn
 from .stepper import StepRunner
 
 
@@ -72,17 +72,34 @@ class Session:
         if self._store is not None:
             return
         self.notebook = locate.find_notebook(self.user_ns)
+        where = ""
+        if self.notebook is None:
+            # nbclient-based clients (nbconvert, papermill, `jupyter execute`) say
+            # nothing: find the file by the cells this kernel executed.
+            self.notebook, where = locate.find_by_cells(self._executed())
+        if self.notebook is not None and where:
+            store = locate.store_dir(self.notebook)
+            say(
+                f"nbdurable: this kernel runs {self.notebook} ({where}): run "
+                f"{self._run_name or locate.run_id_for(self.notebook, store)!r} in {store}"
+            )
         if self.notebook is None and not self._warned_no_notebook:
             self._warned_no_notebook = True
-            warn(
-                "nbdurable could not tell which notebook this kernel runs (no "
-                "JPY_SESSION_NAME, __vsc_ipynb_file__ or NBDURABLE_NOTEBOOK); recording "
-                f"to run {locate.DEFAULT_RUN!r} in {locate.store_dir(None)}. "
-                "Use `%step run NAME` to name the run."
+            named = self._run_name is not None
+            say(
+                "nbdurable: no notebook file holds the cells of this kernel; recording to "
+                f"run {self._run_name or locate.DEFAULT_RUN!r} in {locate.store_dir(None)}"
+                + ("" if named else " (name it with `%step run NAME`)")
             )
         if self.notebook is not None:
             self.nbfile = locate.NotebookFile(self.notebook)
         self._store = Store(locate.store_dir(self.notebook), durability=config.get().durability)
+
+    def _executed(self) -> list[str]:
+        """The raw sources of the cells this kernel executed, the current one last."""
+        history = getattr(self.shell, "history_manager", None)
+        raw = getattr(history, "input_hist_raw", None)
+        return [s for s in raw[1:] if isinstance(s, str)] if isinstance(raw, list) else []
 
     @property
     def store(self) -> Store:
