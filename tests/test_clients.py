@@ -233,3 +233,18 @@ def test_copies_give_way_to_their_input_and_true_twins_are_an_error(
     assert "\n" not in str(info.value) and "NBDURABLE_NOTEBOOK" in str(info.value)
     assert other.exists()
     assert locate.find_by_cells(["print('nowhere')"]) == (None, "")
+
+
+def test_identical_cells_are_told_apart_by_occurrence(tmp_path: Path) -> None:
+    same = "%%step\nx = sim.llm_answer('q', ['d'])"
+    nb = write_notebook(
+        tmp_path / "twice.ipynb",
+        ["%load_ext nbdurable", "from nbdurable.demo import sim", same, same],
+    )
+    ledger = tmp_path / "ledger.jsonl"
+    env = clean_env(ledger)
+    by_nbclient(nb, tmp_path, env)
+    assert calls(ledger) == 2  # the second cell is a step of its own, not a replay of the first
+    by_jupyterlab(nb, tmp_path, env)  # cell ids: the keys nbclient's run recorded
+    by_nbconvert(nb, tmp_path, env)
+    assert calls(ledger) == 2

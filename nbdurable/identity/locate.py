@@ -276,18 +276,23 @@ class NotebookFile:
         self._fps = None
         return True
 
-    def find(self, body: str, position: int | None = None) -> StepCell | None:
+    def find(self, body: str, position: int | None = None, occurrence: int = 0) -> StepCell | None:
         """The saved ``%%step`` cell whose body matches ``body``, if any.
 
         With ``position`` (a runner said where the cell is), only the cell there.
+        Identical cells are told apart by ``occurrence``: the n-th execution of
+        that source in a run from the top is the n-th such cell (clients that
+        send no cell id execute each cell once, in order).
         """
         if self._fps is None:  # once per read of the file, not once per step
             self._fps = [source_fingerprint(c.body) for c in self.cells]
         fp = source_fingerprint(body)
-        for c, saved in zip(self.cells, self._fps, strict=True):
-            if (position is None or c.index == position) and saved == fp:
-                return c
-        return None
+        found = [
+            c
+            for c, saved in zip(self.cells, self._fps, strict=True)
+            if (position is None or c.index == position) and saved == fp
+        ]
+        return found[occurrence % len(found)] if found else None
 
 
 def step_cells(cells: list[dict[str, Any]], ids_persist: bool = True) -> list[StepCell]:

@@ -214,12 +214,17 @@ class Session:
     def resolve_key(self, name: str | None, body: str) -> tuple[str, str, int | None]:
         """``(key, label, position)`` of the executing cell (see :mod:`nbdurable.identity.keys`)."""
         cell_id, position = self._frontend_cell()
+        sent = cell_id
         self._locate()
         if self.nbfile is not None and self.nbfile.refresh():
             if cell_id is not None and not self.nbfile.ids_persist:
                 # nbformat 4.4 on disk: the frontend invents a new id on every load.
                 cell_id = None
-            saved = self.nbfile.find(body, position)
+            occurrence = 0
+            if sent is None and position is None:  # an nbclient client: top to bottom
+                executed = self._executed()
+                occurrence = executed[:-1].count(executed[-1]) if executed else 0
+            saved = self.nbfile.find(body, position, occurrence)
             if saved is not None:
                 position = saved.index
                 # nbclient and nbconvert send no cell id; the saved one is the id
