@@ -422,8 +422,11 @@ def cmd_run(args: argparse.Namespace) -> int:
             if err.ename == "CellTimeoutError"
             else f"raised {err.ename}"
         )
+        hint = ""
+        if err.ename == "UsageError" and "magic `%%step` not found" in err.evalue:
+            hint = "; add `%load_ext nbdurable` in a cell before the first %%step"
         print(
-            f"nbdurable run: {where} {what}; the executed notebook is in {result.output}",
+            f"nbdurable run: {where} {what}{hint}; the executed notebook is in {result.output}",
             file=sys.stderr,
         )
     elif result.interrupted:
@@ -626,7 +629,14 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``nbdurable`` console script; returns the exit code."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra and isinstance(getattr(args, "steps", None), list) and "--" not in extra:
+        # argparse gives step names after an option (`clear NB --all plan`) back as
+        # unrecognized: they are step names, and the command judges them.
+        if not any(e.startswith("-") for e in extra):
+            args.steps, extra = [*args.steps, *extra], []
+    if extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if any(v == [] for k, v in vars(args).items() if k != "steps"):
         parser.error("an option's value is '--'; give the value itself")  # argparse gives []
     from .errors import NbdurableError

@@ -185,3 +185,32 @@ def test_a_lease_refusal_is_one_line_exit_4_and_the_notebook_is_untouched(tmp_pa
     assert "is being recorded by" in r.stderr and "was not changed" in r.stderr, r.stderr
     assert nb.read_bytes() == before
     assert calls_log(tmp_path) == ["0", "1", "2"]  # only the open kernel's calls
+
+
+# -- rough edges ---------------------------------------------------------------------------------
+
+
+@pytest.mark.kernel
+def test_a_notebook_that_never_loads_nbdurable_gets_a_hint(tmp_path: Path) -> None:
+    nb = write(tmp_path / "nb.ipynb", ["x = 1", "%%step\ny = x"])
+    r = nbd("run", nb)
+    assert r.returncode == 1, r.stdout + r.stderr
+    last = r.stderr.strip().splitlines()[-1]
+    assert "raised UsageError; add `%load_ext nbdurable` in a cell before the first" in last, last
+
+
+@pytest.mark.kernel
+def test_clear_all_with_names_and_unpin_of_an_unpinned_step_are_one_line_errors(
+    tmp_path: Path,
+) -> None:
+    nb = write(tmp_path / "nb.ipynb", [SETUP, STEP_A])
+    assert nbd("run", nb).returncode == 0
+    r = nbd("clear", nb, "--all", "a")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert "give step names to clear, or --all for the whole run (not both)" in r.stderr
+    r = nbd("unpin", nb, "a")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert "a: not pinned in run 'nb.ipynb', nothing to unpin" in r.stderr, r.stderr
+    assert nbd("pin", nb, "a").returncode == 0
+    r = nbd("unpin", nb, "a")
+    assert r.returncode == 0 and r.stdout.strip() == "unpinned: a", r.stdout + r.stderr
