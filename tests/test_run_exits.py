@@ -214,3 +214,18 @@ def test_clear_all_with_names_and_unpin_of_an_unpinned_step_are_one_line_errors(
     assert nbd("pin", nb, "a").returncode == 0
     r = nbd("unpin", nb, "a")
     assert r.returncode == 0 and r.stdout.strip() == "unpinned: a", r.stdout + r.stderr
+
+
+@pytest.mark.kernel
+def test_clear_names_dependants_by_their_labels(tmp_path: Path) -> None:
+    nb = write(
+        tmp_path / "nb.ipynb",
+        [SETUP, "%%step answers\nv = 1", "%%step report\nw = v + 1", "%%step\nz = w + 1"],
+    )
+    assert nbd("run", nb).returncode == 0
+    r = nbd("clear", nb, "answers")
+    assert r.returncode == 0, r.stderr
+    label = nbformat.read(nb, as_version=4).cells[3].id[:8]
+    assert r.stdout.strip() == (
+        f"cleared: answers; invalidated dependants: report, cell {label}"
+    ) or r.stdout.strip() == (f"cleared: answers; invalidated dependants: cell {label}, report")
