@@ -5,7 +5,8 @@ Heavy modules (nbclient, the store, IPython) are imported inside the
 command that needs them, so ``nbdurable --help`` and the inspection
 commands start fast. Exit codes: 0 success, 1 a notebook cell raised (or
 ``check`` left a problem), 2 bad usage (one line on stderr, never a
-traceback), 3 the kernel died more than ``--retries`` times, 130 interrupted.
+traceback), 3 the kernel died more than ``--retries`` times, 4 another live
+kernel records into the run, 5 a cell timed out, 130 interrupted.
 """
 
 from __future__ import annotations
