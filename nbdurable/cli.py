@@ -5,7 +5,8 @@ Heavy modules (nbclient, the store, IPython) are imported inside the
 command that needs them, so ``nbdurable --help`` and the inspection
 commands start fast. Exit codes: 0 success, 1 a notebook cell raised (or
 ``check`` left a problem), 2 bad usage (one line on stderr, never a
-traceback), 3 the kernel died more than ``--retries`` times, 130 interrupted.
+traceback), 3 the kernel died more than ``--retries`` times, 4 another live
+kernel records into the run, 5 a cell timed out, 130 interrupted.
 """
 
 from __future__ import annotations
@@ -72,14 +73,23 @@ def _parents() -> dict[str, argparse.ArgumentParser]:
     return {"notebook": notebook, "run": run, "store": store, "json": as_json, "quiet": quiet}
 
 
+def _exit_codes() -> str:
+    # Kept in step with nbdurable.run.result.EXIT_CODES by a test; not imported,
+    # so that `nbdurable --help` stays fast.
+    return (
+        "Exit codes: 0 ok; 1 a cell raised (or `check` left a problem); 2 bad usage; "
+        "3 the kernel died more than --retries times; 4 another live kernel records into "
+        "the run (see --takeover); 5 a cell ran longer than --timeout; 130 interrupted."
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The full ``nbdurable`` argument parser."""
     p = _parents()
     parser = _Parser(
         prog="nbdurable",
         description="Durable execution for Jupyter notebooks: run, resume and inspect.",
-        epilog="Start with `nbdurable demo`. Exit codes: 0 ok, 1 a cell raised, 2 bad usage, "
-        "3 the kernel died more than --retries times.",
+        epilog="Start with `nbdurable demo`. " + _exit_codes(),
     )
     from . import __version__
 
@@ -92,7 +102,10 @@ def build_parser() -> argparse.ArgumentParser:
         parents=[p["notebook"], p["run"], p["store"], p["json"], p["quiet"]],
         help="execute a notebook durably; restart a dead kernel and resume",
         description="Execute NOTEBOOK in a real kernel. When the kernel dies, start a new one "
-        "and run again from the top: recorded steps replay, only unfinished work runs.",
+        "and run again from the top: recorded steps replay, only unfinished work runs. The "
+        "notebook file is written back only when the run produced results (it completed, or "
+        "a cell raised or timed out).",
+        epilog=_exit_codes(),
     )
     run.add_argument(
         "-o",
@@ -287,14 +300,14 @@ def _count(text: str) -> int:
     return value
 
 
-def _seconds(text: str) -> int:
+def _seconds(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
         value = 0
     if not 0 < value < float("inf"):
         raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
-    return max(1, round(value))  # nbclient takes whole seconds
+    return value
 
 
 def _latency(text: str) -> float:
@@ -312,16 +325,9 @@ def _latency(text: str) -> float:
 
 def _notebook(args: argparse.Namespace) -> Path:
     """The notebook argument, checked: it exists and is notebook JSON."""
-    path = _path(args.notebook)
-    if not _is(path.is_file):
-        raise _usage(f"no notebook at {path}: check the path (expected an .ipynb file)")
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise _usage(f"{path} is not a readable notebook ({exc}); expected Jupyter JSON") from None
-    if not isinstance(data, dict) or not isinstance(data.get("cells"), list):
-        raise _usage(f"{path} is not a notebook: it has no list of cells")
-    return path
+    from .run.notebook import check_path
+
+    return check_path(args.notebook)
 
 
 def _path(path: Path) -> Path:
@@ -436,7 +442,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     )
     if args.json:
         _emit(result.to_json())
-    if result.error is not None:
+    if result.status == "lease held":
+        assert result.error is not None
+        print(
+            f"nbdurable run: {result.error.evalue.strip()}; the notebook file was not changed",
+            file=sys.stderr,
+        )
+    elif result.error is not None:
         err = result.error
         text = err.message if sys.stderr.isatty() else _strip_ansi(err.message)
         print(text.rstrip(), file=sys.stderr)
@@ -448,8 +460,11 @@ def cmd_run(args: argparse.Namespace) -> int:
             if err.ename == "CellTimeoutError"
             else f"raised {err.ename}"
         )
+        hint = ""
+        if err.ename == "UsageError" and "magic `%%step` not found" in err.evalue:
+            hint = "; add `%load_ext nbdurable` in a cell before the first %%step"
         print(
-            f"nbdurable run: {where} {what}; the executed notebook is in {result.output}",
+            f"nbdurable run: {where} {what}{hint}; the executed notebook is in {result.output}",
             file=sys.stderr,
         )
     elif result.interrupted:
@@ -461,7 +476,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(
             f"nbdurable run: error: the kernel died {times}, more than "
             f"--retries {result.retries} allows (last {where}); fix the crash or raise "
-            "--retries, then run again: recorded steps replay",
+            "--retries, then run again: recorded steps replay. The notebook file was not changed",
             file=sys.stderr,
         )
     return result.exit_code
@@ -663,7 +678,14 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``nbdurable`` console script; returns the exit code."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra and isinstance(getattr(args, "steps", None), list) and "--" not in extra:
+        # argparse gives step names after an option (`clear NB --all plan`) back as
+        # unrecognized: they are step names, and the command judges them.
+        if not any(e.startswith("-") for e in extra):
+            args.steps, extra = [*args.steps, *extra], []
+    if extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if any(v == [] for k, v in vars(args).items() if k != "steps"):
         parser.error("an option's value is '--'; give the value itself")  # argparse gives []
     from .errors import NbdurableError

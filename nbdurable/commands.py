@@ -56,10 +56,19 @@ def pin_steps(
     """``pin NAME ...`` / ``unpin NAME ...``."""
     infos = step_infos(store, run_id, notebook)
     found = resolve(store, run_id, names, notebook, infos)
-    for key in found:
-        set_pin(store, run_id, key, pinned)
     action = "pin" if pinned else "unpin"
     label = _labels(infos)
+    view = RunView(store, run_id)
+    # Pinning twice is harmless; unpinning a step that is not pinned is a mistake
+    # (a wrong name, or the wrong run) and must not say "unpinned".
+    loose = [] if pinned else [k for k in found if not view.state(k).pinned]
+    if loose:
+        raise UsageProblem(
+            f"{', '.join(label(k) for k in loose)}: not pinned in run {run_id!r}, nothing "
+            "to unpin (`status` shows which steps are pinned)"
+        )
+    for key in found:
+        set_pin(store, run_id, key, pinned)
     return Done(action, f"{action}ned: {', '.join(label(k) for k in found)}", tuple(found))
 
 

@@ -205,7 +205,10 @@ def test_bad_usage_is_one_line_and_exit_2(tmp_path, capsys, monkeypatch):
     for args, expected in (
         (("status", tmp_path / "missing.ipynb"), "no notebook at"),
         (("clear", nb, "a"), "nothing is recorded"),
-        (("status", tmp_path / "junk.ipynb"), "not a readable notebook"),
+        (("status", tmp_path / "junk.ipynb"), "junk.ipynb is not a notebook ("),
+        (("run", tmp_path / "junk.ipynb"), "junk.ipynb is not a notebook ("),
+        (("run", tmp_path / "sub" / ".."), f"error: {tmp_path} is a directory: give the"),
+        (("status", tmp_path), "is a directory: give the .ipynb file to use (junk.ipynb, nb"),
         (("ls", "--store", tmp_path / "nowhere"), "no nbdurable store"),
         (("clear", nb), "give step names"),
         (("gc", "--older-than", "soon", "--store", tmp_path), "is not an age"),

@@ -234,6 +234,8 @@ def _table(s: dict[str, Any], store: Path) -> str:
     # points the commands elsewhere.
     hint = f" --store {store}" if os.environ.get("NBDURABLE_DIR") else ""
     lines += [
+        "(the provider's ledger; the runner's `calls: N made` above counts recorded calls:",
+        " the one call the crash cut never returned, and the mail send is no model call)",
         "",
         f"with nbdurable     first attempt + resume:            {total(s['with_nbdurable'])}",
         f"without nbdurable  first attempt + restart from zero: {total(s['without_nbdurable'])}",

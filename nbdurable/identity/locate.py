@@ -7,11 +7,18 @@ The notebook path comes from what the frontend gives, first match wins:
 3. ``__vsc_ipynb_file__`` in the user namespace (VS Code);
 4. ``__session__`` in the user namespace (jupyter_server, older kernels).
 
+Clients built on nbclient (nbconvert ``--execute``, papermill, ``jupyter
+execute``, nbclient itself) send neither a path nor cell ids: the kernel then
+finds its notebook by the cells it executed (:func:`find_by_cells`), among the
+``.ipynb`` files named on the command line of the process that started it
+(``papermill in.ipynb out.ipynb``), else among those of its working directory.
+
 The store is ``NBDURABLE_DIR`` if set, else ``.nbdurable/`` beside the
 notebook, else ``.nbdurable/`` in the working directory. The run id is the
 notebook's path relative to the directory holding the store (so moving a
 project folder keeps its history), or its absolute path when the store lives
-elsewhere; with no notebook known it is ``default``.
+elsewhere; with no notebook known (a console, a script, a notebook that
+exists only in memory) it is ``default``.
 """
 
 from __future__ import annotations
@@ -45,6 +52,113 @@ def find_notebook(user_ns: dict[str, Any] | None = None) -> Path | None:
         if isinstance(raw, str) and raw.strip():
             return _resolve(raw.strip())
     return None
+
+
+def find_by_cells(executed: list[str], cwd: Path | None = None) -> tuple[Path | None, str]:
+    """The notebook file whose code cells are the cells this kernel executed.
+
+    ``executed`` are the raw sources this kernel ran, the current cell last.
+    A candidate must hold the current cell; among those, the ones holding the
+    most of the earlier cells win (papermill's injected parameters cell is in
+    no file and counts for none). An output copy that names its input
+    (papermill's ``metadata.papermill.input_path``, nbconvert's
+    ``X.nbconvert.ipynb`` beside ``X.ipynb``) gives way to that input.
+    Candidates named on the starting command line are preferred to the other
+    files of the working directory. Returns ``(path, where)``, ``where``
+    saying how it was found; ``(None, "")`` when no file holds the cell;
+    raises :class:`UsageProblem` when several do, equally.
+    """
+    if not executed:
+        return None, ""
+    cwd = Path(cwd or Path.cwd()).absolute()
+    named = _named_on_command_line()
+    local = sorted(p.absolute() for p in cwd.glob("*.ipynb") if p.is_file())
+    for candidates, where in (
+        (named, "named on the command line that started this kernel"),
+        (local, f"found by its cells among the notebooks of {cwd}"),
+    ):
+        found = _best_match(candidates, executed)
+        if len(found) == 1:
+            return found[0], where
+        if len(found) > 1:
+            names = ", ".join(str(p) for p in found[:4])
+            raise UsageProblem(
+                f"nbdurable cannot tell which notebook this kernel runs: its cells are in "
+                f"{names}; set NBDURABLE_NOTEBOOK=<file> for the kernel or name the run "
+                "with `%step run NAME`"
+            )
+    return None, ""
+
+
+def _named_on_command_line() -> list[Path]:
+    """``.ipynb`` files named on the command lines of the processes that started this one."""
+    try:
+        import psutil  # an ipykernel dependency
+    except ImportError:  # pragma: no cover
+        return []
+    out: list[Path] = []
+    try:
+        proc = psutil.Process().parent()
+        for _ in range(3):  # jupyter -> jupyter-nbconvert, papermill, a wrapping shell
+            if proc is None:
+                break
+            args, base = proc.cmdline(), Path(proc.cwd())
+            for arg in args[1:]:
+                arg = arg.split("=", 1)[-1] if arg.startswith("-") else arg
+                if arg.endswith(".ipynb"):
+                    path = Path(os.path.abspath(base / Path(arg).expanduser()))
+                    if path.is_file() and path not in out:
+                        out.append(path)
+            proc = proc.parent()
+    except (psutil.Error, OSError):  # gone, or not ours to read
+        pass
+    return out
+
+
+def _code_sources(path: Path) -> tuple[list[str], dict[str, Any]] | None:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        cells = data.get("cells", [])
+        sources = []
+        for cell in cells:
+            if cell.get("cell_type") == "code":
+                src = cell.get("source", "")
+                sources.append(("".join(src) if isinstance(src, list) else src).strip())
+        return sources, data.get("metadata") or {}
+    except (OSError, ValueError, AttributeError, TypeError):
+        return None
+
+
+def _best_match(candidates: list[Path], executed: list[str]) -> list[Path]:
+    current = executed[-1].strip()
+    scored: dict[Path, int] = {}
+    meta: dict[Path, dict[str, Any]] = {}
+    for path in candidates:
+        read = _code_sources(path)
+        if read is None or current not in read[0]:
+            continue
+        sources = set(read[0])
+        scored[path] = sum(1 for src in executed if src.strip() in sources)
+        meta[path] = read[1]
+    if not scored:
+        return []
+    top = max(scored.values())
+    best = [p for p, n in scored.items() if n == top]
+    inputs = {p for p in best}
+    copies = set()
+    for p in best:
+        pm = meta[p].get("papermill")
+        src = pm.get("input_path") if isinstance(pm, dict) else None
+        if isinstance(src, str):  # as papermill was given it: from its cwd, or ours
+            named = {
+                Path(os.path.abspath(d / Path(src).expanduser())) for d in (p.parent, Path.cwd())
+            }
+            if named & (inputs - {p}):
+                copies.add(p)
+        if p.name.endswith(".nbconvert.ipynb"):
+            if p.with_name(p.name.removesuffix(".nbconvert.ipynb") + ".ipynb") in inputs:
+                copies.add(p)
+    return [p for p in best if p not in copies]
 
 
 def _resolve(raw: str) -> Path:
@@ -162,18 +276,23 @@ class NotebookFile:
         self._fps = None
         return True
 
-    def find(self, body: str, position: int | None = None) -> StepCell | None:
+    def find(self, body: str, position: int | None = None, occurrence: int = 0) -> StepCell | None:
         """The saved ``%%step`` cell whose body matches ``body``, if any.
 
         With ``position`` (a runner said where the cell is), only the cell there.
+        Identical cells are told apart by ``occurrence``: the n-th execution of
+        that source in a run from the top is the n-th such cell (clients that
+        send no cell id execute each cell once, in order).
         """
         if self._fps is None:  # once per read of the file, not once per step
             self._fps = [source_fingerprint(c.body) for c in self.cells]
         fp = source_fingerprint(body)
-        for c, saved in zip(self.cells, self._fps, strict=True):
-            if (position is None or c.index == position) and saved == fp:
-                return c
-        return None
+        found = [
+            c
+            for c, saved in zip(self.cells, self._fps, strict=True)
+            if (position is None or c.index == position) and saved == fp
+        ]
+        return found[occurrence % len(found)] if found else None
 
 
 def step_cells(cells: list[dict[str, Any]], ids_persist: bool = True) -> list[StepCell]:

@@ -6,6 +6,7 @@ execution, never part of a step's recorded output.
 
 from __future__ import annotations
 
+import sys
 import threading
 import warnings
 from dataclasses import dataclass, field
@@ -25,6 +26,12 @@ def warn(message: str) -> None:
     """
     with unrecorded():
         warnings.warn(message, NbdurableWarning, stacklevel=3)
+
+
+def say(line: str) -> None:
+    """Print one line about this execution on stderr, past any capture (never replayed)."""
+    with unrecorded():
+        print(line, file=sys.stderr, flush=True)
 
 
 class SubIndex:

@@ -28,7 +28,7 @@ from ..identity import keys, locate
 from ..store import RunKeys, RunView, Store, open_store
 from ..store import engine as store_engine
 from . import lease
-from .context import Savings, StepContext, SubIndex, warn
+from .context import Savings, StepContext, SubIndex, say, warn
 from .stepper import StepRunner
 
 
@@ -73,13 +73,24 @@ class Session:
         if self._store is not None:
             return
         self.notebook = locate.find_notebook(self.user_ns)
+        where = ""
+        if self.notebook is None:
+            # nbclient-based clients (nbconvert, papermill, `jupyter execute`) say
+            # nothing: find the file by the cells this kernel executed.
+            self.notebook, where = locate.find_by_cells(self._executed())
+        if self.notebook is not None and where:
+            store = locate.store_dir(self.notebook)
+            say(
+                f"nbdurable: this kernel runs {self.notebook} ({where}): run "
+                f"{self._run_name or locate.run_id_for(self.notebook, store)!r} in {store}"
+            )
         if self.notebook is None and not self._warned_no_notebook:
             self._warned_no_notebook = True
-            warn(
-                "nbdurable could not tell which notebook this kernel runs (no "
-                "JPY_SESSION_NAME, __vsc_ipynb_file__ or NBDURABLE_NOTEBOOK); recording "
-                f"to run {locate.DEFAULT_RUN!r} in {locate.store_dir(None)}. "
-                "Use `%step run NAME` to name the run."
+            named = self._run_name is not None
+            say(
+                "nbdurable: no notebook file holds the cells of this kernel; recording to "
+                f"run {self._run_name or locate.DEFAULT_RUN!r} in {locate.store_dir(None)}"
+                + ("" if named else " (name it with `%step run NAME`)")
             )
         if self.notebook is not None:
             self.nbfile = locate.NotebookFile(self.notebook)
@@ -90,6 +101,12 @@ class Session:
         target = store_engine.chosen(local)
         self._store = open_store(target, durability=config.get().durability)
         self._anchor = local if store_engine.is_url(target) else self._store.path
+
+    def _executed(self) -> list[str]:
+        """The raw sources of the cells this kernel executed, the current one last."""
+        history = getattr(self.shell, "history_manager", None)
+        raw = getattr(history, "input_hist_raw", None)
+        return [s for s in raw[1:] if isinstance(s, str)] if isinstance(raw, list) else []
 
     @property
     def store(self) -> Store:
@@ -205,12 +222,17 @@ class Session:
     def resolve_key(self, name: str | None, body: str) -> tuple[str, str, int | None]:
         """``(key, label, position)`` of the executing cell (see :mod:`nbdurable.identity.keys`)."""
         cell_id, position = self._frontend_cell()
+        sent = cell_id
         self._locate()
         if self.nbfile is not None and self.nbfile.refresh():
             if cell_id is not None and not self.nbfile.ids_persist:
                 # nbformat 4.4 on disk: the frontend invents a new id on every load.
                 cell_id = None
-            saved = self.nbfile.find(body, position)
+            occurrence = 0
+            if sent is None and position is None:  # an nbclient client: top to bottom
+                executed = self._executed()
+                occurrence = executed[:-1].count(executed[-1]) if executed else 0
+            saved = self.nbfile.find(body, position, occurrence)
             if saved is not None:
                 position = saved.index
                 # nbclient and nbconvert send no cell id; the saved one is the id

@@ -22,8 +22,21 @@ How outcomes are known, without changing what the kernel runs:
 - failed: the cell raised; kernel died: the kernel died during the cell;
 - calls made: sub-step records whose ``started`` time falls in this attempt
   (read from the store, so a crashed attempt's calls are counted too);
-- calls replayed and time saved: asked of the final kernel at the end
-  (``nbdurable.kernel.session.run_summary()``), which counts exactly what it replayed.
+- calls replayed and time saved: asked of the kernel after every cell
+  (``nbdurable.kernel.session.run_summary()``), which counts exactly what it
+  replayed; the run's totals add every attempt's (a kernel that died is
+  counted up to the last cell it finished). The same answer names the run the
+  kernel records into, so after ``%step run other`` the runner reads that run.
+
+The notebook file is written back (in place, or to ``--output``) only when
+the run produced results: it ran to the end, or a cell raised or timed out.
+A lease refusal, kernel deaths past ``--retries`` and an interrupt leave it
+byte for byte as it was.
+
+On POSIX the kernels' sockets are IPC files in a fresh private directory:
+over TCP, jupyter_client picks a free port and the kernel binds it a moment
+later, and another kernel starting meanwhile (a parameter sweep running
+several at once) can take it.
 """
 
 from __future__ import annotations
@@ -32,6 +45,7 @@ import asyncio
 import copy
 import json
 import os
+import shutil
 import signal
 import tempfile
 import threading
@@ -42,7 +56,7 @@ from typing import Any
 
 from ..errors import UsageProblem
 from ..identity import locate
-from .notebook import kernel_log_tail, read_notebook, replay_note, write_atomic
+from .notebook import check_path, kernel_log_tail, read_notebook, replay_note, write_atomic
 from .progress import Progress
 from .result import Attempt, CellError, CellOutcome, RunResult
 
@@ -64,7 +78,7 @@ class _Run:
         output: Path | None,
         retries: int,
         run_name: str | None,
-        timeout: int | None,
+        timeout: float | None,
         cwd: Path,
         kernel: str | None,
         store: Path | str | None,
@@ -176,9 +190,16 @@ class _Run:
 
         nb = copy.deepcopy(self.nb)
         kw: dict[str, Any] = {"kernel_name": self.kernel} if self.kernel else {}
+        limit = self.timeout
+        if limit is not None:  # nbclient's `timeout` takes whole seconds; its function any
+            kw["timeout_func"] = lambda cell: limit
+        sockets = _private_sockets()
+        if sockets:
+            from traitlets.config import Config
+
+            kw["config"] = Config({"KernelManager": sockets})
         client = NotebookClient(
             nb,
-            timeout=self.timeout,
             startup_timeout=self.startup_timeout,
             resources={"metadata": {"path": str(self.cwd)}},
             on_cell_execute=self._stamp,
@@ -194,7 +215,7 @@ class _Run:
         t0 = time.perf_counter()
         # The kernel's own stdout/stderr (not the cells': those arrive as outputs)
         # go to a temporary file, shown only if the kernel dies.
-        with tempfile.TemporaryFile() as log:
+        with tempfile.TemporaryFile() as log, _removed(sockets):
             try:
                 async with client.async_setup_kernel(
                     env=self.kernel_env, cwd=str(self.cwd), stdout=log, stderr=log
@@ -215,7 +236,7 @@ class _Run:
                         # and do not wait for it to finish before shutting it down.
                         client.shutdown_kernel = "immediate"
                     if client.shutdown_kernel != "immediate":
-                        self.result.saved = await self._savings(client)
+                        att.saved = await self._savings(client) or att.saved
                     client.set_widgets_metadata()
             except DeadKernelError:
                 # nbclient turns a cancelled wait into DeadKernelError, so Ctrl-C lands here too.
@@ -342,6 +363,8 @@ class _Run:
             raise
         self.current = None
         self.done += 1
+        if self.store is not None:
+            await self._follow(client, att)
         if key is None:
             return
         out = CellOutcome(index, key, label, "executed", seconds=time.perf_counter() - t0)
@@ -370,13 +393,31 @@ class _Run:
         att.cells.append(out)
         self.progress.cell_done(out)
 
+    async def _follow(self, client: Any, att: Attempt) -> None:
+        """After a cell: what the kernel replayed so far, and the run it records into."""
+        said = await self._savings(client)
+        if said is None:
+            return
+        att.saved = said
+        run = said.get("run")
+        if isinstance(run, str) and run != self.rk.run_id:  # `%step run NAME` in a cell
+            from ..store import RunKeys, RunView
+
+            self.rk = RunKeys(run)
+            self.view = RunView(self.store, run)
+
     def _cell_error(self, exc: Exception) -> None:
         from nbclient.exceptions import CellExecutionError
 
         index = self.current[0] if self.current else -1
         key, label = self.steps.get(index, (None, f"cell #{index + 1}"))
         if isinstance(exc, CellExecutionError):
-            self.result.error = CellError(index, label, exc.ename, exc.evalue, str(exc))
+            ename = exc.ename
+            if ename in ("UsageError", "LeaseHeld") and "`%step takeover`" in exc.evalue:
+                # The magic shows LeaseHeld as a one-line UsageError; both messages
+                # (refused, taken over) point to `%step takeover`.
+                ename = "LeaseHeld"
+            self.result.error = CellError(index, label, ename, exc.evalue, str(exc))
         else:
             self.result.error = CellError(index, label, "CellTimeoutError", str(exc), str(exc))
 
@@ -426,13 +467,15 @@ class _Run:
         finally:
             result.seconds = time.perf_counter() - t0
             if self.store is not None:
+                result.saved = {"steps": 0, "calls": 0, "seconds": 0.0}
                 self.store.close()
-        if result.interrupted:
-            result.output = None  # the notebook on disk is left as it was
-        else:
+            result.add_savings()
+        if result.produced_results:
             target = result.output or self.notebook
             write_atomic(self.nb_out, target)
             result.output = target
+        else:
+            result.output = None  # every file is left as it was
         self.progress.end(result)
         return result
 
@@ -443,7 +486,7 @@ def run_notebook(
     output: str | os.PathLike[str] | None = None,
     retries: int = 3,
     run_name: str | None = None,
-    timeout: int | None = None,
+    timeout: float | None = None,
     cwd: str | os.PathLike[str] | None = None,
     kernel: str | None = None,
     store: str | os.PathLike[str] | None = None,
@@ -455,12 +498,13 @@ def run_notebook(
     """Execute ``notebook`` durably; restart its kernel up to ``retries`` times.
 
     ``output`` is where the executed notebook is written (default: in place;
-    not written when interrupted). ``run_name`` records to a named run
-    instead of the notebook's own. ``timeout`` is per cell in seconds (None:
-    no limit). ``cwd`` is the kernel's working directory (default: the
-    notebook's). ``store`` is the store directory or a ``postgresql://`` URL
-    (default: ``NBDURABLE_STORE``, ``NBDURABLE_DIR``
-    or ``.nbdurable`` beside the notebook). ``env`` is added to the kernel's
+    only when the run produced results, see the module docstring).
+    ``run_name`` records to a named run instead of the notebook's own.
+    ``timeout`` is per cell in seconds, fractions allowed (None: no limit).
+    ``cwd`` is the kernel's working directory (default: the notebook's).
+    ``store`` is the store directory or a ``postgresql://`` URL (default:
+    ``NBDURABLE_STORE``, ``NBDURABLE_DIR`` or ``.nbdurable`` beside the
+    notebook). ``env`` is added to the kernel's
     environment. ``takeover`` takes the run's lease even from a live holder
     (another kernel recording into the same run). Bad input raises
     :class:`UsageProblem`; everything else is in the returned
@@ -470,13 +514,7 @@ def run_notebook(
         raise UsageProblem(f"retries must be 0 or more, got {retries}")
     if timeout is not None and timeout <= 0:
         raise UsageProblem(f"timeout must be a positive number of seconds, got {timeout}")
-    try:
-        path = Path(notebook).expanduser().absolute()
-        found = path.is_file()
-    except (OSError, RuntimeError):  # too long a name; `~user` of no user
-        path, found = Path(notebook), False
-    if not found:
-        raise UsageProblem(f"no notebook at {path}: check the path (expected an .ipynb file)")
+    path = check_path(notebook)
     env = dict(env or {})
     if takeover:
         env["NBDURABLE_TAKEOVER"] = "1"
@@ -509,6 +547,31 @@ def run_notebook(
         startup_timeout=startup_timeout,
     )
     return run.run()
+
+
+def _private_sockets() -> dict[str, str]:
+    """KernelManager settings for IPC sockets in a fresh private directory (POSIX only).
+
+    The directory is short-named: a Unix socket path must stay under about 100 bytes.
+    """
+    if os.name != "posix":
+        return {}
+    base = "/tmp" if os.path.isdir("/tmp") else None  # macOS's $TMPDIR is long
+    return {"transport": "ipc", "ip": os.path.join(tempfile.mkdtemp(prefix="nbk-", dir=base), "k")}
+
+
+class _removed:
+    """Remove the sockets' directory after the attempt."""
+
+    def __init__(self, sockets: dict[str, str]) -> None:
+        self.directory = os.path.dirname(sockets["ip"]) if sockets else None
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        if self.directory:
+            shutil.rmtree(self.directory, ignore_errors=True)
 
 
 def _check_kernel(name: str, asked_by: str) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 import tempfile
@@ -11,18 +12,47 @@ from typing import IO, Any
 from ..errors import UsageProblem
 
 
+def check_path(raw: str | os.PathLike[str]) -> Path:
+    """``raw`` as an absolute, normalized path to a notebook file, or :class:`UsageProblem`.
+
+    The one check of a notebook argument, for every command: one wording for
+    a missing file, a directory and a file that is not notebook JSON.
+    """
+    try:
+        path = Path(os.path.abspath(Path(raw).expanduser()))
+    except RuntimeError:  # `~user` of no such user
+        raise UsageProblem(f"cannot expand {str(raw)!r}: no such user's home directory") from None
+    try:
+        is_dir, is_file = path.is_dir(), path.is_file()
+    except OSError:  # e.g. a name too long for the file system: no such file
+        is_dir = is_file = False
+    if is_dir:
+        inside = sorted(p.name for p in path.glob("*.ipynb"))[:3]
+        hint = f" ({', '.join(inside)})" if inside else ""
+        raise UsageProblem(f"{path} is a directory: give the .ipynb file to use{hint}")
+    if not is_file:
+        raise UsageProblem(f"no notebook at {path}: check the path (expected an .ipynb file)")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise UsageProblem(
+            f"{path} is not a notebook ({type(exc).__name__}: {exc}); expected Jupyter JSON"
+        ) from None
+    if not isinstance(data, dict) or not isinstance(data.get("cells"), list):
+        raise UsageProblem(f"{path} is not a notebook (no list of cells); expected Jupyter JSON")
+    return path
+
+
 def read_notebook(path: Path) -> Any:
     """The notebook at ``path`` as an nbformat v4 node; bad input raises :class:`UsageProblem`."""
-    if not path.is_file():
-        raise UsageProblem(f"no notebook at {path}: check the path (expected an .ipynb file)")
+    path = check_path(path)
     import nbformat  # slow to import (jsonschema): only once the input is known to be good
 
     try:
         return nbformat.read(path, as_version=4)
     except Exception as exc:  # nbformat raises many types for a file that is not a notebook
         raise UsageProblem(
-            f"{path} is not a readable notebook ({type(exc).__name__}: {exc}); "
-            "expected Jupyter nbformat 4 JSON"
+            f"{path} is not a notebook ({type(exc).__name__}: {exc}); expected Jupyter JSON"
         ) from None
 
 

@@ -149,12 +149,14 @@ class ConsoleProgress(Progress):
             if attempt.died_in is None
             else f"in cell #{attempt.died_in + 1}"
         )
+        # The cell's own line already said "kernel died", and the summary says
+        # it again when no retry is left: here only what happens next.
         if retrying:
-            then = f"restarting ({result.deaths} of {result.retries} retries used)"
-        else:
-            then = f"no retries left (--retries {result.retries})"
-        self._line(f"kernel died {where} after {attempt.seconds:.1f} s; {then}")
-        if attempt.kernel_log:
+            self._line(
+                f"  restarting the kernel (died {where}; {result.deaths} of "
+                f"{result.retries} retries used)"
+            )
+        if attempt.kernel_log.strip():
             self._line("  kernel said: " + attempt.kernel_log.replace("\n", "\n  kernel said: "))
 
     def end(self, result: RunResult) -> None:
@@ -169,8 +171,12 @@ class ConsoleProgress(Progress):
             for k in ("replayed", "executed", "invalidated", "failed")
             if steps.get(k)
         ]
+        where = ""
+        if result.status == "kernel died" and result.attempts:
+            died_in = result.attempts[-1].died_in
+            where = " before the first cell" if died_in is None else f" in cell #{died_in + 1}"
         lines = [
-            f"{result.status} in {result.seconds:.1f} s"
+            f"{result.status}{where} after {result.seconds:.1f} s"
             + (
                 f" · survived {plural(result.deaths, 'kernel death')}"
                 if result.deaths and result.status != "kernel died"

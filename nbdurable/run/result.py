@@ -11,7 +11,20 @@ EXIT_OK = 0
 EXIT_CELL_ERROR = 1
 EXIT_USAGE = 2
 EXIT_KERNEL_DIED = 3
+EXIT_LEASE_HELD = 4
+EXIT_TIMEOUT = 5
 EXIT_INTERRUPTED = 130
+
+#: Every exit code of ``nbdurable run``, as ``--help`` and the README list them.
+EXIT_CODES = (
+    (EXIT_OK, "the notebook ran to the end"),
+    (EXIT_CELL_ERROR, "a cell raised"),
+    (EXIT_USAGE, "bad usage (a wrong option, path or notebook)"),
+    (EXIT_KERNEL_DIED, "the kernel died more than --retries times"),
+    (EXIT_LEASE_HELD, "another live kernel records into this run (see --takeover)"),
+    (EXIT_TIMEOUT, "a cell ran longer than --timeout"),
+    (EXIT_INTERRUPTED, "interrupted (Ctrl-C, SIGTERM)"),
+)
 
 
 @dataclass
@@ -41,6 +54,9 @@ class Attempt:
     calls_made: int = 0
     died_in: int | None = None  # cell index (None: before the first cell)
     kernel_log: str = ""
+    #: What this attempt's kernel replayed, as it last said (after each cell; a kernel
+    #: that died cannot count the cell it died in). None: it never used nbdurable.
+    saved: dict[str, Any] | None = None
 
 
 @dataclass
@@ -66,7 +82,9 @@ class RunResult:
     attempts: list[Attempt] = field(default_factory=list)
     error: CellError | None = None
     interrupted: bool = False
-    saved: dict[str, Any] | None = None  # the final kernel's savings, if it used nbdurable
+    #: What replay saved over all attempts (``steps``, ``calls``, ``seconds``); None
+    #: when the notebook does not use nbdurable.
+    saved: dict[str, Any] | None = None
     seconds: float = 0.0
 
     @property
@@ -76,24 +94,46 @@ class RunResult:
 
     @property
     def status(self) -> str:
-        """``ok``, ``cell error``, ``kernel died`` or ``interrupted``."""
+        """One of ``ok``, ``cell error``, ``timed out``, ``lease held``, ``kernel died``,
+        ``interrupted``.
+        """
         if self.interrupted:
             return "interrupted"
         if self.error is not None:
-            return "cell error"
+            return {"LeaseHeld": "lease held", "CellTimeoutError": "timed out"}.get(
+                self.error.ename, "cell error"
+            )
         if not self.attempts or self.attempts[-1].outcome == "kernel died":
             return "kernel died"
         return "ok"
 
     @property
+    def produced_results(self) -> bool:
+        """Whether the executed notebook is worth writing: it ran, or a cell of it failed."""
+        return self.status in ("ok", "cell error", "timed out")
+
+    @property
     def exit_code(self) -> int:
-        """0 success, 1 a cell raised, 3 the kernel died more than ``retries`` times."""
+        """See :data:`EXIT_CODES`."""
         return {
             "ok": EXIT_OK,
             "cell error": EXIT_CELL_ERROR,
+            "timed out": EXIT_TIMEOUT,
+            "lease held": EXIT_LEASE_HELD,
             "kernel died": EXIT_KERNEL_DIED,
             "interrupted": EXIT_INTERRUPTED,
         }[self.status]
+
+    def add_savings(self) -> None:
+        """:attr:`saved` as the sum of every attempt's (each kernel counts only its own)."""
+        said = [a.saved for a in self.attempts if a.saved is not None]
+        if not said and self.saved is None:
+            return
+        self.saved = {
+            "steps": sum(int(s.get("steps", 0)) for s in said),
+            "calls": sum(int(s.get("calls", 0)) for s in said),
+            "seconds": round(sum(float(s.get("seconds", 0.0)) for s in said), 3),
+        }
 
     @property
     def steps(self) -> Counter[str]:

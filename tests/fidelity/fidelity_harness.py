@@ -94,6 +94,8 @@ for __e in __PROBES:
 _STEP_HEADER = re.compile(r"^\s*%%step\b")
 _IMPORT_API = re.compile(r"^\s*from nbdurable import ")
 _WARNING_BLOCK = re.compile(r"^[^\n]*NbdurableWarning: [^\n]*\n(?:[ \t]+[^\n]*\n)?", re.M)
+#: The one line saying which run a kernel records to, printed once per kernel.
+_RUN_LINE = re.compile(r"^nbdurable: [^\n]*\n", re.M)
 _CELL_FILE = re.compile(r"\S*(?:ipykernel_\d+/\d+\.py|<ipython-input-[^>]*>):\d+")
 _RERUN_TEXT = re.compile(r"runs? again|reran|reruns|not replayable", re.I)
 
@@ -252,7 +254,7 @@ def split_outputs(raw: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list
         if out.get("output_type") == "stream" and out.get("name") == "stderr":
             text = out["text"]
             said.extend(m.group(0).strip() for m in _WARNING_BLOCK.finditer(text))
-            text = _CELL_FILE.sub("<cell>", _WARNING_BLOCK.sub("", text))
+            text = _CELL_FILE.sub("<cell>", _WARNING_BLOCK.sub("", _RUN_LINE.sub("", text)))
             if not text:
                 continue
             out = {**out, "text": text}
