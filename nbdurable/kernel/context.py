@@ -92,8 +92,39 @@ class StepContext:
     subs_recorded: int = 0
     subs_replayed: int = 0
     sub_seconds: float = 0.0
+    #: recorded calls made again (their function or arguments changed), and why the first was
+    subs_remade: int = 0
+    first_remade: str = ""
+    #: calls replayed from records that hold no callee fingerprint (made before it was recorded)
+    subs_unchecked: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
     sub_index: SubIndex = field(default_factory=lambda: SubIndex())
+
+
+def remade_summary(ctx: StepContext) -> list[str]:
+    """The lines a step says about its sub-steps once it ran: at most one for each kind.
+
+    Calls made again because their function or arguments changed, in one
+    line naming the first and counting them; replays from records too old to
+    hold a callee fingerprint, in another.
+    """
+    lines = []
+    total = ctx.subs_recorded + ctx.subs_replayed
+    if ctx.subs_remade:
+        n = ctx.subs_remade
+        lines.append(
+            f"step {ctx.label!r}: {n} of {total} recorded call{'s' if total != 1 else ''} "
+            f"made again ({ctx.first_remade}"
+            + (f"; {n - 1} other{'s' if n > 2 else ''} likewise)" if n > 1 else ")")
+        )
+    if ctx.subs_unchecked:
+        n = ctx.subs_unchecked
+        lines.append(
+            f"step {ctx.label!r}: {n} call{'s' if n != 1 else ''} replayed from records made "
+            "before nbdurable recorded the function a call makes, so only the arguments "
+            "were compared; clear the step if a function changed since."
+        )
+    return lines
 
 
 @dataclass

@@ -26,7 +26,7 @@ from ..store import values
 from ..store.records import StepRecord, StepState
 from . import recording
 from .capture import Capture, replay
-from .context import StepContext, warn
+from .context import StepContext, remade_summary, warn
 from .execute import flush_streams, run_body
 
 if TYPE_CHECKING:
@@ -318,6 +318,8 @@ class StepRunner:
         self.session.status[key] = ("recorded", "")
         events.emit("step-recorded", self.session.run_id, key, label=label, record=rec)
         self._warn_recorded(key, label, saved, sorted(set(leaked) | set(in_source)))
+        for line in remade_summary(ctx):  # calls made again, in one line, not one per call
+            warn(line)
         self._warn_process(key, label, procstate.replayable_reasons(process))
 
     def _warn_process(self, key: str, label: str, reasons: list[str]) -> None:

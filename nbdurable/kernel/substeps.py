@@ -3,6 +3,17 @@
 A sub-step runs a function once per run and records its result the moment
 it returns, each in its own transaction; on a rerun it returns the recorded
 value instead. Results are recorded only on success.
+
+A recorded value replays only if both the call's arguments and the function
+it calls are unchanged: each record holds the arguments' fingerprint and the
+callee's :func:`~nbdurable.identity.callables.callable_fingerprint` (its
+code, defaults, closure values and the globals it reads, transitively; for
+``@recorded``, of the undecorated function). A changed function means the
+call is made again and recorded anew; inside a step, the calls made again
+are said in one line when the step is recorded
+(:func:`~nbdurable.kernel.context.remade_summary`),
+not one warning per call. A record written before callee fingerprints were
+recorded replays on its arguments alone, and the step says so in one line.
 """
 
 from __future__ import annotations
@@ -18,6 +29,7 @@ from typing import Any, TypeVar
 from .. import config, events, faults, redact
 from ..errors import CorruptRecord, DivergenceError, StoreError, UsageProblem
 from ..identity import keys
+from ..identity.callables import CallableFingerprint, callable_fingerprint, first_change
 from ..store import values
 from ..store.layout import RUN_SCOPE
 from ..store.records import FORMAT_VERSION
@@ -121,6 +133,7 @@ class _Call:
 
     __slots__ = (
         "args_fp",
+        "callee",
         "ctx",
         "fn",
         "scope",
@@ -163,6 +176,7 @@ class _Call:
         session, ctx = self.session, self.ctx
         self.store_key = session.keys.sub(self.scope, self.sub_id)
         self.args_fp = keys.args_fingerprint(args, kwargs)
+        self.callee = _callee_fingerprint(self.fn, self.where)
         value = self.lookup()
         is_async = inspect.iscoroutinefunction(self.fn)
         if value is not _ENOVAL:
@@ -237,10 +251,20 @@ class _Call:
                 raise DivergenceError(
                     msg + "; clear the step, or configure(on_divergence='rerun'|'replay')"
                 )
-            if mode == "warn":
-                warn(msg + "; calling again and recording the new result.")
             if mode != "replay":
+                self.remade("its arguments changed: the run diverged", msg, loud=mode == "warn")
                 return _ENOVAL
+        # An edited function is not a divergence of the run but a new call: it is
+        # always made again, whatever on_divergence says.
+        recorded_callee = header.get("callee_fp")
+        if not recorded_callee:  # a record from before callee fingerprints
+            self.unchecked()
+        elif recorded_callee != self.callee.digest:
+            old = header.get("callee_parts")
+            what = first_change(old if isinstance(old, dict) else {}, self.callee.parts)
+            why = f"its function {_fn_name(self.fn)} changed ({what or 'code'})"
+            self.remade(why, f"{where}: {why}", loud=True)
+            return _ENOVAL
         try:
             value = values.loads(body, session.user_ns)
         except Exception as exc:
@@ -248,6 +272,30 @@ class _Call:
             return _ENOVAL
         session.count_replayed(duration)
         return value
+
+    def remade(self, why: str, message: str, *, loud: bool) -> None:
+        """Note a recorded call that is made again: counted in its step, else warned now."""
+        ctx = self.ctx
+        if ctx is None:
+            if loud:
+                warn(message + "; calling again and recording the new result.")
+            return
+        with ctx.lock:
+            ctx.subs_remade += 1
+            if not ctx.first_remade:
+                ctx.first_remade = f"sub-step {self.sub_id!r}: {why}"
+
+    def unchecked(self) -> None:
+        """Note a replay from a record that holds no callee fingerprint."""
+        ctx = self.ctx
+        if ctx is None:
+            warn(
+                f"{self.where} replays a record made before nbdurable recorded the function a "
+                "call makes: only its arguments were compared. Clear it to make the call again."
+            )
+            return
+        with ctx.lock:
+            ctx.subs_unchecked += 1
 
     def save(self, result: Any) -> None:
         """Record ``result`` (one transaction); say so loudly if it cannot be."""
@@ -283,6 +331,8 @@ class _Call:
             "id": self.sub_id,
             "fn": f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}",
             "args_fp": self.args_fp,
+            "callee_fp": self.callee.digest,
+            "callee_parts": self.callee.parts,
             "started": self.started,
             "duration": duration,
             "size": len(body),
@@ -310,3 +360,19 @@ class _Call:
 
 async def _ready(value: Any) -> Any:
     return value
+
+
+def _callee_fingerprint(fn: Callable[..., Any], where: str) -> CallableFingerprint:
+    """:func:`callable_fingerprint`, falling back to the type when a custom hook fails."""
+    try:
+        return callable_fingerprint(fn)
+    except Exception as exc:  # a user's __nbdurable_fingerprint__ may raise
+        warn(f"{where}: cannot fingerprint its function ({exc!r}); comparing it by type only.")
+        t = type(fn)
+        digest = hashlib.sha256(f"type:{t.__module__}.{t.__qualname__}".encode()).hexdigest()
+        return CallableFingerprint(digest[:32], {"type": digest[:32]}, (t.__qualname__,))
+
+
+def _fn_name(fn: Any) -> str:
+    name = getattr(fn, "__qualname__", None) or type(fn).__qualname__
+    return f"{name!r}" if name != "<lambda>" else "(a lambda)"

@@ -107,6 +107,10 @@ class SubRecord:
     size: int
     type: str
     format: int = FORMAT_VERSION
+    #: :func:`~nbdurable.identity.callables.callable_fingerprint` of the function
+    #: called, digest and parts; "" and {} in records written before it was recorded
+    callee_fp: str = ""
+    callee_parts: dict[str, str] = field(default_factory=dict)
 
     def to_header(self) -> dict[str, Any]:
         """Encode as a JSON-able dict."""
