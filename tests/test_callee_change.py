@@ -73,8 +73,7 @@ def test_changed_callee_is_called_again_and_said_in_one_line(tmp_path):
     assert len(said) == 1, said
     assert (
         "4 of 6 recorded calls made again "
-        "(sub-step 'a:0': its function 'ask' changed (global MODEL)"
-        in said[0]
+        "(sub-step 'a:0': its function 'ask' changed (global MODEL)" in said[0]
     )
 
     nb = run(tmp_path, cells("large", " * 3"))  # the @recorded body changed

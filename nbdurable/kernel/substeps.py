@@ -274,11 +274,15 @@ class _Call:
         return value
 
     def remade(self, why: str, message: str, *, loud: bool) -> None:
-        """Note a recorded call that is made again: counted in its step, else warned now."""
+        """Note a recorded call that is made again: counted in its step, else warned now.
+
+        ``loud=False`` (``on_divergence='rerun'``) says nothing at all.
+        """
         ctx = self.ctx
+        if not loud:
+            return
         if ctx is None:
-            if loud:
-                warn(message + "; calling again and recording the new result.")
+            warn(message + "; calling again and recording the new result.")
             return
         with ctx.lock:
             ctx.subs_remade += 1
