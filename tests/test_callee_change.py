@@ -93,3 +93,29 @@ def test_record_without_callee_fingerprint_replays_on_its_arguments_and_says_so(
         line for line in stream_text(outputs_of(nb, 3), "stderr").splitlines() if "step 's'" in line
     ]
     assert len(said) == 1 and "6 calls replayed from records made before" in said[0], said
+
+
+def filling(version: int) -> list[str]:
+    return [
+        PRELUDE,
+        "def fill(xs, d):\n    tick('fill')\n    xs.extend([1, 2])\n    d['k'] = 1\n    return xs",
+        "class Slotted:\n    __slots__ = ('v',)\n    def __init__(self):\n        self.v = 1\n"
+        "def setv(s):\n    tick('setv')\n    s.v += 1",
+        f"%%step s\nres, d = [], {{}}\nr = step('fill', fill, res, d)\n"
+        f"box = Slotted()\nstep('setv', setv, box)\nversion = {version}",
+        "print(res, d, r is res, box.v)",
+    ]
+
+
+def test_substep_that_changes_its_arguments_restores_them_or_is_not_recorded(tmp_path):
+    first = run(tmp_path, filling(1))
+    assert sorted(calls(tmp_path)) == ["fill", "setv"]
+    said = stream_text(outputs_of(first, 3), "stderr")
+    assert "sub-step 'setv' of step 's' changed its argument #0 (" in said, said
+    assert "NOT recorded" in said
+    # The body runs again (its code changed): fill replays, and its arguments are filled
+    # as the real call left them; setv, never recorded, is called again.
+    again = run(tmp_path, filling(2))
+    assert calls(tmp_path) == ["setv"]
+    expected = "[1, 2] {'k': 1} True 2\n"
+    assert stream_text(outputs_of(first, 4)) == stream_text(outputs_of(again, 4)) == expected

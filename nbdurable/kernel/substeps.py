@@ -11,9 +11,17 @@ code, defaults, closure values and the globals it reads, transitively; for
 ``@recorded``, of the undecorated function). A changed function means the
 call is made again and recorded anew; inside a step, the calls made again
 are said in one line when the step is recorded
-(:func:`~nbdurable.kernel.context.remade_summary`),
-not one warning per call. A record written before callee fingerprints were
-recorded replays on its arguments alone, and the step says so in one line.
+(:func:`~nbdurable.kernel.context.remade_summary`), not one warning per
+call. A record written before callee fingerprints were recorded replays on
+its arguments alone, and the step says so in one line.
+
+A call that changes its arguments in place (fills a list passed in) is
+recorded with their new state, pickled with the result, and a replay puts
+that state back into the objects passed (lists, dicts, sets, bytearrays,
+NumPy arrays, objects with a ``__dict__``), so the caller sees what a real
+call leaves. An argument changed in a way that cannot be put back is not
+recorded at all (with a one-line note): the call is made again next time,
+never half replayed.
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ import functools
 import hashlib
 import inspect
 import time
+import types
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -132,7 +141,9 @@ class _Call:
     """
 
     __slots__ = (
+        "args",
         "args_fp",
+        "before",
         "callee",
         "ctx",
         "fn",
@@ -177,6 +188,7 @@ class _Call:
         self.store_key = session.keys.sub(self.scope, self.sub_id)
         self.args_fp = keys.args_fingerprint(args, kwargs)
         self.callee = _callee_fingerprint(self.fn, self.where)
+        self.args = _labelled(args, kwargs)
         value = self.lookup()
         is_async = inspect.iscoroutinefunction(self.fn)
         if value is not _ENOVAL:
@@ -188,6 +200,8 @@ class _Call:
         if ctx is None:
             session.claim(verify=False)  # inside a step, the step already holds the lease
         token = _current_sub.set(self.sub_id)
+        # Arguments a call could change in place, fingerprinted before it (see save)
+        self.before = {k: _arg_fp(v) for k, v in self.args.items() if not _immutable(v)}
         self.started, self.t0 = time.time(), time.perf_counter()
         try:
             result = self.fn(*args, **kwargs)
@@ -267,11 +281,33 @@ class _Call:
             return _ENOVAL
         try:
             value = values.loads(body, session.user_ns)
+            mutated = header.get("mutated")
+            if mutated:  # (result, {argument: its state after the call})
+                value = self.put_back(value, mutated)
         except Exception as exc:
             warn(f"{where}: its recorded value cannot be loaded ({exc!r}); calling again.")
             return _ENOVAL
         session.count_replayed(duration)
         return value
+
+    def put_back(self, loaded: Any, labels: list[str]) -> Any:
+        """Restore the recorded state of the arguments the call changed; its result.
+
+        Every target is checked before any is changed: all are restored, or
+        none (the call is then made again).
+        """
+        result, states = loaded
+        if sorted(states) != sorted(labels):
+            raise ValueError("the record's argument states do not match its header")
+        targets = {k: self.args.get(k, _ENOVAL) for k in labels}
+        for k, target in targets.items():
+            if target is _ENOVAL or not _restorable(target, states[k]):
+                raise ValueError(f"argument {k} cannot take back the state the call left")
+        for k, target in targets.items():
+            _restore(target, states[k])
+            if result is states[k]:  # the call returned the argument it filled
+                result = target
+        return result
 
     def remade(self, why: str, message: str, *, loud: bool) -> None:
         """Note a recorded call that is made again: counted in its step, else warned now.
@@ -305,11 +341,23 @@ class _Call:
         """Record ``result`` (one transaction); say so loudly if it cannot be."""
         where, fn = self.where, self.fn
         duration = time.perf_counter() - self.t0
+        mutated = sorted(k for k, fp in self.before.items() if _arg_fp(self.args[k]) != fp)
+        stuck = [k for k in mutated if not _restorable(self.args[k], self.args[k])]
+        if stuck:
+            warn(
+                f"{where} changed its argument {', '.join(stuck)} "
+                f"({values.type_name(self.args[stuck[0]])}) in place, which a replay cannot "
+                "restore; it was NOT recorded and will be called again on the next run."
+            )
+            return
+        saved = (result, {k: self.args[k] for k in mutated}) if mutated else result
         try:
-            body = values.dumps(result)
+            body = values.dumps(saved)
         except values.Unsaveable as exc:
             warn(
-                f"{where} returned a {values.type_name(result)} that cannot be saved ({exc}); "
+                f"{where} returned a {values.type_name(result)}"
+                f"{' and changed its arguments ' + ', '.join(mutated) if mutated else ''}, "
+                f"which cannot be saved ({exc}); "
                 "it was NOT recorded and will be called again on the next run. Return plain "
                 "data (e.g. the text or a dict) from the function given to step()."
             )
@@ -337,6 +385,7 @@ class _Call:
             "args_fp": self.args_fp,
             "callee_fp": self.callee.digest,
             "callee_parts": self.callee.parts,
+            "mutated": mutated,
             "started": self.started,
             "duration": duration,
             "size": len(body),
@@ -375,6 +424,69 @@ def _callee_fingerprint(fn: Callable[..., Any], where: str) -> CallableFingerpri
         t = type(fn)
         digest = hashlib.sha256(f"type:{t.__module__}.{t.__qualname__}".encode()).hexdigest()
         return CallableFingerprint(digest[:32], {"type": digest[:32]}, (t.__qualname__,))
+
+
+def _labelled(args: tuple, kwargs: dict) -> dict[str, Any]:
+    """A call's arguments by label: ``#0``, ``#1``... positional, then keyword names."""
+    out = {f"#{i}": v for i, v in enumerate(args)}
+    out.update(kwargs)
+    return out
+
+
+_IMMUTABLE = (str, bytes, int, float, complex, bool, type(None), range, frozenset)
+
+
+def _immutable(v: Any) -> bool:
+    t = type(v)
+    return t in _IMMUTABLE or (t is tuple and all(type(x) in _IMMUTABLE for x in v))
+
+
+def _arg_fp(v: Any) -> str:
+    try:
+        return keys.fingerprint(v)
+    except Exception:  # a user's __nbdurable_fingerprint__ may raise: judged unchanged
+        return ""
+
+
+def _is_ndarray(v: Any) -> bool:
+    return any(c.__module__ == "numpy" and c.__name__ == "ndarray" for c in type(v).__mro__)
+
+
+def _restorable(target: Any, state: Any) -> bool:
+    """Whether :func:`_restore` can put ``state`` into ``target`` in place."""
+    if type(target) is not type(state):
+        return False
+    if isinstance(target, (list, dict, set, bytearray)):
+        return True
+    if _is_ndarray(target):
+        return (
+            target.shape == state.shape and target.dtype == state.dtype and target.flags.writeable
+        )
+    # Any other object only if its whole state is its __dict__ (no custom pickling
+    # or slots): a library object (a DataFrame) keeps state elsewhere.
+    t = type(target)
+    return (
+        isinstance(getattr(target, "__dict__", None), dict)
+        and not isinstance(target, (type, types.ModuleType, types.FunctionType))
+        and not hasattr(t, "__slots__")
+        and getattr(t, "__getstate__", None) is object.__getstate__
+        and not hasattr(t, "__setstate__")
+        and t.__reduce_ex__ is object.__reduce_ex__
+        and t.__reduce__ is object.__reduce__
+    )
+
+
+def _restore(target: Any, state: Any) -> None:
+    if isinstance(target, (list, bytearray)):
+        target[:] = state
+    elif isinstance(target, (dict, set)):
+        target.clear()
+        target.update(state)
+    elif _is_ndarray(target):
+        target[...] = state
+    else:
+        vars(target).clear()
+        vars(target).update(vars(state))
 
 
 def _fn_name(fn: Any) -> str:

@@ -514,20 +514,6 @@ EDITS = CODE + MODULES + FILES + VALUES + FLOW + FIRST_RUN
 #: Cases that fail against the library today, and what differs. A strict xfail:
 #: a fix that makes one pass must remove it from here.
 FAILS_TODAY: dict[str, str] = {
-    "callee-edited-in-plain-cell": "the sub-step replays the old result after its function changed",
-    "callee-defined-in-the-step": "the step reruns but its sub-step replays the old function's result",
-    "lambda-in-step": "a sub-step's lambda changed but the old result is replayed",
-    "recorded-body": "an @recorded body changed but the old result is replayed",
-    "callee-default-argument": "a callee's default argument changed but the old result is replayed",
-    "callee-closure-value": "a callee's closure value changed but the old result is replayed",
-    "helper-of-callee-edited": "a function the callee calls changed but the old result is replayed",
-    "global-read-by-callee": "a global the callee reads changed but the old result is replayed",
-    "global-read-through-lambda": "a global read through a lambda changed but the old result is replayed",
-    "vectorize-wrapped-function": "np.vectorize is fingerprinted by type: an edit of the wrapped function is missed",
-    "lru-cache-wrapped-function": "an lru_cache wrapper is fingerprinted by type: an edit of the function is missed",
-    "local-module-function": "an edit of helpers.py is not an input: the old result is replayed",
-    "local-module-setting": "an edit of a setting in helpers.py is not an input",
-    "function-imported-from-local-module": "an edit of a function imported from helpers.py is missed",
     "import-inside-the-step": "an edit of a module the step imports is missed",
     "data-file-open": "a data file read with open() is not an input: its change is missed",
     "data-file-np-load": "a file read with np.load is not an input: its change is missed",
@@ -538,19 +524,6 @@ FAILS_TODAY: dict[str, str] = {
     "dynamic-read-eval": "eval('x') is not seen as a read of x",
     "dynamic-read-exec": "exec('y = x * 3') is not seen as a read of x",
     "dynamic-read-vars": "vars()['x'] is not seen as a read of x",
-    "trailing-semicolon-added": "a trailing ; added is ignored: the old displayed result is replayed",
-    "trailing-semicolon-removed": "a trailing ; removed is ignored: the result is not displayed",
-    "dict-key-order": "dict key order is not part of the fingerprint",
-    "notebook-class-instance": "an instance of a notebook class is fingerprinted by type: box.v change missed",
-    "notebook-class-instance-as-substep-argument": "a changed notebook-class instance argument replays the old result",
-    "re-compile": "re.compile patterns are fingerprinted by type: a pattern change is missed",
-    "array-array": "array.array is fingerprinted by type: a content change is missed",
-    "chainmap": "ChainMap is fingerprinted by type: a content change is missed",
-    "itemgetter": "operator.itemgetter is fingerprinted by type: a change is missed",
-    "zoneinfo": "ZoneInfo is fingerprinted by type: a zone change is missed",
-    "masked-array-mask": "a masked array's mask change is missed",
-    "float-masked-array-as-substep-argument": "a float masked array passed to step() crashes its fingerprint",
-    "substep-fills-its-argument": "a sub-step that filled its argument replays only its return value",
     "cascade-after-unsaved-value": "a step downstream of an unsaved value replays after an upstream change",
     "idempotency-key-after-input-change": "the idempotency key is unchanged after an input change: the send is dropped",
     "identical-unnamed-cells-nbformat-4.4": "the second identical unnamed cell replays the first's record on the first run",
@@ -599,7 +572,6 @@ def test_rerun_after_edit_equals_plain_run_of_edited_notebook(case: Edit, tmp_pa
     assert not problems, "\n".join(problems)
 
 
-@pytest.mark.xfail(strict=True, reason="one divergence warning per sub-step, not one line per step")
 def test_one_line_per_step_after_an_input_change(tmp_path):
     """A changed input that re-makes five calls is said in one line, not five warnings."""
     setup = "def ask(topic, i):\n    tick('ask')\n    return f'{topic}:{i}'"
