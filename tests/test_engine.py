@@ -676,7 +676,7 @@ def test_bad_step_input_is_a_one_line_usage_error(tmp_path):
     cells = [SETUP, "%%step known\nran('known')", *twins, *BAD_INPUT, "%step bogus"]
     nb = make_notebook(cells)
     nbformat.write(nb, tmp_path / "nb.ipynb")
-    for cell in nb.cells[4:-1]:
+    for cell in nb.cells[2:-1]:
         cell.metadata["tags"] = ["raises-exception"]  # nbclient goes on after these
     with pytest.raises(CellExecutionError) as failed:
         run_notebook(nb, cwd=tmp_path, env=env_for(tmp_path))
@@ -686,12 +686,17 @@ def test_bad_step_input_is_a_one_line_usage_error(tmp_path):
         assert [(o["output_type"], o.get("name")) for o in out] == [("stream", "stderr")], source
         assert re.fullmatch(r"UsageError: [^\n]+\n", out[0]["text"]), (source, out)
     assert "no step 'nope'" in outputs_of(nb, 4)[0]["text"]
-    assert "(known steps: known, twin)" in outputs_of(nb, 4)[0]["text"]
+    assert "(known steps: known, twin)" in outputs_of(nb, 4)[0]["text"]  # the saved cells
     assert "'a b'" in outputs_of(nb, 10)[0]["text"]
     assert "'--nope'" in outputs_of(nb, 11)[0]["text"]
     assert ran(tmp_path) == Counter(known=1), "no bad cell ran its body"
 
-    # Not an error, but said once: two saved cells with one name share one record.
-    warned = stream_text(outputs_of(nb, 2), "stderr")
-    assert "step name 'twin' is used by 2 cells" in warned and "(cells #3, #4)" in warned
-    assert stream_text(outputs_of(nb, 3), "stderr") == ""
+    # Two saved cells with one name would share one record: each is refused, naming both.
+    for index in (2, 3):
+        out = outputs_of(nb, index)
+        assert [o["output_type"] for o in out] == ["stream"], out
+        assert re.fullmatch(
+            r"UsageError: step name 'twin' is used by 2 cells of nb.ipynb \(cells #3, #4\)"
+            r"; give each %%step its own name\n",
+            out[0]["text"],
+        ), out
