@@ -13,7 +13,10 @@ call is made again and recorded anew; inside a step, the calls made again
 are said in one line when the step is recorded
 (:func:`~nbdurable.kernel.context.remade_summary`), not one warning per
 call. A record written before callee fingerprints were recorded replays on
-its arguments alone, and the step says so in one line.
+its arguments alone, and the step says so in one line. A part of the callee
+that the call itself changes (a counter or cache in a global or closure it
+fills) is state, not code: it is left out of the comparison, or a function
+that counts its calls would never replay.
 
 A call that changes its arguments in place (fills a list passed in) is
 recorded with their new state, pickled with the result, and a replay puts
@@ -271,11 +274,16 @@ class _Call:
         # An edited function is not a divergence of the run but a new call: it is
         # always made again, whatever on_divergence says.
         recorded_callee = header.get("callee_fp")
+        volatile = header.get("callee_volatile") or ()
         if not recorded_callee:  # a record from before callee fingerprints
             self.unchecked()
-        elif recorded_callee != self.callee.digest:
+        elif recorded_callee != _parts_digest(self.callee.parts, volatile):
             old = header.get("callee_parts")
-            what = first_change(old if isinstance(old, dict) else {}, self.callee.parts)
+            old = {
+                k: v for k, v in (old if isinstance(old, dict) else {}).items() if k not in volatile
+            }
+            now = {k: v for k, v in self.callee.parts.items() if k not in volatile}
+            what = first_change(old, now)
             why = f"its function {_fn_name(self.fn)} changed ({what or 'code'})"
             self.remade(why, f"{where}: {why}", loud=True)
             return _ENOVAL
@@ -351,6 +359,9 @@ class _Call:
             )
             return
         saved = (result, {k: self.args[k] for k in mutated}) if mutated else result
+        parts = self.callee.parts
+        after = _callee_fingerprint(fn, where).parts  # what the call changed in its callee
+        volatile = sorted(k for k, v in parts.items() if after.get(k) != v)
         try:
             body = values.dumps(saved)
         except values.Unsaveable as exc:
@@ -383,8 +394,9 @@ class _Call:
             "id": self.sub_id,
             "fn": f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}",
             "args_fp": self.args_fp,
-            "callee_fp": self.callee.digest,
-            "callee_parts": self.callee.parts,
+            "callee_fp": _parts_digest(parts, volatile),
+            "callee_parts": parts,
+            "callee_volatile": volatile,
             "mutated": mutated,
             "started": self.started,
             "duration": duration,
@@ -413,6 +425,15 @@ class _Call:
 
 async def _ready(value: Any) -> Any:
     return value
+
+
+def _parts_digest(parts: dict[str, str], skip: Any) -> str:
+    """The digest compared on replay: the callee's parts, less those the call changed."""
+    h = hashlib.sha256(b"nbdurable-callee-1\0")
+    for label, digest in parts.items():
+        if label not in skip:
+            h.update(f"{label}\0{digest}\0".encode("utf-8", "surrogatepass"))
+    return h.hexdigest()[:32]
 
 
 def _callee_fingerprint(fn: Callable[..., Any], where: str) -> CallableFingerprint:

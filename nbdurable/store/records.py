@@ -111,6 +111,11 @@ class SubRecord:
     #: called, digest and parts; "" and {} in records written before it was recorded
     callee_fp: str = ""
     callee_parts: dict[str, str] = field(default_factory=dict)
+    #: parts of the callee the call itself changed (its own counter or cache): not compared
+    callee_volatile: list[str] = field(default_factory=list)
+    #: labels (``#0``, a keyword) of the arguments the call changed in place; the
+    #: body is then the pickle of ``(result, {label: the argument after the call})``
+    mutated: list[str] = field(default_factory=list)
 
     def to_header(self) -> dict[str, Any]:
         """Encode as a JSON-able dict."""
