@@ -26,7 +26,7 @@ from ..store import values
 from ..store.records import StepRecord, StepState
 from . import recording
 from .capture import Capture, replay
-from .context import StepContext, remade_summary, warn
+from .context import StepContext, remade_summary, step_version, warn
 from .execute import flush_streams, run_body
 
 if TYPE_CHECKING:
@@ -214,7 +214,7 @@ class StepRunner:
         # Process state before the body (os.environ, RNGs, options...); _record
         # compares it with after and records the difference with the step.
         proc = procstate.snapshot(self.session.user_ns, procstate.assigned_attributes(plan.py))
-        ctx = StepContext(plan.key, plan.label)
+        ctx = StepContext(plan.key, plan.label, step_version(plan.source_fp, plan.inputs))
         self.session.status[plan.key] = ("running", "")
         events.emit("step-start", self.session.run_id, plan.key, label=plan.label)
         started = time.time()

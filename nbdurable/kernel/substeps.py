@@ -95,17 +95,24 @@ def recorded(fn: Callable[..., T]) -> Callable[..., T]:
 
 
 def idempotency_key(name: str = "") -> str:
-    """A key derived from the run id and step ids, the same on every attempt.
+    """A key for a provider that deduplicates, the same on every attempt of this step version.
 
     Pass it to providers that deduplicate (email, payments, queues), so a
     call repeated after a crash between the effect and its record is
-    dropped by the provider. ``name`` tells apart several effects in one step.
+    dropped by the provider. It is derived from the run id, the step's key
+    and version (its source and inputs' fingerprints), the sub-step id and
+    ``name``: stable across replays and retries of the same step version,
+    new when the step is invalidated (its code or an input changed), so the
+    new version's effect is not dropped as a duplicate of the old one.
+    ``name`` tells apart several effects in one step.
     """
     if not isinstance(name, str):
         raise TypeError(f"idempotency_key(name): name must be str, got {type(name).__name__}")
     session = get_session()
     ctx = session.current
     scope = ctx.key if ctx is not None else RUN_SCOPE
+    if ctx is not None and ctx.version:
+        scope += "@" + ctx.version
     sub = _current_sub.get() or ""
     raw = "\0".join((session.run_id, scope, sub, name)).encode("utf-8")
     return "nbd-" + hashlib.sha256(raw).hexdigest()[:32]

@@ -525,7 +525,6 @@ FAILS_TODAY: dict[str, str] = {
     "dynamic-read-exec": "exec('y = x * 3') is not seen as a read of x",
     "dynamic-read-vars": "vars()['x'] is not seen as a read of x",
     "cascade-after-unsaved-value": "a step downstream of an unsaved value replays after an upstream change",
-    "idempotency-key-after-input-change": "the idempotency key is unchanged after an input change: the send is dropped",
 }
 
 
