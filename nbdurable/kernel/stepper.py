@@ -109,7 +109,7 @@ class StepRunner:
         # would make every rerun in the same kernel look like a change.
         raw_fps = {
             n: _fingerprint(ns[n], f"input {n!r} of step {label!r}")
-            for n in sorted(analysis.reads)
+            for n in sorted(_read_names(analysis, ns, self.session.shell))
             if n in ns and not _HIDDEN.match(n) and self.producers.get(n) != key
         }
         inputs = {n: self._input_fp(n, ns[n], fp) for n, fp in raw_fps.items()}
@@ -361,6 +361,20 @@ class StepRunner:
                 f"(over warn_size_mb={config.get().warn_size_mb:g}). They are stored "
                 "once by content; clear old runs with `nbdurable gc` if space runs short."
             )
+
+
+#: Builtins that read the namespace by name at run time: a step calling one may
+#: read any variable, so every user variable is its input (conservative).
+_DYNAMIC = frozenset({"globals", "locals", "vars", "eval", "exec"})
+
+
+def _read_names(analysis: keys.CellAnalysis, ns: dict[str, Any], shell: Any) -> frozenset[str]:
+    """The names a step reads: its analysis's, or every user variable if it reads dynamically."""
+    if not any(n in analysis.reads and n not in ns for n in _DYNAMIC):  # not shadowed by the user
+        return analysis.reads
+    hidden = getattr(shell, "user_ns_hidden", {})
+    user = {n for n in ns if not (n.startswith("__") and n.endswith("__")) and n not in hidden}
+    return analysis.reads | user
 
 
 def _invalid_reason(

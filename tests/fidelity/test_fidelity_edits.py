@@ -520,10 +520,6 @@ FAILS_TODAY: dict[str, str] = {
     "data-file-read-csv": "a file read with pd.read_csv is not an input: its change is missed",
     "run-script": "a script run with %run is not an input: its change is missed",
     "env-var-read-by-step": "an environment variable the step reads is not an input",
-    "dynamic-read-globals": "globals()['x'] is not seen as a read of x",
-    "dynamic-read-eval": "eval('x') is not seen as a read of x",
-    "dynamic-read-exec": "exec('y = x * 3') is not seen as a read of x",
-    "dynamic-read-vars": "vars()['x'] is not seen as a read of x",
     "cascade-after-unsaved-value": "a step downstream of an unsaved value replays after an upstream change",
 }
 
