@@ -111,6 +111,8 @@ class StepContext:
     first_remade: str = ""
     #: calls replayed from records that hold no callee fingerprint (made before it was recorded)
     subs_unchecked: int = 0
+    #: environment variables read while the step ran: name -> digest (None: unset)
+    env_reads: dict[str, str | None] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
     sub_index: SubIndex = field(default_factory=lambda: SubIndex())
 

@@ -24,7 +24,7 @@ from ..errors import CorruptRecord, NbdurableError, StoreError, UsageProblem
 from ..identity import keys
 from ..store import values
 from ..store.records import StepRecord, StepState
-from . import recording
+from . import envreads, recording
 from .capture import Capture, replay
 from .context import StepContext, remade_summary, step_version, warn
 from .execute import flush_streams, run_body
@@ -68,6 +68,7 @@ class StepRunner:
         # step key -> {name: why} of values its last replay could not load (kept unsaved)
         self.unloadable: dict[str, dict[str, str]] = {}
         self.warned_process: set[str] = set()  # steps whose process changes were said unrestorable
+        envreads.install(lambda: session.current)  # environment reads of a running step
 
     def forget(self) -> None:
         """Forget what this kernel produced (the run changed)."""
@@ -298,6 +299,7 @@ class StepRunner:
             substeps=ctx.subs_recorded + ctx.subs_replayed,
             substep_seconds=ctx.sub_seconds,
             process=process,
+            env=dict(ctx.env_reads),
         )
         kept = StepState(pinned=state.pinned, name=label, position=position)
         puts = [(self.session.keys.step(key), rec.to_header(), b""), self.session.touch_run()]
@@ -385,6 +387,10 @@ def _invalid_reason(
         return "its code changed"
     if state.stale:
         return state.stale
+    env = envreads.changed(rec.env)
+    if env:
+        listed = ", ".join(f"${n}" for n in env[:5])
+        return f"environment variable{'s' if len(env) > 1 else ''} {listed} changed"
     changed = sorted(n for n in set(rec.inputs) | set(inputs) if rec.inputs.get(n) != inputs.get(n))
     if changed:
         listed = ", ".join(repr(n) for n in changed[:5])

@@ -64,6 +64,9 @@ class StepRecord:
     #: user modules' data), as plain JSON data; see :mod:`nbdurable.procstate`.
     process: dict[str, Any] | None = None
     format: int = RECORD_FORMAT
+    #: environment variables the step read: name -> SHA-256 digest of the value it
+    #: saw (None: unset); never the value. See :mod:`nbdurable.kernel.envreads`.
+    env: dict[str, str | None] = field(default_factory=dict)
 
     @property
     def replayable(self) -> bool:

@@ -519,7 +519,6 @@ FAILS_TODAY: dict[str, str] = {
     "data-file-np-load": "a file read with np.load is not an input: its change is missed",
     "data-file-read-csv": "a file read with pd.read_csv is not an input: its change is missed",
     "run-script": "a script run with %run is not an input: its change is missed",
-    "env-var-read-by-step": "an environment variable the step reads is not an input",
     "cascade-after-unsaved-value": "a step downstream of an unsaved value replays after an upstream change",
 }
 
