@@ -600,7 +600,10 @@ def test_substeps_async_threads_recorded_divergence(tmp_path):
     warned = [stream_text(outputs_of(second, i), "stderr") for i in (6, 7, 8, 9)]
     # Inside a step: one line for the step when it is recorded, naming the first call.
     assert "diverged" in warned[0]
-    assert "step 'div': 1 of 1 recorded call made again (sub-step 'd'" in warned[0]
+    assert (
+        "step 'div' ran again (input 'arg' changed): 1 of 1 recorded call made again "
+        "(sub-step 'd'" in warned[0]
+    ), warned[0]
     assert "diverged" in warned[1] and "'div:warn'" in warned[1]
     assert warned[2] == warned[3] == "", "rerun and replay are silent"
     assert [e["ename"] for e in errors(outputs_of(second, 10))] == ["DivergenceError"]

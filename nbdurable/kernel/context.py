@@ -117,19 +117,21 @@ class StepContext:
     sub_index: SubIndex = field(default_factory=lambda: SubIndex())
 
 
-def remade_summary(ctx: StepContext) -> list[str]:
+def remade_summary(ctx: StepContext, reason: str | None = None) -> list[str]:
     """The lines a step says about its sub-steps once it ran: at most one for each kind.
 
     Calls made again because their function or arguments changed, in one
-    line naming the first and counting them; replays from records too old to
-    hold a callee fingerprint, in another.
+    line naming why the step ran again (``reason``, e.g. "input 'TOPIC'
+    changed"), the first call made again and how many; replays from records
+    too old to hold a callee fingerprint, in another.
     """
     lines = []
     total = ctx.subs_recorded + ctx.subs_replayed
     if ctx.subs_remade:
         n = ctx.subs_remade
         lines.append(
-            f"step {ctx.label!r}: {n} of {total} recorded call{'s' if total != 1 else ''} "
+            f"step {ctx.label!r}{f' ran again ({reason})' if reason else ''}: "
+            f"{n} of {total} recorded call{'s' if total != 1 else ''} "
             f"made again ({ctx.first_remade}"
             + (f"; {n - 1} other{'s' if n > 2 else ''} likewise)" if n > 1 else ")")
         )

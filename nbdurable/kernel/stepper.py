@@ -48,6 +48,7 @@ class Plan:
     inputs: dict[str, str]  # name -> fingerprint compared with the record
     raw_fps: dict[str, str]  # name -> plain content fingerprint, to spot in-place mutation
     state: StepState
+    reason: str | None = None  # why its record was not replayed (it was invalidated)
 
 
 class StepRunner:
@@ -127,7 +128,7 @@ class StepRunner:
         if rec is not None and reason is not None and not force:
             self.session.status[key] = ("invalidated", reason)
             events.emit("step-invalidated", self.session.run_id, key, reason=reason, label=label)
-        plan = Plan(key, label, position, py, source_fp, analysis, inputs, raw_fps, state)
+        plan = Plan(key, label, position, py, source_fp, analysis, inputs, raw_fps, state, reason)
         known = recording.unsaved_names(rec.variables if rec else ())
         self.unsaved_known[key] = known | set(self.unloadable.get(key, ()))  # _replay said it
         self._execute(plan)
@@ -320,7 +321,9 @@ class StepRunner:
         self.session.status[key] = ("recorded", "")
         events.emit("step-recorded", self.session.run_id, key, label=label, record=rec)
         self._warn_recorded(key, label, saved, sorted(set(leaked) | set(in_source)))
-        for line in remade_summary(ctx):  # calls made again, in one line, not one per call
+        for line in remade_summary(
+            ctx, plan.reason
+        ):  # calls made again, in one line, not one per call
             warn(line)
         self._warn_process(key, label, procstate.replayable_reasons(process))
 
