@@ -113,6 +113,8 @@ class StepContext:
     subs_unchecked: int = 0
     #: environment variables read while the step ran: name -> digest (None: unset)
     env_reads: dict[str, str | None] = field(default_factory=dict)
+    #: files read while the step ran: absolute path -> [size, mtime_ns, content digest]
+    file_reads: dict[str, list[Any]] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
     sub_index: SubIndex = field(default_factory=lambda: SubIndex())
 

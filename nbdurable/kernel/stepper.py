@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import hashlib
+import os
 import re
 import time
 import warnings
@@ -24,7 +25,7 @@ from ..errors import CorruptRecord, NbdurableError, StoreError, UsageProblem
 from ..identity import keys
 from ..store import values
 from ..store.records import StepRecord, StepState
-from . import envreads, recording
+from . import envreads, fileio, recording
 from .capture import Capture, replay
 from .context import StepContext, remade_summary, step_version, warn
 from .execute import flush_streams, run_body
@@ -70,6 +71,7 @@ class StepRunner:
         self.unloadable: dict[str, dict[str, str]] = {}
         self.warned_process: set[str] = set()  # steps whose process changes were said unrestorable
         envreads.install(lambda: session.current)  # environment reads of a running step
+        fileio.install(lambda: session.current)  # files a running step reads
 
     def forget(self) -> None:
         """Forget what this kernel produced (the run changed)."""
@@ -301,6 +303,7 @@ class StepRunner:
             substep_seconds=ctx.sub_seconds,
             process=process,
             env=dict(ctx.env_reads),
+            files=dict(ctx.file_reads),
         )
         kept = StepState(pinned=state.pinned, name=label, position=position)
         puts = [(self.session.keys.step(key), rec.to_header(), b""), self.session.touch_run()]
@@ -390,6 +393,10 @@ def _invalid_reason(
         return "its code changed"
     if state.stale:
         return state.stale
+    files = fileio.changed(rec.files)
+    if files:
+        listed = ", ".join(repr(os.path.basename(p)) for p in files[:5])
+        return f"file{'s' if len(files) > 1 else ''} {listed} changed"
     env = envreads.changed(rec.env)
     if env:
         listed = ", ".join(f"${n}" for n in env[:5])

@@ -67,6 +67,9 @@ class StepRecord:
     #: environment variables the step read: name -> SHA-256 digest of the value it
     #: saw (None: unset); never the value. See :mod:`nbdurable.kernel.envreads`.
     env: dict[str, str | None] = field(default_factory=dict)
+    #: files the step read: absolute path -> [size, mtime_ns, SHA-256 of the content];
+    #: see :mod:`nbdurable.kernel.fileio`
+    files: dict[str, list[Any]] = field(default_factory=dict)
 
     @property
     def replayable(self) -> bool:

@@ -515,10 +515,6 @@ EDITS = CODE + MODULES + FILES + VALUES + FLOW + FIRST_RUN
 #: a fix that makes one pass must remove it from here.
 FAILS_TODAY: dict[str, str] = {
     "import-inside-the-step": "an edit of a module the step imports is missed",
-    "data-file-open": "a data file read with open() is not an input: its change is missed",
-    "data-file-np-load": "a file read with np.load is not an input: its change is missed",
-    "data-file-read-csv": "a file read with pd.read_csv is not an input: its change is missed",
-    "run-script": "a script run with %run is not an input: its change is missed",
     "cascade-after-unsaved-value": "a step downstream of an unsaved value replays after an upstream change",
 }
 
