@@ -605,10 +605,6 @@ FAILS_TODAY: dict[str, str] = {
     "log-appended-by-helper": "a list appended to by a helper the step calls is not recorded",
     "decimal-context": "decimal context precision set in a step is not re-applied",
     "recursion-limit": "sys.setrecursionlimit in a step is not re-applied",
-    "underscore-after-replayed-result": "_ after a replayed result is not the result: print(_ + 1) raises",
-    "double-underscore": "_ and __ after replayed results are empty",
-    "out-dict": "Out lacks the replayed result",
-    "numbered-output": "_N of a replayed result is not defined",
 }
 
 
