@@ -376,8 +376,26 @@ def fresh_session(env: Env, run: str) -> engine.Session:
 CALLS = "got = [step(i, f) for i, f in CALLS]"
 
 
-def returning(value: Any) -> Any:
-    return lambda: value
+class returning:  # noqa: N801 (used as a function)
+    """A sub-step function returning ``value``; while ``armed``, calling it fails.
+
+    A replay must be given the same function as the recorded call (an edited
+    one is called again), so the replay uses an armed one that compares the
+    same: its fingerprint is its value (the escape hatch), never ``armed``.
+    """
+
+    armed = False
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def __call__(self) -> Any:
+        if type(self).armed:
+            raise AssertionError("a recorded sub-step ran again instead of replaying")
+        return self.value
+
+    def __nbdurable_fingerprint__(self) -> str:
+        return repr(self.value)
 
 
 def calls(env: Env, pairs: list[tuple[str, Any]], *, in_step: str | None) -> list[Any]:
@@ -389,9 +407,13 @@ def calls(env: Env, pairs: list[tuple[str, Any]], *, in_step: str | None) -> lis
     return env.shell.user_ns["got"]
 
 
-def replayed(env: Env, ids: list[str], *, in_step: str | None) -> list[Any]:
-    """What ``step(id, ...)`` returns for each id when its ``fn`` must not run."""
-    return calls(env, [(sub_id, _must_not_run) for sub_id in ids], in_step=in_step)
+def replayed(env: Env, pairs: list[tuple[str, Any]], *, in_step: str | None) -> list[Any]:
+    """What ``step(id, returning(value))`` returns for each pair when it must not run."""
+    returning.armed = True
+    try:
+        return calls(env, [(i, returning(v)) for i, v in pairs], in_step=in_step)
+    finally:
+        returning.armed = False
 
 
 NON_STR_IDS = st.one_of(
@@ -464,8 +486,8 @@ def test_every_other_id_is_recorded_and_replayed_exactly_in_both_scopes(env, sub
     assert calls(env, [(sub_id, returning(outside))], in_step=None) == [outside]
     assert calls(env, [(sub_id, returning(inside))], in_step="ids") == [inside]
     session = fresh_session(env, run)
-    assert replayed(env, [sub_id], in_step=None) == [outside]
-    assert replayed(env, [sub_id], in_step="ids") == [inside]
+    assert replayed(env, [(sub_id, outside)], in_step=None) == [outside]
+    assert replayed(env, [(sub_id, inside)], in_step="ids") == [inside]
     for scope in (RUN_SCOPE, "name:ids"):  # the id is kept exactly
         assert session.store.has(session.keys.sub(scope, sub_id)), scope
 
@@ -495,7 +517,9 @@ def test_ids_differing_by_normalization_case_or_trailing_space_never_collide(env
         assert calls(env, pairs, in_step=in_step) == values
     fresh_session(env, run)
     for in_step in (None, "ids"):
-        assert replayed(env, forms, in_step=in_step) == [[in_step, "value of", f] for f in forms]
+        values = [[in_step, "value of", f] for f in forms]
+        pairs = list(zip(forms, values, strict=True))
+        assert replayed(env, pairs, in_step=in_step) == values
 
 
 @PROPERTY
@@ -509,12 +533,12 @@ def test_a_run_scope_id_never_collides_with_a_step_scoped_one(env, name, tail):
     assert calls(env, [(outside, returning("outside"))], in_step=None) == ["outside"]
     assert calls(env, [(tail, returning("in the step"))], in_step=name) == ["in the step"]
     fresh_session(env, run)
-    assert replayed(env, [outside], in_step=None) == ["outside"]
-    assert replayed(env, [tail], in_step=name) == ["in the step"]
+    assert replayed(env, [(outside, "outside")], in_step=None) == ["outside"]
+    assert replayed(env, [(tail, "in the step")], in_step=name) == ["in the step"]
     # Clearing the step leaves the run-scope call alone.
     assert magic(env, "line", f"clear {name}")
     fresh_session(env, run)
-    assert replayed(env, [outside], in_step=None) == ["outside"]
+    assert replayed(env, [(outside, "outside")], in_step=None) == ["outside"]
 
 
 def _notebook_json(cells: list[tuple[str, str]]) -> str:
@@ -572,7 +596,7 @@ def test_an_id_with_a_lone_surrogate_is_refused_in_one_line_or_kept_exactly(env,
         return
     assert value == "value"
     fresh_session(env, run)
-    assert replayed(env, [sub_id], in_step=None) == ["value"]
+    assert replayed(env, [(sub_id, "value")], in_step=None) == ["value"]
 
 
 def test_a_notebook_path_that_is_not_utf8_still_records_and_replays(env):

@@ -601,7 +601,12 @@ def test_substeps_async_threads_recorded_divergence(tmp_path):
     assert last_json(second)["values"] == got["values"], "replay mode kept the old result"
     assert ran(tmp_path) == Counter(asy=1, thr=1, rec=1, div=2)
     warned = [stream_text(outputs_of(second, i), "stderr") for i in (6, 7, 8, 9)]
-    assert "diverged" in warned[0] and "'d' of step 'div'" in warned[0]
+    # Inside a step: one line for the step when it is recorded, naming the first call.
+    assert "diverged" in warned[0]
+    assert (
+        "step 'div' ran again (input 'arg' changed): 1 of 1 recorded call made again "
+        "(sub-step 'd'" in warned[0]
+    ), warned[0]
     assert "diverged" in warned[1] and "'div:warn'" in warned[1]
     assert warned[2] == warned[3] == "", "rerun and replay are silent"
     assert [e["ename"] for e in errors(outputs_of(second, 10))] == ["DivergenceError"]
@@ -677,7 +682,7 @@ def test_bad_step_input_is_a_one_line_usage_error(tmp_path):
     cells = [SETUP, "%%step known\nran('known')", *twins, *BAD_INPUT, "%step bogus"]
     nb = make_notebook(cells)
     nbformat.write(nb, tmp_path / "nb.ipynb")
-    for cell in nb.cells[4:-1]:
+    for cell in nb.cells[2:-1]:
         cell.metadata["tags"] = ["raises-exception"]  # nbclient goes on after these
     with pytest.raises(CellExecutionError) as failed:
         run_notebook(nb, cwd=tmp_path, env=env_for(tmp_path))
@@ -687,12 +692,17 @@ def test_bad_step_input_is_a_one_line_usage_error(tmp_path):
         assert [(o["output_type"], o.get("name")) for o in out] == [("stream", "stderr")], source
         assert re.fullmatch(r"UsageError: [^\n]+\n", out[0]["text"]), (source, out)
     assert "no step 'nope'" in outputs_of(nb, 4)[0]["text"]
-    assert "(known steps: known, twin)" in outputs_of(nb, 4)[0]["text"]
+    assert "(known steps: known, twin)" in outputs_of(nb, 4)[0]["text"]  # the saved cells
     assert "'a b'" in outputs_of(nb, 10)[0]["text"]
     assert "'--nope'" in outputs_of(nb, 11)[0]["text"]
     assert ran(tmp_path) == Counter(known=1), "no bad cell ran its body"
 
-    # Not an error, but said once: two saved cells with one name share one record.
-    warned = stream_text(outputs_of(nb, 2), "stderr")
-    assert "step name 'twin' is used by 2 cells" in warned and "(cells #3, #4)" in warned
-    assert stream_text(outputs_of(nb, 3), "stderr") == ""
+    # Two saved cells with one name would share one record: each is refused, naming both.
+    for index in (2, 3):
+        out = outputs_of(nb, index)
+        assert [o["output_type"] for o in out] == ["stream"], out
+        assert re.fullmatch(
+            r"UsageError: step name 'twin' is used by 2 cells of nb.ipynb \(cells #3, #4\)"
+            r"; give each %%step its own name\n",
+            out[0]["text"],
+        ), out

@@ -304,19 +304,23 @@ def test_a_steps_sub_steps_replay_from_one_read(store, monkeypatch, total_max):
 
     monkeypatch.setattr(store_mod, "LOAD_TOTAL_MAX", total_max)
     values = {f"call:{i}": ("v" * (i * 5_000)) + str(i) for i in range(12)}  # 0 B to 55 KB
+    made = []
+
+    def call(v: str) -> str:  # the same function replays (an edited one is called again)
+        made.append(v)
+        return v
+
     _in_step(store, monkeypatch)
     for sid, v in values.items():
-        assert substeps.step(sid, lambda v=v: v) == v
+        assert substeps.step(sid, call, v) == v
     session = _in_step(store, monkeypatch)
     reads = []
     real = Store.load_prefix
     monkeypatch.setattr(Store, "load_prefix", lambda s, p: reads.append(p) or real(s, p))
-
-    def never() -> str:
-        raise AssertionError("a recorded sub-step was called again")
-
+    assert len(made) == len(values)
     for sid, v in values.items():
-        assert substeps.step(sid, never) == v
+        assert substeps.step(sid, call, v) == v
+    assert len(made) == len(values), "a recorded sub-step was called again"
     assert reads == [session.keys.subs_prefix("name:s")]  # one range read for the step
     assert set(session.current.sub_index._entries.values()) == {None}  # bytes handed out once
     assert substeps.step("call:new", lambda: "fresh") == "fresh"  # a miss needs no read
@@ -386,14 +390,21 @@ def test_a_store_deleted_during_a_step_is_not_replayed_from(store, monkeypatch):
 
     from nbdurable.kernel import substeps
 
+    made = []
+
+    def call(i: int) -> str:
+        made.append(i)
+        return f"recorded {i}"
+
     _in_step(store, monkeypatch)
     for i in range(2):
-        substeps.step(f"c{i}", lambda i=i: f"recorded {i}")
+        substeps.step(f"c{i}", call, i)
     _in_step(store, monkeypatch)
-    assert substeps.step("c0", lambda: "again") == "recorded 0"  # the step's records are read
+    assert substeps.step("c0", call, 0) == "recorded 0"  # the step's records are read
+    assert made == [0, 1]
     shutil.rmtree(store.path)
     with pytest.raises(StoreError, match="deleted or replaced while in use"):
-        substeps.step("c1", lambda: "again")
+        substeps.step("c1", call, 1)
     assert substeps.step("c1", lambda: "new store") == "new store"  # reopened, empty
 
 

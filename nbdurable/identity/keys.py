@@ -42,8 +42,11 @@ globals it reads, transitively through notebook functions and local modules;
 a recorded call replays only if its callee's fingerprint is unchanged.
 
 **Idempotency keys**: ``"nbd-"`` + the first 32 hex digits of the SHA-256 of
-``run id, step key, sub id, name`` (UTF-8, joined by NUL), stable across
-retries of the same sub-step and distinct between sub-steps.
+``run id, step key@step version, sub id, name`` (UTF-8, joined by NUL; the
+version is 16 hex of the SHA-256 of the source fingerprint and the sorted
+``name=fingerprint`` inputs; outside a step the scope is ``~run``), stable
+across replays and retries of the same step version, new when the step's
+code or inputs change, distinct between sub-steps.
 """
 
 from __future__ import annotations

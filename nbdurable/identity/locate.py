@@ -276,6 +276,13 @@ class NotebookFile:
         self._fps = None
         return True
 
+    def find_all(self, body: str) -> list[StepCell]:
+        """Every saved ``%%step`` cell whose body matches ``body``, in order."""
+        if self._fps is None:
+            self._fps = [source_fingerprint(c.body) for c in self.cells]
+        fp = source_fingerprint(body)
+        return [c for c, saved in zip(self.cells, self._fps, strict=True) if saved == fp]
+
     def find(self, body: str, position: int | None = None, occurrence: int = 0) -> StepCell | None:
         """The saved ``%%step`` cell whose body matches ``body``, if any.
 

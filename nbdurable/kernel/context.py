@@ -6,6 +6,7 @@ execution, never part of a step's recorded output.
 
 from __future__ import annotations
 
+import hashlib
 import sys
 import threading
 import warnings
@@ -88,19 +89,69 @@ class SubIndex:
                 self._entries[key] = None
 
 
+def step_version(source_fp: str, inputs: dict[str, str]) -> str:
+    """The version of a step's record: its source fingerprint and its inputs' (16 hex).
+
+    The same for every execution of the same code on the same inputs (a retry
+    after a crash), new when the step is invalidated by either.
+    """
+    raw = "\0".join([source_fp, *(f"{n}={fp}" for n, fp in sorted(inputs.items()))])
+    return hashlib.sha256(raw.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+
+
 @dataclass
 class StepContext:
     """The ``%%step`` executing now; sub-steps called during it scope to it."""
 
     key: str
     label: str
+    #: the step's version: its source and inputs (see :func:`step_version`); part of
+    #: idempotency keys, so a new version of a step gets new ones
+    version: str = ""
     seen: set[str] = field(default_factory=set)
     ordinals: dict[str, int] = field(default_factory=dict)
     subs_recorded: int = 0
     subs_replayed: int = 0
     sub_seconds: float = 0.0
+    #: recorded calls made again (their function or arguments changed), and why the first was
+    subs_remade: int = 0
+    first_remade: str = ""
+    #: calls replayed from records that hold no callee fingerprint (made before it was recorded)
+    subs_unchecked: int = 0
+    #: environment variables read while the step ran: name -> digest (None: unset)
+    env_reads: dict[str, str | None] = field(default_factory=dict)
+    #: files read while the step ran: absolute path -> [size, mtime_ns, content digest]
+    file_reads: dict[str, list[Any]] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
     sub_index: SubIndex = field(default_factory=lambda: SubIndex())
+
+
+def remade_summary(ctx: StepContext, reason: str | None = None) -> list[str]:
+    """The lines a step says about its sub-steps once it ran: at most one for each kind.
+
+    Calls made again because their function or arguments changed, in one
+    line naming why the step ran again (``reason``, e.g. "input 'TOPIC'
+    changed"), the first call made again and how many; replays from records
+    too old to hold a callee fingerprint, in another.
+    """
+    lines = []
+    total = ctx.subs_recorded + ctx.subs_replayed
+    if ctx.subs_remade:
+        n = ctx.subs_remade
+        lines.append(
+            f"step {ctx.label!r}{f' ran again ({reason})' if reason else ''}: "
+            f"{n} of {total} recorded call{'s' if total != 1 else ''} "
+            f"made again ({ctx.first_remade}"
+            + (f"; {n - 1} other{'s' if n > 2 else ''} likewise)" if n > 1 else ")")
+        )
+    if ctx.subs_unchecked:
+        n = ctx.subs_unchecked
+        lines.append(
+            f"step {ctx.label!r}: {n} call{'s' if n != 1 else ''} replayed from records made "
+            "before nbdurable recorded the function a call makes, so only the arguments "
+            "were compared; clear the step if a function changed since."
+        )
+    return lines
 
 
 @dataclass

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import config, events
-from ..errors import LeaseHeld
+from ..errors import LeaseHeld, UsageProblem
 from ..identity import keys, locate
 from ..store import RunKeys, RunView, Store, open_store
 from ..store import engine as store_engine
@@ -49,7 +49,11 @@ class Session:
         #: Guards the savings and the cell's ordinals (sub-steps may run in threads).
         self.lock = threading.RLock()
         self._warned_no_notebook = False
-        self._warned_names: set[str] = set()
+        #: identical unnamed cells told apart by occurrence (see resolve_key): how many
+        #: times each body ran without a cell id or position, and where each frontend
+        #: cell id that is not saved in the file was placed
+        self._occurrences: dict[str, int] = {}
+        self._placed: dict[str, int] = {}
         self._lease: lease.Lease | None = None
         self._lease_seen = 0.0  # when the store last confirmed we hold it
         self._atexit = False
@@ -222,40 +226,63 @@ class Session:
     def resolve_key(self, name: str | None, body: str) -> tuple[str, str, int | None]:
         """``(key, label, position)`` of the executing cell (see :mod:`nbdurable.identity.keys`)."""
         cell_id, position = self._frontend_cell()
-        sent = cell_id
+        transient = None  # a frontend id the file does not keep (nbformat 4.4)
         self._locate()
         if self.nbfile is not None and self.nbfile.refresh():
+            if name is not None:
+                _refuse_shared_name(name, self.nbfile, self.notebook)
             if cell_id is not None and not self.nbfile.ids_persist:
                 # nbformat 4.4 on disk: the frontend invents a new id on every load.
-                cell_id = None
-            occurrence = 0
-            if sent is None and position is None:  # an nbclient client: top to bottom
-                executed = self._executed()
-                occurrence = executed[:-1].count(executed[-1]) if executed else 0
-            saved = self.nbfile.find(body, position, occurrence)
+                transient, cell_id = cell_id, None
+            saved = self._find_saved(self.nbfile, body, cell_id, position, transient)
             if saved is not None:
                 position = saved.index
                 # nbclient and nbconvert send no cell id; the saved one is the id
                 # JupyterLab would send, and the one `%step list` reads.
                 cell_id = cell_id or saved.cell_id
-            if name is not None:
-                self._warn_shared_name(name, [c.index for c in self.nbfile.cells if c.name == name])
         if name is not None:
-            key, label = keys.step_key(name, None, None, body)
-        else:
-            key, label = keys.step_key(None, cell_id, position, body)
+            return (*keys.step_key(name, None, None, body), position)
+        key, label = keys.step_key(None, cell_id, position, body)
+        if cell_id is None and position is None:  # no file: identical cells by occurrence
+            n = self._occurrence(key)
+            if n:
+                key, label = f"{key}:{n + 1}", f"{label} ({n + 1})"
         return key, label, position
 
-    def _warn_shared_name(self, name: str, indexes: list[int]) -> None:
-        if len(indexes) < 2 or name in self._warned_names:
-            return
-        self._warned_names.add(name)
-        cells = ", ".join(f"#{i + 1}" for i in indexes)
-        warn(
-            f"step name {name!r} is used by {len(indexes)} cells of {self.notebook} (cells "
-            f"{cells}); they share one record and keep invalidating each other. Give each "
-            "%%step its own name."
-        )
+    def _find_saved(
+        self,
+        nbfile: locate.NotebookFile,
+        body: str,
+        cell_id: str | None,
+        position: int | None,
+        transient: str | None,
+    ) -> locate.StepCell | None:
+        """The saved cell running now; identical unnamed cells told apart by occurrence.
+
+        A client that sends no cell id and no position (nbclient, nbconvert,
+        papermill, a frontend on an nbformat 4.4 file) runs identical cells
+        in order: the k-th execution of a body is the k-th saved cell with it
+        (cyclically, so a second pass of the notebook starts again at the
+        first). A frontend id seen before keeps the cell it was given.
+        """
+        if cell_id is not None or position is not None:
+            return nbfile.find(body, position)
+        same = nbfile.find_all(body)
+        if len(same) < 2:
+            return same[0] if same else None
+        if transient is not None and transient in self._placed:
+            return next((c for c in same if c.index == self._placed[transient]), same[0])
+        found = same[self._occurrence(keys.source_fingerprint(body)) % len(same)]
+        if transient is not None:
+            self._placed[transient] = found.index
+        return found
+
+    def _occurrence(self, what: str) -> int:
+        """How many times ``what`` ran before in this kernel (and count this one)."""
+        with self.lock:
+            n = self._occurrences.get(what, 0)
+            self._occurrences[what] = n + 1
+            return n
 
     def _frontend_cell(self) -> tuple[str | None, int | None]:
         kernel = getattr(self.shell, "kernel", None)
@@ -385,3 +412,15 @@ def reset_session() -> None:
         if _session is not None and _session._store is not None:
             _session._store.close()
         _session = None
+
+
+def _refuse_shared_name(name: str, nbfile: locate.NotebookFile, notebook: Path | None) -> None:
+    """A ``%%step NAME`` that two saved cells use is refused: they would share one record."""
+    indexes = [c.index for c in nbfile.cells if c.name == name]
+    if len(indexes) > 1:
+        cells = ", ".join(f"#{i + 1}" for i in indexes)
+        where = notebook.name if notebook is not None else "the notebook"
+        raise UsageProblem(
+            f"step name {name!r} is used by {len(indexes)} cells of {where} (cells {cells}); "
+            "give each %%step its own name"
+        )

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import hashlib
+import os
 import re
 import time
 import warnings
@@ -24,9 +25,9 @@ from ..errors import CorruptRecord, NbdurableError, StoreError, UsageProblem
 from ..identity import keys
 from ..store import values
 from ..store.records import StepRecord, StepState
-from . import recording
+from . import envreads, fileio, recording
 from .capture import WIDGET_VIEW_MIME, Capture, replay, strip_widget_views
-from .context import StepContext, warn
+from .context import StepContext, remade_summary, step_version, warn
 from .execute import flush_streams, run_body
 
 if TYPE_CHECKING:
@@ -50,6 +51,7 @@ class Plan:
     inputs: dict[str, str]  # name -> fingerprint compared with the record
     raw_fps: dict[str, str]  # name -> plain content fingerprint, to spot in-place mutation
     state: StepState
+    reason: str | None = None  # why its record was not replayed (it was invalidated)
 
 
 class StepRunner:
@@ -72,6 +74,8 @@ class StepRunner:
         # step key -> reasons its previous record's process changes could not be restored
         # (warned when it was recorded; a rerun that finds the same says nothing)
         self.process_known: dict[str, frozenset[str]] = {}
+        envreads.install(lambda: session.current)  # environment reads of a running step
+        fileio.install(lambda: session.current)  # files a running step reads
 
     def forget(self) -> None:
         """Forget what this kernel produced (the run changed)."""
@@ -144,7 +148,7 @@ class StepRunner:
         # would make every rerun in the same kernel look like a change.
         raw_fps = {
             n: _fingerprint(ns[n], f"input {n!r} of step {label!r}")
-            for n in sorted(analysis.reads)
+            for n in sorted(_read_names(analysis, ns, self.session.shell))
             if n in ns and not _HIDDEN.match(n) and self.producers.get(n) != key
         }
         inputs = {n: self._input_fp(n, ns[n], fp) for n, fp in raw_fps.items()}
@@ -162,7 +166,7 @@ class StepRunner:
         if rec is not None and reason is not None and not force:
             self.session.status[key] = ("invalidated", reason)
             events.emit("step-invalidated", self.session.run_id, key, reason=reason, label=label)
-        plan = Plan(key, label, position, py, source_fp, analysis, inputs, raw_fps, state)
+        plan = Plan(key, label, position, py, source_fp, analysis, inputs, raw_fps, state, reason)
         known = recording.unsaved_names(rec.variables if rec else ())
         self.unsaved_known[key] = known | set(self.unloadable.get(key, ()))  # _replay said it
         self.process_known[key] = frozenset(
@@ -288,7 +292,7 @@ class StepRunner:
         # Process state before the body (os.environ, RNGs, options...); _record
         # compares it with after and records the difference with the step.
         proc = procstate.snapshot(ns, procstate.assigned_attributes(plan.py))
-        ctx = StepContext(plan.key, plan.label)
+        ctx = StepContext(plan.key, plan.label, step_version(plan.source_fp, plan.inputs))
         cap = Capture(self.session.shell)
         cap.__enter__()  # left by finish()
         try:
@@ -404,6 +408,8 @@ class StepRunner:
             substep_seconds=ctx.sub_seconds,
             process=process,
             result=shown,
+            env=dict(ctx.env_reads),
+            files=dict(ctx.file_reads),
         )
         kept = StepState(pinned=state.pinned, name=label, position=position)
         puts = [(self.session.keys.step(key), rec.to_header(), b""), self.session.touch_run()]
@@ -424,6 +430,9 @@ class StepRunner:
         self.session.status[key] = ("recorded", "")
         events.emit("step-recorded", self.session.run_id, key, label=label, record=rec)
         self._warn_recorded(key, label, saved, sorted(set(leaked) | set(in_source)))
+        # calls made again, in one line, not one per call
+        for line in remade_summary(ctx, plan.reason):
+            warn(line)
         self._warn_process(key, label, procstate.replayable_reasons(process))
         return rec
 
@@ -471,6 +480,20 @@ class StepRunner:
                 f"(over warn_size_mb={config.get().warn_size_mb:g}). They are stored "
                 "once by content; clear old runs with `nbdurable gc` if space runs short."
             )
+
+
+#: Builtins that read the namespace by name at run time: a step calling one may
+#: read any variable, so every user variable is its input (conservative).
+_DYNAMIC = frozenset({"globals", "locals", "vars", "eval", "exec"})
+
+
+def _read_names(analysis: keys.CellAnalysis, ns: dict[str, Any], shell: Any) -> frozenset[str]:
+    """The names a step reads: its analysis's, or every user variable if it reads dynamically."""
+    if not any(n in analysis.reads and n not in ns for n in _DYNAMIC):  # not shadowed by the user
+        return analysis.reads
+    hidden = getattr(shell, "user_ns_hidden", {})
+    user = {n for n in ns if not (n.startswith("__") and n.endswith("__")) and n not in hidden}
+    return analysis.reads | user
 
 
 _RESULT = "the result"  # the last expression's value, saved like a variable
@@ -557,6 +580,14 @@ def _invalid_reason(
         return "its code changed"
     if state.stale:
         return state.stale
+    files = fileio.changed(rec.files)
+    if files:
+        listed = ", ".join(repr(os.path.basename(p)) for p in files[:5])
+        return f"file{'s' if len(files) > 1 else ''} {listed} changed"
+    env = envreads.changed(rec.env)
+    if env:
+        listed = ", ".join(f"${n}" for n in env[:5])
+        return f"environment variable{'s' if len(env) > 1 else ''} {listed} changed"
     changed = sorted(n for n in set(rec.inputs) | set(inputs) if rec.inputs.get(n) != inputs.get(n))
     if changed:
         listed = ", ".join(repr(n) for n in changed[:5])

@@ -3,6 +3,28 @@
 A sub-step runs a function once per run and records its result the moment
 it returns, each in its own transaction; on a rerun it returns the recorded
 value instead. Results are recorded only on success.
+
+A recorded value replays only if both the call's arguments and the function
+it calls are unchanged: each record holds the arguments' fingerprint and the
+callee's :func:`~nbdurable.identity.callables.callable_fingerprint` (its
+code, defaults, closure values and the globals it reads, transitively; for
+``@recorded``, of the undecorated function). A changed function means the
+call is made again and recorded anew; inside a step, the calls made again
+are said in one line when the step is recorded
+(:func:`~nbdurable.kernel.context.remade_summary`), not one warning per
+call. A record written before callee fingerprints were recorded replays on
+its arguments alone, and the step says so in one line. A part of the callee
+that the call itself changes (a counter or cache in a global or closure it
+fills) is state, not code: it is left out of the comparison, or a function
+that counts its calls would never replay.
+
+A call that changes its arguments in place (fills a list passed in) is
+recorded with their new state, pickled with the result, and a replay puts
+that state back into the objects passed (lists, dicts, sets, bytearrays,
+NumPy arrays, objects with a ``__dict__``), so the caller sees what a real
+call leaves. An argument changed in a way that cannot be put back is not
+recorded at all (with a one-line note): the call is made again next time,
+never half replayed.
 """
 
 from __future__ import annotations
@@ -12,12 +34,14 @@ import functools
 import hashlib
 import inspect
 import time
+import types
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 from .. import config, events, faults, redact
 from ..errors import CorruptRecord, DivergenceError, StoreError, UsageProblem
 from ..identity import keys
+from ..identity.callables import CallableFingerprint, callable_fingerprint, first_change
 from ..store import values
 from ..store.layout import RUN_SCOPE
 from ..store.records import FORMAT_VERSION
@@ -71,17 +95,24 @@ def recorded(fn: Callable[..., T]) -> Callable[..., T]:
 
 
 def idempotency_key(name: str = "") -> str:
-    """A key derived from the run id and step ids, the same on every attempt.
+    """A key for a provider that deduplicates, the same on every attempt of this step version.
 
     Pass it to providers that deduplicate (email, payments, queues), so a
     call repeated after a crash between the effect and its record is
-    dropped by the provider. ``name`` tells apart several effects in one step.
+    dropped by the provider. It is derived from the run id, the step's key
+    and version (its source and inputs' fingerprints), the sub-step id and
+    ``name``: stable across replays and retries of the same step version,
+    new when the step is invalidated (its code or an input changed), so the
+    new version's effect is not dropped as a duplicate of the old one.
+    ``name`` tells apart several effects in one step.
     """
     if not isinstance(name, str):
         raise TypeError(f"idempotency_key(name): name must be str, got {type(name).__name__}")
     session = get_session()
     ctx = session.current
     scope = ctx.key if ctx is not None else RUN_SCOPE
+    if ctx is not None and ctx.version:
+        scope += "@" + ctx.version
     sub = _current_sub.get() or ""
     raw = "\0".join((session.run_id, scope, sub, name)).encode("utf-8")
     return "nbd-" + hashlib.sha256(raw).hexdigest()[:32]
@@ -120,7 +151,10 @@ class _Call:
     """
 
     __slots__ = (
+        "args",
         "args_fp",
+        "before",
+        "callee",
         "ctx",
         "fn",
         "scope",
@@ -163,6 +197,8 @@ class _Call:
         session, ctx = self.session, self.ctx
         self.store_key = session.keys.sub(self.scope, self.sub_id)
         self.args_fp = keys.args_fingerprint(args, kwargs)
+        self.callee = _callee_fingerprint(self.fn, self.where)
+        self.args = _labelled(args, kwargs)
         value = self.lookup()
         is_async = inspect.iscoroutinefunction(self.fn)
         if value is not _ENOVAL:
@@ -174,6 +210,8 @@ class _Call:
         if ctx is None:
             session.claim(verify=False)  # inside a step, the step already holds the lease
         token = _current_sub.set(self.sub_id)
+        # Arguments a call could change in place, fingerprinted before it (see save)
+        self.before = {k: _arg_fp(v) for k, v in self.args.items() if not _immutable(v)}
         self.started, self.t0 = time.time(), time.perf_counter()
         try:
             result = self.fn(*args, **kwargs)
@@ -237,27 +275,107 @@ class _Call:
                 raise DivergenceError(
                     msg + "; clear the step, or configure(on_divergence='rerun'|'replay')"
                 )
-            if mode == "warn":
-                warn(msg + "; calling again and recording the new result.")
             if mode != "replay":
+                self.remade("its arguments changed: the run diverged", msg, loud=mode == "warn")
                 return _ENOVAL
+        # An edited function is not a divergence of the run but a new call: it is
+        # always made again, whatever on_divergence says.
+        recorded_callee = header.get("callee_fp")
+        volatile = header.get("callee_volatile") or ()
+        if not recorded_callee:  # a record from before callee fingerprints
+            self.unchecked()
+        elif recorded_callee != _parts_digest(self.callee.parts, volatile):
+            old = header.get("callee_parts")
+            old = {
+                k: v for k, v in (old if isinstance(old, dict) else {}).items() if k not in volatile
+            }
+            now = {k: v for k, v in self.callee.parts.items() if k not in volatile}
+            what = first_change(old, now)
+            why = f"its function {_fn_name(self.fn)} changed ({what or 'code'})"
+            self.remade(why, f"{where}: {why}", loud=True)
+            return _ENOVAL
         try:
             value = values.loads(body, session.user_ns)
+            mutated = header.get("mutated")
+            if mutated:  # (result, {argument: its state after the call})
+                value = self.put_back(value, mutated)
         except Exception as exc:
             warn(f"{where}: its recorded value cannot be loaded ({exc!r}); calling again.")
             return _ENOVAL
         session.count_replayed(duration)
         return value
 
+    def put_back(self, loaded: Any, labels: list[str]) -> Any:
+        """Restore the recorded state of the arguments the call changed; its result.
+
+        Every target is checked before any is changed: all are restored, or
+        none (the call is then made again).
+        """
+        result, states = loaded
+        if sorted(states) != sorted(labels):
+            raise ValueError("the record's argument states do not match its header")
+        targets = {k: self.args.get(k, _ENOVAL) for k in labels}
+        for k, target in targets.items():
+            if target is _ENOVAL or not _restorable(target, states[k]):
+                raise ValueError(f"argument {k} cannot take back the state the call left")
+        for k, target in targets.items():
+            _restore(target, states[k])
+            if result is states[k]:  # the call returned the argument it filled
+                result = target
+        return result
+
+    def remade(self, why: str, message: str, *, loud: bool) -> None:
+        """Note a recorded call that is made again: counted in its step, else warned now.
+
+        ``loud=False`` (``on_divergence='rerun'``) says nothing at all.
+        """
+        ctx = self.ctx
+        if not loud:
+            return
+        if ctx is None:
+            warn(message + "; calling again and recording the new result.")
+            return
+        with ctx.lock:
+            ctx.subs_remade += 1
+            if not ctx.first_remade:
+                ctx.first_remade = f"sub-step {self.sub_id!r}: {why}"
+
+    def unchecked(self) -> None:
+        """Note a replay from a record that holds no callee fingerprint."""
+        ctx = self.ctx
+        if ctx is None:
+            warn(
+                f"{self.where} replays a record made before nbdurable recorded the function a "
+                "call makes: only its arguments were compared. Clear it to make the call again."
+            )
+            return
+        with ctx.lock:
+            ctx.subs_unchecked += 1
+
     def save(self, result: Any) -> None:
         """Record ``result`` (one transaction); say so loudly if it cannot be."""
         where, fn = self.where, self.fn
         duration = time.perf_counter() - self.t0
+        mutated = sorted(k for k, fp in self.before.items() if _arg_fp(self.args[k]) != fp)
+        stuck = [k for k in mutated if not _restorable(self.args[k], self.args[k])]
+        if stuck:
+            warn(
+                f"{where} changed its argument {', '.join(stuck)} "
+                f"({values.type_name(self.args[stuck[0]])}) in place, which a replay cannot "
+                "restore; it was NOT recorded and will be called again on the next run."
+            )
+            return
+        saved = (result, {k: self.args[k] for k in mutated}) if mutated else result
+        parts = self.callee.parts
+        after = _callee_fingerprint(fn, where).parts  # what the call changed in its callee
+        volatile = sorted(k for k, v in parts.items() if after.get(k) != v)
         try:
-            body = values.dumps(result)
+            body = values.dumps(saved)
         except values.Unsaveable as exc:
             warn(
-                f"{where} returned a {values.type_name(result)} that cannot be saved ({exc}); "
+                f"{where} returned a {values.type_name(result)}"
+                f"{' and changed its arguments ' + ', '.join(mutated) if mutated else ''}, "
+                f"which cannot be saved ({exc}); "
                 "it was NOT recorded and will be called again on the next run. Return plain "
                 "data (e.g. the text or a dict) from the function given to step()."
             )
@@ -283,6 +401,10 @@ class _Call:
             "id": self.sub_id,
             "fn": f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}",
             "args_fp": self.args_fp,
+            "callee_fp": _parts_digest(parts, volatile),
+            "callee_parts": parts,
+            "callee_volatile": volatile,
+            "mutated": mutated,
             "started": self.started,
             "duration": duration,
             "size": len(body),
@@ -310,3 +432,91 @@ class _Call:
 
 async def _ready(value: Any) -> Any:
     return value
+
+
+def _parts_digest(parts: dict[str, str], skip: Any) -> str:
+    """The digest compared on replay: the callee's parts, less those the call changed."""
+    h = hashlib.sha256(b"nbdurable-callee-1\0")
+    for label, digest in parts.items():
+        if label not in skip:
+            h.update(f"{label}\0{digest}\0".encode("utf-8", "surrogatepass"))
+    return h.hexdigest()[:32]
+
+
+def _callee_fingerprint(fn: Callable[..., Any], where: str) -> CallableFingerprint:
+    """:func:`callable_fingerprint`, falling back to the type when a custom hook fails."""
+    try:
+        return callable_fingerprint(fn)
+    except Exception as exc:  # a user's __nbdurable_fingerprint__ may raise
+        warn(f"{where}: cannot fingerprint its function ({exc!r}); comparing it by type only.")
+        t = type(fn)
+        digest = hashlib.sha256(f"type:{t.__module__}.{t.__qualname__}".encode()).hexdigest()
+        return CallableFingerprint(digest[:32], {"type": digest[:32]}, (t.__qualname__,))
+
+
+def _labelled(args: tuple, kwargs: dict) -> dict[str, Any]:
+    """A call's arguments by label: ``#0``, ``#1``... positional, then keyword names."""
+    out = {f"#{i}": v for i, v in enumerate(args)}
+    out.update(kwargs)
+    return out
+
+
+_IMMUTABLE = (str, bytes, int, float, complex, bool, type(None), range, frozenset)
+
+
+def _immutable(v: Any) -> bool:
+    t = type(v)
+    return t in _IMMUTABLE or (t is tuple and all(type(x) in _IMMUTABLE for x in v))
+
+
+def _arg_fp(v: Any) -> str:
+    try:
+        return keys.fingerprint(v)
+    except Exception:  # a user's __nbdurable_fingerprint__ may raise: judged unchanged
+        return ""
+
+
+def _is_ndarray(v: Any) -> bool:
+    return any(c.__module__ == "numpy" and c.__name__ == "ndarray" for c in type(v).__mro__)
+
+
+def _restorable(target: Any, state: Any) -> bool:
+    """Whether :func:`_restore` can put ``state`` into ``target`` in place."""
+    if type(target) is not type(state):
+        return False
+    if isinstance(target, (list, dict, set, bytearray)):
+        return True
+    if _is_ndarray(target):
+        return (
+            target.shape == state.shape and target.dtype == state.dtype and target.flags.writeable
+        )
+    # Any other object only if its whole state is its __dict__ (no custom pickling
+    # or slots): a library object (a DataFrame) keeps state elsewhere.
+    t = type(target)
+    return (
+        isinstance(getattr(target, "__dict__", None), dict)
+        and not isinstance(target, (type, types.ModuleType, types.FunctionType))
+        and not hasattr(t, "__slots__")
+        and getattr(t, "__getstate__", None) is object.__getstate__
+        and not hasattr(t, "__setstate__")
+        and t.__reduce_ex__ is object.__reduce_ex__
+        and t.__reduce__ is object.__reduce__
+    )
+
+
+def _restore(target: Any, state: Any) -> None:
+    if isinstance(target, (list, bytearray)):
+        target[:] = state
+    elif isinstance(target, (dict, set)):
+        target.clear()
+        target.update(state)
+    elif _is_ndarray(target):
+        target[...] = state
+    else:
+        vars(target).clear()
+        vars(target).update(vars(state))
+
+
+def _fn_name(fn: Any) -> str:
+    name = getattr(fn, "__qualname__", None) or type(fn).__qualname__
+    return f"{name!r}" if name != "<lambda>" else "(a lambda)"

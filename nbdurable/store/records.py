@@ -68,6 +68,12 @@ class StepRecord:
     #: or ``{"ref": sha}`` (a blob); None when none was saved.
     result: dict[str, str] | None = None
     format: int = RECORD_FORMAT
+    #: environment variables the step read: name -> SHA-256 digest of the value it
+    #: saw (None: unset); never the value. See :mod:`nbdurable.kernel.envreads`.
+    env: dict[str, str | None] = field(default_factory=dict)
+    #: files the step read: absolute path -> [size, mtime_ns, SHA-256 of the content];
+    #: see :mod:`nbdurable.kernel.fileio`
+    files: dict[str, list[Any]] = field(default_factory=dict)
 
     @property
     def replayable(self) -> bool:
@@ -111,6 +117,15 @@ class SubRecord:
     size: int
     type: str
     format: int = FORMAT_VERSION
+    #: :func:`~nbdurable.identity.callables.callable_fingerprint` of the function
+    #: called, digest and parts; "" and {} in records written before it was recorded
+    callee_fp: str = ""
+    callee_parts: dict[str, str] = field(default_factory=dict)
+    #: parts of the callee the call itself changed (its own counter or cache): not compared
+    callee_volatile: list[str] = field(default_factory=list)
+    #: labels (``#0``, a keyword) of the arguments the call changed in place; the
+    #: body is then the pickle of ``(result, {label: the argument after the call})``
+    mutated: list[str] = field(default_factory=list)
 
     def to_header(self) -> dict[str, Any]:
         """Encode as a JSON-able dict."""

@@ -1,0 +1,126 @@
+"""Files a running step reads: inputs of the step, like the names it reads.
+
+An audit hook (:func:`sys.addaudithook`, installed once per process: audit
+hooks cannot be removed) sees every ``open`` event, which ``open()``,
+``pathlib``, ``numpy.load``, ``pandas.read_csv`` and ``%run`` all raise.
+While a step runs, each regular file opened for reading is noted once as
+``absolute path -> [size, mtime_ns, SHA-256 of its content]`` and recorded
+with the step. A later run checks each file: same size and mtime, it is
+unchanged; otherwise its content hash decides, and a changed or missing
+file runs the step again, naming the file.
+
+Outside a step the hook returns after one test. Opens by nbdurable itself,
+by the import system and by the kernel's machinery are not the step's.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+import sys
+import threading
+from collections.abc import Callable
+from typing import Any
+
+_current: Callable[[], Any] | None = None  # the running StepContext, or None
+_installed = False
+_busy = threading.local()  # set while the hook hashes a file (its own open)
+
+_PLUMBING = frozenset({"io", "_io", "codecs", "pathlib", "os", "builtins", __name__})
+_NOT_THE_STEP = (
+    "nbdurable",
+    "importlib",
+    "zipimport",
+    "linecache",
+    "tokenize",
+    "traceback",
+    "inspect",
+    "ipykernel",
+    "jupyter_client",
+    "zmq",
+    "tornado",
+)
+_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
+
+
+def content_digest(path: str) -> str | None:
+    """SHA-256 (32 hex) of a file's bytes, None if it cannot be read."""
+    _busy.on = True
+    try:
+        h = hashlib.sha256()
+        with open(path, "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                h.update(chunk)
+        return h.hexdigest()[:32]
+    except OSError:
+        return None
+    finally:
+        _busy.on = False
+
+
+def install(current: Callable[[], Any]) -> None:
+    """Note files read in ``current().file_reads`` while a step runs (once per process)."""
+    global _current, _installed
+    _current = current
+    if not _installed:
+        _installed = True
+        sys.addaudithook(_hook)
+
+
+def _hook(event: str, args: tuple) -> None:
+    if event != "open" or _current is None or getattr(_busy, "on", False):
+        return
+    ctx = _current()
+    if ctx is None:
+        return
+    path, mode, flags = (tuple(args) + (None, None, None))[:3]
+    if not isinstance(path, (str, bytes, os.PathLike)):
+        return  # an fd
+    if isinstance(mode, str):
+        if any(c in mode for c in "wax+"):
+            return
+    elif isinstance(flags, int) and flags & _WRITE_FLAGS:
+        return
+    try:
+        full = os.path.abspath(os.fsdecode(path))
+    except (TypeError, ValueError):
+        return
+    if full in ctx.file_reads or not _by_the_step():
+        return
+    try:
+        st = os.stat(full)
+    except OSError:
+        return
+    if not stat.S_ISREG(st.st_mode):
+        return
+    ctx.file_reads[full] = [st.st_size, st.st_mtime_ns, content_digest(full)]
+
+
+def _by_the_step() -> bool:
+    f = sys._getframe(3)
+    while f is not None and f.f_globals.get("__name__") in _PLUMBING:
+        f = f.f_back
+    name = str(f.f_globals.get("__name__", "")) if f is not None else ""
+    return not any(name == p or name.startswith(p + ".") for p in _NOT_THE_STEP)
+
+
+def changed(recorded: dict[str, list]) -> list[str]:
+    """The recorded files that are gone or whose content differs, in path order."""
+    out = []
+    for path in sorted(recorded):
+        try:
+            size, mtime, digest = recorded[path]
+        except (TypeError, ValueError):
+            out.append(path)
+            continue
+        try:
+            st = os.stat(path)
+        except OSError:
+            out.append(path)
+            continue
+        if st.st_size == size and st.st_mtime_ns == mtime:
+            continue
+        if st.st_size != size or content_digest(path) != digest:
+            out.append(path)
+    return out
