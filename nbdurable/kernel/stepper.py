@@ -147,27 +147,16 @@ class StepRunner:
 
     def _replay(self, rec: StepRecord, label: str, stale: str | None) -> bool:
         """Restore a record into the namespace and show its outputs; False if it cannot be."""
-        restored: dict[str, Any] = {}
-        pure: dict[str, bool] = {}  # plain data, remembered by id only (see recording.Origins)
         ns = self.session.user_ns
-        loading: str | None = None
         try:
-            for var in rec.variables:
-                loading = var.name
-                faults.point("replay")
-                if var.kind == "module":
-                    restored[var.name] = values.import_module(var.ref)
-                    continue
-                blob = self.session.store.get_blob(var.ref)
-                if blob is None:
-                    raise CorruptRecord(f"the saved value of {var.name!r} is missing")
-                value, pure[var.name] = values.load_value(blob.stream, ns, blob.buffers)
-                restored[var.name] = values.adopt(value, ns)
-        except Exception as exc:  # a damaged blob, a module gone, a failing __setstate__
-            if loading is not None and not isinstance(exc, NbdurableError):
+            restored, pure = recording.load_variables(self.session.store, rec.variables, ns)
+        except recording.LoadFailed as failed:
+            # A damaged blob, a module gone, a failing __setstate__, a shared object changed.
+            exc = failed.cause
+            if not isinstance(exc, NbdurableError):
                 # The value itself does not load (not its blob): record it as unsaved.
                 why = f"did not load back on replay ({type(exc).__name__}: {exc})"
-                self.unloadable[rec.key] = {loading: why}
+                self.unloadable[rec.key] = dict.fromkeys(failed.names, why)
             warn(f"step {label!r}: cannot restore its variables ({exc}); the step runs again.")
             return False
         try:  # the process state the step left: os.environ, RNGs, options...
@@ -182,7 +171,7 @@ class StepRunner:
             return False
         for var in rec.variables:
             self.producers[var.name] = rec.key
-            if var.kind == "value":
+            if var.kind in ("value", "shared"):
                 self.origins[var.name] = (restored[var.name], var.ref, pure[var.name])
         replay(self.session.shell, list(rec.outputs))
         self.session.count_replayed(rec.duration, steps=1, calls=rec.substeps)
@@ -275,6 +264,8 @@ class StepRunner:
                 _fingerprint,
                 secrets,
                 unloadable=self.unloadable.pop(key, {}),
+                others=[n for n in ns if n not in changed and not _HIDDEN.match(n)],
+                checked=plan.inputs,
             )
         except StoreError as exc:
             raise StoreError(f"step {label!r} ran but was NOT recorded: {exc}") from exc
