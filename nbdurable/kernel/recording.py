@@ -36,6 +36,7 @@ from .. import config, faults, redact
 from ..errors import CorruptRecord
 from ..store import Store, blobs, sharing, values
 from ..store.records import VarRecord
+from . import changes
 
 
 @dataclass
@@ -372,6 +373,12 @@ class Snapshot(Mapping[str, Any]):
 
     def __init__(self, ns: Mapping[str, Any]) -> None:
         self._refs = {name: _ref(value) for name, value in ns.items()}
+        # What every user variable reaches, as cheap tokens (see changes.Tokens).
+        self.tokens = changes.Tokens(ns, changes.user_names(ns))
+
+    def mutated(self, ns: Mapping[str, Any], known: Iterable[str]) -> list[str]:
+        """Names not in ``known``, bound to the same object, whose reachable objects changed."""
+        return self.tokens.changed(ns, known)
 
     def __getitem__(self, name: str) -> Any:
         return self._refs[name]()

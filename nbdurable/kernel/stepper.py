@@ -241,7 +241,7 @@ class StepRunner:
     def _record(
         self,
         plan: Plan,
-        before: dict[str, Any],
+        before: recording.Snapshot,
         outputs: list[dict[str, Any]],
         started: float,
         duration: float,
@@ -252,6 +252,7 @@ class StepRunner:
         key, label, position, py, state = plan.key, plan.label, plan.position, plan.py, plan.state
         changed = _changed_names(before, ns, plan.analysis)
         changed += _mutated_inputs(plan.raw_fps, before, ns, set(changed))
+        changed += before.mutated(ns, changed)  # by helpers, methods, closures: unnamed
         deleted = tuple(sorted(n for n in before if n not in ns and not _HIDDEN.match(n)))
         secrets = redact.secrets_in_env()
         process = procstate.delta(proc, procstate.snapshot(ns, proc.watch), secrets) or None
