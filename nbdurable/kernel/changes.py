@@ -39,6 +39,9 @@ import types
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from ..identity import keys
+from ..store import sharing
+
 #: Arrays up to this many bytes are hashed whole; larger ones by a sample.
 FULL_HASH_MAX = 1 << 20
 #: Elements of a large array's sample.
@@ -132,11 +135,42 @@ def _pandas_token(obj: Any) -> Any:
     return tuple(parts)
 
 
+def _class_fp(cls: type) -> str:
+    try:
+        return keys.fingerprint(cls)
+    except Exception:  # a user's fingerprint hook failing: the patch never applies
+        return "unfingerprintable"
+
+
 class Tokens:
     """Tokens of everything reachable from a namespace's variables, for :meth:`changed`."""
 
     def __init__(self, ns: Mapping[str, Any], names: Iterable[str]) -> None:
         self.roots = {n: self._walk(ns[n]) for n in names if n in ns}
+        #: name -> (the class, its attributes, its fingerprint) for notebook classes
+        self.classes: dict[str, tuple[type, dict[str, Any], str]] = {}
+        for n in self.roots:
+            cls = ns[n]
+            if isinstance(cls, type) and cls.__module__ == "__main__":
+                self.classes[n] = (cls, dict(vars(cls)), _class_fp(cls))
+
+    def class_patches(self, ns: Mapping[str, Any], names: Iterable[str]) -> dict[str, Any]:
+        """A :class:`sharing.ClassPatch` for each of ``names`` that is a notebook class
+        changed in place (same object before and after the step).
+        """
+        out: dict[str, Any] = {}
+        for n in names:
+            got = self.classes.get(n)
+            if got is None or ns.get(n) is not got[0]:
+                continue
+            cls, before, fp = got
+            now = vars(cls)
+            attrs = {k: v for k, v in now.items() if k not in before or before[k] is not v}
+            attrs.pop("__dict__", None)
+            attrs.pop("__weakref__", None)
+            removed = [k for k in before if k not in now]
+            out[n] = sharing.ClassPatch(n, fp, attrs, removed)
+        return out
 
     @staticmethod
     def _walk(root: Any) -> dict[int, Any] | None:

@@ -68,6 +68,7 @@ def save_variables(
     unloadable: Mapping[str, str] | None = None,
     others: Iterable[str] = (),
     checked: Iterable[str] = (),
+    replace: Mapping[str, Any] | None = None,
 ) -> Saved:
     """Write the values of ``names`` as one blob (once by content); return the records.
 
@@ -77,6 +78,10 @@ def save_variables(
     references to where they live (see :mod:`nbdurable.store.sharing`);
     a reference rooted at a name of ``checked`` (the step's inputs, whose
     fingerprints the plan compares) carries no fingerprint of its own.
+    ``replace`` maps names to what is pickled instead of their value (a
+    :class:`sharing.ClassPatch` for a notebook class changed in place);
+    those are pickled first, so the step's instances of such a class load
+    as instances of the live, changed class.
 
     ``names`` are the names the step bound or changed: a value that refers to
     one of them by name (``__main__.f``) cannot be restored (see
@@ -97,7 +102,10 @@ def save_variables(
         else:
             pending.append(name)
     if pending:
-        _save_joint(out, store, ns, pending, names, fingerprint, secrets, others, set(checked))
+        swap = dict(replace or {})
+        pending.sort(key=lambda n: n not in swap)  # stable: patches first
+        view = {**ns, **swap} if swap else ns
+        _save_joint(out, store, ns, view, pending, names, fingerprint, secrets, others, checked)
     return out
 
 
@@ -105,17 +113,19 @@ def _save_joint(
     out: Saved,
     store: Store,
     ns: dict[str, Any],
+    view: Mapping[str, Any],
     pending: list[str],
     produced: list[str],
     fingerprint: Callable[[Any, str], str],
     secrets: dict[str, bytes],
     others: Iterable[str],
-    checked: set[str],
+    checked: Iterable[str],
 ) -> None:
     """Pickle ``pending`` together and write the blob; drop (as unsaved) what cannot be."""
     limit = config.get().warn_size_mb * 1024 * 1024
     found = sharing.index(ns, [n for n in others if n in ns])
     fps: dict[int, str | None] = {}
+    checked = set(checked)
 
     def ref_fp(path: sharing.Path, obj: Any) -> str | None:
         if id(obj) not in fps:
@@ -124,7 +134,7 @@ def _save_joint(
 
     while pending:
         try:
-            joint = values.dump_values([ns[n] for n in pending], found, ref_fp)
+            joint = values.dump_values([view[n] for n in pending], found, ref_fp)
         except values.PartFailed as exc:
             name = pending.pop(exc.index)
             _unsaved(out, name, values.type_name(ns[name]), str(exc), fingerprint(ns[name], name))
@@ -375,6 +385,10 @@ class Snapshot(Mapping[str, Any]):
         self._refs = {name: _ref(value) for name, value in ns.items()}
         # What every user variable reaches, as cheap tokens (see changes.Tokens).
         self.tokens = changes.Tokens(ns, changes.user_names(ns))
+
+    def class_patches(self, ns: Mapping[str, Any], names: Iterable[str]) -> dict[str, Any]:
+        """What to save instead of the notebook classes of ``names`` the step changed in place."""
+        return self.tokens.class_patches(ns, names)
 
     def mutated(self, ns: Mapping[str, Any], known: Iterable[str]) -> list[str]:
         """Names not in ``known``, bound to the same object, whose reachable objects changed."""

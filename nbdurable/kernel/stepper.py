@@ -267,6 +267,7 @@ class StepRunner:
                 unloadable=self.unloadable.pop(key, {}),
                 others=[n for n in ns if n not in changed and not _HIDDEN.match(n)],
                 checked=plan.inputs,
+                replace=before.class_patches(ns, changed),
             )
         except StoreError as exc:
             raise StoreError(f"step {label!r} ran but was NOT recorded: {exc}") from exc

@@ -132,6 +132,43 @@ def describe(path: Path) -> str:
     return text
 
 
+# -- notebook classes changed in place ---------------------------------------------------
+
+
+class ClassPatch:
+    """What a step changed on a notebook class it did not define (``Model.scale = 5``).
+
+    Pickled in place of the class: on replay the attributes are set on the
+    live class of that name (the one its instances made by plain cells are
+    instances of), after checking that class is the one the step changed
+    (``fingerprint``, taken before the step; None when the plan checks it).
+    """
+
+    def __init__(
+        self, name: str, fingerprint: str | None, attrs: dict[str, Any], removed: list[str]
+    ) -> None:
+        self.name, self.fingerprint, self.attrs, self.removed = name, fingerprint, attrs, removed
+
+    def __reduce__(self) -> Any:
+        return _patch_class, (self.name, self.fingerprint, self.attrs, self.removed)
+
+
+def _patch_class(name: str, fingerprint: str | None, attrs: dict, removed: list[str]) -> type:
+    from . import values
+
+    live = resolve(values.live_namespace() or {}, (name,))
+    if not isinstance(live, type) or (
+        fingerprint is not None and values.ref_fingerprint(live) != fingerprint
+    ):
+        raise NotExact(f"class {name} is not the class the step changed")
+    for key, value in attrs.items():
+        setattr(live, key, value)
+    for key in removed:
+        if key in vars(live):
+            delattr(live, key)
+    return live
+
+
 # -- numpy -------------------------------------------------------------------------------
 
 

@@ -309,6 +309,11 @@ def load_values(
         _namespace.reset(token)
 
 
+def live_namespace() -> dict[str, Any] | None:
+    """The namespace a load in progress resolves notebook names in (None outside one)."""
+    return _namespace.get()
+
+
 def _fp(obj: Any) -> str:
     try:
         return keys.fingerprint(obj)
@@ -476,6 +481,8 @@ class _TrialUnpickler(_Unpickler):
         found = super().find_class(module, name)
         if found is _live_class:
             return self._live_class
+        if found is sharing._patch_class:  # a trial changes no class: the live one is it
+            return lambda name, *_: (self.live or {}).get(name)
         return found
 
     def _live_class(self, qualname: str, fingerprint: str, copy: bytes) -> type:
