@@ -578,16 +578,6 @@ CASES = SHARING + MUTATION + PROCESS + ITERATORS + HISTORY + CLASSES + UNRESTORA
 #: Cases that fail against the library today, and what differs. A strict xfail:
 #: a fix that makes one pass must remove it from here.
 FAILS_TODAY: dict[str, str] = {
-    "helper-mutates-global": "a global mutated by a helper the step calls is not recorded",
-    "setattr-through-function": "an attribute set on a plain-cell object through a helper is lost on replay",
-    "setattr-in-step": "setattr on a plain-cell object (fingerprinted by type only) is not recorded",
-    "set-filled-by-helper": "a set filled by a helper the step calls is not recorded",
-    "element-reached-through-list": "the list is restored as a copy: ship misses the append, fleet[0] is ship is False",
-    "class-attribute-changed-by-step": "the class is restored as a new object: m0 keeps the old scale, isinstance fails",
-    "method-added-by-step": "the class is restored as a new object: m0 lacks the method, isinstance fails",
-    "closure-counter": "a closure's state advanced by a step is not recorded",
-    "callable-instance-state": "a callable instance's state advanced by a step is not recorded",
-    "log-appended-by-helper": "a list appended to by a helper the step calls is not recorded",
     "os-environ-set": "os.environ set by a step is not re-applied on replay",
     "env-magic": "%env in a step is not re-applied on replay",
     "chdir": "os.chdir in a step is not re-applied on replay",
@@ -604,9 +594,6 @@ FAILS_TODAY: dict[str, str] = {
     "user-module-setting": "a user module's global set by a step is not restored",
     "decimal-context": "decimal context precision set in a step is not re-applied",
     "recursion-limit": "sys.setrecursionlimit in a step is not re-applied",
-    "list-iterator-across-steps": "an iterator advanced by a later step is restored at its first position",
-    "itertools-count": "itertools.count advanced by a step is restored unadvanced",
-    "map-object": "a map object advanced by a step is restored unadvanced",
     "underscore-after-replayed-result": "_ after a replayed result is not the result: print(_ + 1) raises",
     "double-underscore": "_ and __ after replayed results are empty",
     "out-dict": "Out lacks the replayed result",
