@@ -49,6 +49,7 @@ SAMPLE = 4096
 BUDGET = 200_000
 DEPTH = 32
 _ATOMS = (str, bytes, int, float, bool, complex, type(None), range)
+_ATOM_TYPES = frozenset(_ATOMS)
 #: IPython's own names (the output history, the input history, its helpers).
 _HIDDEN = re.compile(r"^(_+|_\d+|_i+|_i\d+|_ih|_oh|_dh|In|Out|get_ipython|exit|quit)$")
 
@@ -75,12 +76,17 @@ def _array_token(a: Any) -> Any:
     return head + (h.digest(),)
 
 
+def _walkable(items: Iterable[Any]) -> list[Any]:
+    # Atoms hold nothing: dropped here, in one comprehension, not one by one in the walk.
+    return [x for x in items if type(x) not in _ATOM_TYPES]
+
+
 def _token_and_children(obj: Any) -> tuple[Any, Iterable[Any]]:
     t = type(obj)
     if t is list or t is tuple:
-        return (t, len(obj), tuple(map(id, obj))), obj
+        return (t, len(obj), tuple(map(id, obj))), _walkable(obj)
     if t is dict:
-        return (t, tuple(map(id, obj)), tuple(map(id, obj.values()))), obj.values()
+        return (t, tuple(map(id, obj)), tuple(map(id, obj.values()))), _walkable(obj.values())
     if t is set or t is frozenset:
         return (t, frozenset(map(id, obj))), ()
     if t is types.FunctionType and obj.__module__ == "__main__":
@@ -119,7 +125,7 @@ def _token_and_children(obj: Any) -> tuple[Any, Iterable[Any]]:
         return id(obj), ()
     attrs = getattr(obj, "__dict__", None)
     if type(attrs) is dict:
-        return (t, tuple(attrs), tuple(map(id, attrs.values()))), attrs.values()
+        return (t, tuple(attrs), tuple(map(id, attrs.values()))), _walkable(attrs.values())
     return (t, id(obj)), ()
 
 
@@ -186,11 +192,10 @@ class Tokens:
             depth += 1
             nxt = []
             for obj in todo:
-                if id(obj) in seen or isinstance(obj, (types.ModuleType, *_ATOMS)):
+                if id(obj) in seen or type(obj) is types.ModuleType:
                     continue
                 try:
                     token, children = _token_and_children(obj)
-                    children = list(children)
                 except Exception:  # an object whose attributes raise: seen by id only
                     token, children = id(obj), []
                 seen[id(obj)] = token
