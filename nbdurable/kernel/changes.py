@@ -24,6 +24,9 @@ A token is what can be read without hashing data:
   the tokens of its arrays and the ids of its axes. A large array is never
   hashed whole here: a write to it that the sample misses is seen only when
   the step names the array (its inputs are fingerprinted whole by the plan);
+* an instance of a library class (not the notebook's, not a local
+  module's): its own attributes' ids, not walked further, so a client's
+  connection pool or a model's caches do not count as the step's changes;
 * anything else: its id (an opaque object's inner state is not seen).
 
 The walk visits at most :data:`BUDGET` objects and :data:`DEPTH` levels
@@ -39,7 +42,7 @@ import types
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from ..identity import keys
+from ..identity import keys, localcode
 from ..store import sharing
 
 #: Arrays up to this many bytes are hashed whole; larger ones by a sample.
@@ -124,9 +127,21 @@ def _token_and_children(obj: Any) -> tuple[Any, Iterable[Any]]:
                 return id(obj), ()
         return id(obj), ()
     attrs = getattr(obj, "__dict__", None)
-    if type(attrs) is dict:
-        return (t, tuple(attrs), tuple(map(id, attrs.values()))), _walkable(attrs.values())
-    return (t, id(obj)), ()
+    if type(attrs) is not dict:
+        return (t, id(obj)), ()
+    token = (t, tuple(attrs), tuple(map(id, attrs.values())))
+    if mod != "__main__" and not _user_code(t):
+        # A library object (an HTTP client, a model): its own attributes are
+        # compared, its insides (connection pools, caches) are its business.
+        return token, ()
+    return token, _walkable(attrs.values())
+
+
+def _user_code(t: type) -> bool:
+    try:
+        return localcode.is_local_module_name(t.__module__)
+    except Exception:  # no source to look at
+        return False
 
 
 def _pandas_token(obj: Any) -> Any:
