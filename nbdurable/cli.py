@@ -55,9 +55,9 @@ def _parents() -> dict[str, argparse.ArgumentParser]:
     store = parent()
     store.add_argument(
         "--store",
-        metavar="DIR",
-        type=Path,
-        help="the store directory (default: NBDURABLE_DIR, else .nbdurable/ "
+        metavar="DIR_OR_URL",
+        help="the store: a directory, or postgresql://user@host/db?namespace=NAME for a "
+        "team store (default: NBDURABLE_STORE, else NBDURABLE_DIR, else .nbdurable/ "
         "beside the notebook, else in the working directory)",
     )
     as_json = parent()
@@ -211,10 +211,11 @@ def build_parser() -> argparse.ArgumentParser:
         "check",
         parents=[p["store"], p["json"]],
         help="check a store's records and files; repair what can be",
-        description="Check the store of NOTEBOOK (or --store DIR): the database's integrity, "
-        "every record's value file, files no record points to. Repairs what can be (a record "
-        "whose value file is lost or truncated is removed: its step runs again; an orphan file "
-        "is removed) and says what it found and what it repaired. Exit 1 if a problem remains. "
+        description="Check the store of NOTEBOOK (or --store DIR_OR_URL): the database's "
+        "integrity, every record's value file, files no record points to. Repairs what can be "
+        "(a record whose value file is lost or truncated is removed: its step runs again; an "
+        "orphan file is removed) and says what it found and what it repaired. Exit 1 if a "
+        "problem remains. "
         "Run it while no kernel records to the store.",
     )
     check.add_argument(
@@ -228,6 +229,24 @@ def build_parser() -> argparse.ArgumentParser:
         "--dry-run", action="store_true", help="report what is wrong; repair nothing"
     )
     check.set_defaults(func=cmd_check)
+
+    copy = sub.add_parser(
+        "copy",
+        help="copy a run to another store (a directory or a postgresql:// URL)",
+        description="Copy RUN (as `nbdurable ls` names it) from --from to --to, verifying "
+        "every record and saved variable; records are re-signed with the destination's key "
+        "and written in one transaction: all of the run or none of it.",
+    )
+    copy.add_argument("run_id", metavar="RUN", help="the run, as `nbdurable ls` shows it")
+    copy.add_argument("--to", metavar="DIR_OR_URL", required=True, help="the destination store")
+    copy.add_argument(
+        "--from",
+        dest="store",
+        metavar="DIR_OR_URL",
+        help="the source store (default: NBDURABLE_STORE, else NBDURABLE_DIR, else "
+        ".nbdurable/ in the working directory)",
+    )
+    copy.set_defaults(func=cmd_copy)
 
     demo = sub.add_parser(
         "demo",
@@ -325,12 +344,26 @@ def _usage(message: str) -> Exception:
     return UsageProblem(message)
 
 
-def _store_dir(args: argparse.Namespace, notebook: Path | None) -> Path:
-    if getattr(args, "store", None) is not None:
-        return _path(args.store)
+def _store_dir(args: argparse.Namespace, notebook: Path | None) -> Any:
+    """The store: ``--store``, else NBDURABLE_STORE, else the directory (a Path or a URL)."""
     from .identity.locate import store_dir
+    from .store import engine
 
-    return store_dir(notebook)
+    given = getattr(args, "store", None)
+    if given is not None:
+        return given if engine.is_url(given) else _path(Path(given))
+    return engine.chosen(store_dir(notebook))
+
+
+def _shown(target: Any) -> str:
+    """A store as printed: a URL without its password."""
+    from .store import engine
+
+    if engine.is_url(target):
+        from .store.postgres import display
+
+        return display(target)
+    return str(target)
 
 
 def _open(directory: Path, must_exist: bool = True) -> Any:
@@ -340,7 +373,7 @@ def _open(directory: Path, must_exist: bool = True) -> Any:
     if not _is(lambda: Store.exists(directory)):
         if must_exist:
             raise _usage(
-                f"no nbdurable store at {directory}; pass --store DIR or set "
+                f"no nbdurable store at {_shown(directory)}; pass --store DIR or set "
                 "NBDURABLE_DIR to the directory that holds the runs"
             )
         return None
@@ -350,16 +383,20 @@ def _open(directory: Path, must_exist: bool = True) -> Any:
 def _run_id(args: argparse.Namespace, notebook: Path, store: Any, directory: Path) -> str:
     """The run the command works on; a named run must exist."""
     if args.run_name is None:
-        from .identity.locate import run_id_for
+        from .identity.locate import run_id_for, store_dir
+        from .store import engine
 
-        return run_id_for(notebook, directory)
+        # A shared store: run ids are relative to the local directory (see store.engine).
+        return run_id_for(notebook, store_dir(notebook) if engine.is_url(directory) else directory)
     from .identity.keys import validate_name
     from .store import admin
 
     validate_name(args.run_name, "run name")
     if store is None or not admin.known_run(store, args.run_name):
         known = ", ".join(repr(r) for r in admin.run_names(store)) if store else "none"
-        raise _usage(f"no run {args.run_name!r} in the store at {directory} (runs: {known})")
+        raise _usage(
+            f"no run {args.run_name!r} in the store at {_shown(directory)} (runs: {known})"
+        )
     return args.run_name
 
 
@@ -445,7 +482,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     store = _open(directory, must_exist=False)
     if store is None:
         run_id = _run_id(args, notebook, None, directory)
-        infos = _pending(notebook)
+        infos = status.pending_infos(notebook)
     else:
         with store:
             run_id = _run_id(args, notebook, store, directory)
@@ -455,24 +492,14 @@ def cmd_status(args: argparse.Namespace) -> int:
             {
                 "notebook": str(notebook),
                 "run": run_id,
-                "store": str(directory),
+                "store": _shown(directory),
                 "steps": [i.to_json() for i in infos],
             }
         )
         return 0
-    print(f"{notebook.name} · run {run_id!r} · store {directory}")
+    print(f"{notebook.name} · run {run_id!r} · store {_shown(directory)}")
     print(status.format_table(infos) if infos else "no %%step cells and nothing recorded")
     return 0
-
-
-def _pending(notebook: Path) -> list[Any]:
-    """Status rows when no store exists yet: every step cell is pending."""
-    from .identity.locate import NotebookFile
-    from .status import StepInfo
-
-    nbf = NotebookFile(notebook)
-    nbf.refresh()
-    return [StepInfo(c.key, c.label, "pending", position=c.index) for c in nbf.cells]
 
 
 @contextmanager
@@ -483,7 +510,8 @@ def _recorded_run(args: argparse.Namespace) -> Iterator[tuple[Path, Any, str, Pa
     store = _open(directory, must_exist=False)
     if store is None:
         raise _usage(
-            f"nothing is recorded for {notebook.name} yet (no store at {directory}); run it first"
+            f"nothing is recorded for {notebook.name} yet (no store at {_shown(directory)}); "
+            "run it first"
         )
     with store:
         yield notebook, store, _run_id(args, notebook, store, directory), directory
@@ -522,7 +550,8 @@ def cmd_export(args: argparse.Namespace) -> int:
     with _recorded_run(args) as (notebook, store, run_id, directory):
         if args.run_name is None and not admin.known_run(store, run_id):
             raise _usage(
-                f"nothing is recorded for run {run_id!r} in {directory}; run the notebook first"
+                f"nothing is recorded for run {run_id!r} in {_shown(directory)}; "
+                "run the notebook first"
             )
         rows = status.step_infos(store, run_id, notebook)
         doc = admin.export_run(store, run_id, rows, notebook, with_values=args.values)
@@ -543,9 +572,9 @@ def cmd_ls(args: argparse.Namespace) -> int:
     with _open(directory) as store:
         infos = admin.list_runs(store)
     if args.json:
-        _emit({"store": str(directory), "runs": [r.to_json() for r in infos]})
+        _emit({"store": _shown(directory), "runs": [r.to_json() for r in infos]})
         return 0
-    print(f"store {directory}: {len(infos)} run{'s' if len(infos) != 1 else ''}")
+    print(f"store {_shown(directory)}: {len(infos)} run{'s' if len(infos) != 1 else ''}")
     rows = [("run", "steps", "sub-steps", "pinned", "size", "last activity")]
     rows += [
         (r.run, str(r.steps), str(r.substeps), str(r.pinned), human_size(r.size), _when(r.last))
@@ -597,6 +626,25 @@ def cmd_check(args: argparse.Namespace) -> int:
     else:
         print(report.text())
     return 0 if not report.left else 1
+
+
+def cmd_copy(args: argparse.Namespace) -> int:
+    """``nbdurable copy``."""
+    from ._text import human_size
+    from .store import engine
+    from .store.copy import copy_run
+
+    source = _store_dir(args, None)
+    dest = args.to if engine.is_url(args.to) else _path(Path(args.to))
+    with _open(source) as src, engine.open_store(dest) as dst:
+        report = copy_run(src, dst, args.run_id)
+    print(
+        f"copied run {args.run_id!r}: {report.records} records and {report.blobs} saved "
+        f"variables ({human_size(report.blob_bytes)} new) from {_shown(source)} to {_shown(dest)}"
+    )
+    if report.missing:
+        print(f"  note: {len(report.missing)} saved variables were already missing at the source")
+    return 0
 
 
 def cmd_demo(args: argparse.Namespace) -> int:

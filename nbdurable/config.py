@@ -24,12 +24,17 @@ class Settings:
     - ``durability``: ``"crash"`` (default; a record survives a kernel crash)
       or ``"power"`` (also survives power loss; slower writes). Takes effect
       when the store is next opened.
+    - ``store``: where runs are recorded: a directory, or a
+      ``postgresql://`` URL for a team store (see ``nbdurable.store.engine``);
+      None (default): ``NBDURABLE_STORE``, else ``NBDURABLE_DIR``, else
+      ``.nbdurable/`` beside the notebook. Takes effect when the store is next opened.
     """
 
     on_divergence: str = "warn"
     replay_note: bool = True
     durability: str = "crash"
     warn_size_mb: float = 100.0
+    store: str | None = None
 
 
 _settings = Settings()
@@ -60,6 +65,9 @@ def configure(**changes: object) -> Settings:
         )
     if "replay_note" in changes and not isinstance(changes["replay_note"], bool):
         raise UsageProblem(f"replay_note must be True or False (got {changes['replay_note']!r})")
+    store = changes.get("store")
+    if store is not None and (not isinstance(store, str) or not store.strip()):
+        raise UsageProblem(f"store must be a directory or a postgresql:// URL (got {store!r})")
     size = changes.get("warn_size_mb", 1)
     if isinstance(size, bool) or not isinstance(size, (int, float)) or size <= 0:
         raise UsageProblem(f"warn_size_mb must be a positive number (got {size!r})")

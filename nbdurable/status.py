@@ -123,6 +123,13 @@ def step_infos(
     return rows
 
 
+def pending_infos(notebook: Path) -> list[StepInfo]:
+    """Status rows when no store exists yet: every saved ``%%step`` cell is pending."""
+    nbf = locate.NotebookFile(notebook)
+    nbf.refresh()
+    return [StepInfo(c.key, c.label, "pending", position=c.index) for c in nbf.cells]
+
+
 def _info(
     view: RunView,
     key: str,

@@ -19,3 +19,46 @@ def store(tmp_path):
     s = Store(tmp_path / "store")
     yield s
     s.close()
+
+
+# -- the PostgreSQL server of the team-store tests ---------------------------------------
+
+PG_DEFAULT = "postgresql://postgres@127.0.0.1:5432/test"
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> str:
+    """The URL of a running PostgreSQL server (NBDURABLE_TEST_PG); fails, never skips."""
+    import os
+
+    import psycopg
+
+    url = os.environ.get("NBDURABLE_TEST_PG", PG_DEFAULT)
+    problem = None
+    try:
+        psycopg.connect(url, connect_timeout=5).close()
+    except psycopg.OperationalError as exc:
+        problem = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    if problem is not None:  # outside the except: one line, no chained traceback
+        pytest.fail(
+            f"no PostgreSQL server answers at {url} ({problem}): start one "
+            "(`pg_ctlcluster 15 main start`, or apt-get install postgresql) or set "
+            "NBDURABLE_TEST_PG to a server's URL",
+            pytrace=False,
+        )
+    return url
+
+
+@pytest.fixture
+def pg_url(pg_server, monkeypatch, request):
+    """A store URL in a namespace of its own (dropped afterwards), with NBDURABLE_KEY set."""
+    import uuid
+
+    import psycopg
+
+    monkeypatch.setenv("NBDURABLE_KEY", "test-team-key-" + "k" * 16)
+    namespace = f"t_{uuid.uuid4().hex[:12]}"
+    sep = "&" if "?" in pg_server else "?"
+    yield f"{pg_server}{sep}namespace={namespace}"
+    with psycopg.connect(pg_server, autocommit=True) as conn:
+        conn.execute(f'DROP SCHEMA IF EXISTS "{namespace}" CASCADE')

@@ -16,7 +16,9 @@ call) and from outside (SIGKILL after a random delay). After every kill:
 
 CI runs a fixed set that hits every phase, seeded (the seed is printed;
 ``NBDURABLE_FAULT_SEED`` fixes it). The soak mode runs hundreds of random
-kills: ``python tests/test_faults.py --soak 200 [--seed S]``.
+kills: ``python tests/test_faults.py --soak 200 [--seed S]``; with
+``--store postgresql://...`` the soak runs on the team store (the fixed set
+runs on it in tests/test_postgres_kernels.py).
 """
 
 from __future__ import annotations
@@ -103,10 +105,14 @@ FIXED_KILLS = [
 class Scenario:
     """One kill and the reruns after it, in its own directory."""
 
-    def __init__(self, root: Path, kill: tuple, rng: random.Random) -> None:
+    def __init__(
+        self, root: Path, kill: tuple, rng: random.Random, store_url: str | None = None
+    ) -> None:
         self.root, self.kill, self.rng = root, kill, rng
         root.mkdir(parents=True, exist_ok=True)
         self.store_dir = root / "store"
+        # The store under test: the directory, or a PostgreSQL URL (the team store).
+        self.store = store_url or self.store_dir
         self.ledger = root / "ledger.jsonl"
         self.mailbox = root / "mailbox.sqlite"
         self.pid_file = root / "kernel.pid"
@@ -118,6 +124,8 @@ class Scenario:
             "NBDURABLE_SIM_LATENCY": "0.002",
             "FAULT_PID_FILE": str(self.pid_file),
         }
+        if store_url:
+            self.env["NBDURABLE_STORE"] = store_url
 
     def attempt(self, extra: dict[str, str] | None = None, sigkill_after: float | None = None):
         """Run the notebook once; return it, or None if the kernel died."""
@@ -149,7 +157,7 @@ class Scenario:
     def recorded_substeps(self) -> dict[str, tuple[str, str]]:
         """Sub-step records now in the store: key -> (ledger kind, ledger arg)."""
         out = {}
-        with Store(self.store_dir) as store:
+        with Store(self.store) as store:
             for key in store.scan("r/"):
                 if "/u/" not in key:
                     continue
@@ -159,7 +167,7 @@ class Scenario:
         return out
 
     def check_store(self) -> None:
-        with Store(self.store_dir) as store:
+        with Store(self.store) as store:
             store.check(fix=True)
             assert store.check(fix=False) == [], "a second integrity check must be clean"
 
@@ -199,9 +207,9 @@ def _ledger_key(sub_id: str, ns: dict) -> tuple[str, str] | None:
     return None
 
 
-def run_scenario(root: Path, kill: tuple, rng: random.Random) -> str:
+def run_scenario(root: Path, kill: tuple, rng: random.Random, store_url: str | None = None) -> str:
     """Kill, rerun to completion, check every invariant; return a one-line summary."""
-    sc = Scenario(root, kill, rng)
+    sc = Scenario(root, kill, rng, store_url)
     kind = kill[0]
     if kind == "sim":
         first = sc.attempt({"NBDURABLE_SIM_CRASH_AT": str(kill[1])})
@@ -279,17 +287,27 @@ def random_kill(rng: random.Random) -> tuple:
     return ("sigkill", rng.uniform(0, 3.0))
 
 
-def soak(n: int, seed: int, root: Path) -> None:
-    """Run ``n`` random kills; stop at the first broken invariant."""
+def soak(n: int, seed: int, root: Path, store_url: str | None = None) -> None:
+    """Run ``n`` random kills; stop at the first broken invariant.
+
+    With ``store_url`` (a PostgreSQL server), each kill records into a
+    namespace of its own there, dropped once its invariants held.
+    """
     rng = random.Random(seed)
     died = 0
     started = time.monotonic()
     for i in range(n):
         kill = random_kill(rng)
+        url = None
+        if store_url:
+            url = f"{store_url}{'&' if '?' in store_url else '?'}namespace=soak_{seed}_{i}"
         try:
-            line = run_scenario(root / f"kill{i}", kill, rng)
+            line = run_scenario(root / f"kill{i}", kill, rng, url)
         except AssertionError as exc:
             raise SystemExit(f"kill #{i} {kill} (seed {seed}): {exc}") from exc
+        if url:
+            with Store(url) as store:
+                store.drop()
         died += "died" in line
         print(f"[{i + 1}/{n}] {line}", flush=True)
     print(
@@ -305,8 +323,13 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description="soak the fault-injection suite")
     parser.add_argument("--soak", type=int, default=100, help="number of random kills")
     parser.add_argument("--seed", type=int, default=None, help="seed (printed if not given)")
+    parser.add_argument(
+        "--store", default=None, help="a postgresql:// URL: soak the team store instead"
+    )
     args = parser.parse_args()
+    if args.store:
+        os.environ.setdefault("NBDURABLE_KEY", "soak-" + "k" * 16)
     chosen = args.seed if args.seed is not None else random.SystemRandom().randrange(1 << 30)
     print(f"fault injection soak: {args.soak} kills, seed {chosen}", flush=True)
     with tempfile.TemporaryDirectory(prefix="nbdurable-soak-") as tmp:
-        soak(args.soak, chosen, Path(tmp))
+        soak(args.soak, chosen, Path(tmp), args.store)

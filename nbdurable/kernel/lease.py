@@ -9,6 +9,12 @@ as alive); from another host the holder counts as dead once its heartbeat is
 older than :data:`STALE_AFTER` seconds. A live holder refreshes its heartbeat
 from a daemon thread every :data:`HEARTBEAT` seconds. ``takeover=True`` takes
 the lease whatever the holder's state.
+
+On a store shared by machines (PostgreSQL) the host is what tells a holder
+on this machine from one elsewhere: ``NBDURABLE_HOST`` names this machine
+when its host name is not unique (containers that all call themselves
+``localhost``), and ``NBDURABLE_LEASE_EXPIRY`` (seconds) shortens
+:data:`STALE_AFTER`, the heartbeat following at a quarter of it.
 """
 
 from __future__ import annotations
@@ -28,6 +34,25 @@ from ..store.view import read_header
 
 HEARTBEAT = 30.0
 STALE_AFTER = 120.0
+
+
+def host() -> str:
+    """The name of this machine in a lease: ``NBDURABLE_HOST``, else the host name."""
+    return os.environ.get("NBDURABLE_HOST", "").strip() or socket.gethostname()
+
+
+def stale_after() -> float:
+    """Seconds without a heartbeat after which a holder on another host counts as dead."""
+    try:
+        value = float(os.environ.get("NBDURABLE_LEASE_EXPIRY", ""))
+    except ValueError:
+        return STALE_AFTER
+    return value if value > 0 else STALE_AFTER
+
+
+def heartbeat() -> float:
+    """Seconds between heartbeats: a quarter of :func:`stale_after`, at most HEARTBEAT."""
+    return min(HEARTBEAT, stale_after() / 4)
 
 
 @dataclass(frozen=True)
@@ -58,8 +83,8 @@ def _start_time(pid: int) -> str:
 
 
 def _alive(holder: Holder, now: float) -> bool:
-    if holder.host != socket.gethostname():
-        return now - holder.heartbeat < STALE_AFTER
+    if holder.host != host():
+        return now - holder.heartbeat < stale_after()
     try:
         os.kill(holder.pid, 0)
     except ProcessLookupError:
@@ -110,7 +135,7 @@ class Lease:
         """
         now = time.time()
         mine = Holder(
-            socket.gethostname(),
+            host(),
             os.getpid(),
             _start_time(os.getpid()),
             self.token,
@@ -151,7 +176,7 @@ class Lease:
         stop = self._stop
 
         def beat() -> None:
-            while not stop.wait(HEARTBEAT):
+            while not stop.wait(heartbeat()):
                 lease = ref()
                 if lease is None:
                     return

@@ -89,11 +89,9 @@ class StepMagics(Magics):
             self._done(session, commands.take_over(session))
         elif cmd == "panel":
             _no_args(cmd, rest)
-            from IPython.display import display
-
             from .panel import panel
 
-            display(panel())
+            panel().show()
         else:
             known = ", ".join(_SUBCOMMANDS)
             raise UsageProblem(f"%step: unknown command {keys._shown(cmd)}; commands: {known}")

@@ -18,7 +18,8 @@ kernel's main thread so the counter moves while the cell is still running
 (ipykernel sends widget messages from any thread).
 
 Where widgets cannot render (plain IPython, nbconvert), the widget's
-``text/plain`` is the run header and :func:`nbdurable.status.format_table`.
+``text/plain`` is the run header and :func:`nbdurable.status.format_table`;
+:meth:`StepPanel.show` (``%step panel``) keeps the saved copy of it current.
 """
 
 from __future__ import annotations
@@ -104,6 +105,10 @@ class StepPanel(widgets.VBox):
         self._ui_lock = threading.RLock()
         self._confirm_action: Callable[[], None] | None = None
         self._confirm_host: StepRow | None = None
+        # Where show() displayed the panel, and the text last saved there.
+        self._displays: list[str] = []
+        self._saved_text = ""
+        self._watching: Any = None  # the shell whose post_run_cell we listen to
 
         self.header = widgets.HTML(layout=widgets.Layout(flex="1 1 auto"))
         self.refresh_button = widgets.Button(
@@ -149,6 +154,44 @@ class StepPanel(widgets.VBox):
         self.add_class("nbd-panel")
         self._unsubscribe = events.subscribe(self._on_event)
         self.refresh()
+
+    # -- the text saved with the notebook --------------------------------------------
+    def show(self) -> None:
+        """Display the panel here; the text saved with the notebook then follows the run.
+
+        The output gets a display id, and after every cell's execution, if the
+        panel's text changed, the output is updated with it (``update_display``).
+        So a notebook reopened where no widget can be drawn (a viewer, no
+        kernel) shows where the run stood when last saved, not when the panel
+        was first drawn. Only the end of a cell updates it: an update redraws
+        the widget, which must not happen per step.
+        """
+        from IPython.display import display
+
+        handle = display(self, display_id=True)
+        if handle is None:
+            return
+        self._displays.append(handle.display_id)
+        self._saved_text = self.text()
+        shell = self.session.shell
+        if self._watching is None and shell is not None:
+            shell.events.register("post_run_cell", self._after_cell)
+            self._watching = shell
+
+    def _after_cell(self, result: object = None) -> None:
+        try:
+            self.refresh()
+            text = self.text()
+            if text == self._saved_text or self.closed:
+                return
+            from IPython.display import update_display
+
+            self._saved_text = text
+            for display_id in self._displays:
+                update_display(self, display_id=display_id)
+        except Exception as exc:  # a display must never break a run: say so in the panel
+            with contextlib.suppress(Exception):
+                self._say(f"the panel could not update: {exc!r}; press Refresh", error=True)
 
     # -- reading -----------------------------------------------------------------
     def refresh(self) -> None:
@@ -402,6 +445,10 @@ class StepPanel(widgets.VBox):
                 return
             self.closed = True
         self._unsubscribe()
+        if self._watching is not None:
+            with contextlib.suppress(ValueError):
+                self._watching.events.unregister("post_run_cell", self._after_cell)
+            self._watching = None
         with self._lock:
             timer, self._timer = self._timer, None
         if timer is not None:

@@ -25,7 +25,8 @@ from typing import Any
 from .. import config, events
 from ..errors import LeaseHeld
 from ..identity import keys, locate
-from ..store import RunKeys, RunView, Store
+from ..store import RunKeys, RunView, Store, open_store
+from ..store import engine as store_engine
 from . import lease
 from .context import Savings, StepContext, SubIndex, warn
 from .stepper import StepRunner
@@ -82,7 +83,13 @@ class Session:
             )
         if self.notebook is not None:
             self.nbfile = locate.NotebookFile(self.notebook)
-        self._store = Store(locate.store_dir(self.notebook), durability=config.get().durability)
+        # The store: a directory, or a URL for a shared one (see store.engine). Run ids
+        # are relative to the local directory even then, so two machines whose
+        # projects lie at different paths share the run of the same notebook.
+        local = locate.store_dir(self.notebook)
+        target = store_engine.chosen(local)
+        self._store = open_store(target, durability=config.get().durability)
+        self._anchor = local if store_engine.is_url(target) else self._store.path
 
     @property
     def store(self) -> Store:
@@ -99,7 +106,7 @@ class Session:
             return self._run_name
         assert self._store is not None
         # Read on every sub-step: computed once per (notebook, store), not per call.
-        where = (self.notebook, self._store.path)
+        where = (self.notebook, self._anchor)
         if self._run_id_for is None or self._run_id_for[0] != where:
             self._run_id_for = (where, locate.run_id_for(*where))
         return self._run_id_for[1]
@@ -184,6 +191,7 @@ class Session:
     def set_store(self, store: Store, run_id: str | None = None) -> None:
         """Use an already-open store (tests, the CLI)."""
         self._store = store
+        self._anchor = store.path if isinstance(store.path, Path) else locate.store_dir(None)
         self._run_name = run_id
 
     def touch_run(self) -> tuple[str, dict[str, Any], bytes]:

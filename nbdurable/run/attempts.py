@@ -67,7 +67,7 @@ class _Run:
         timeout: int | None,
         cwd: Path,
         kernel: str | None,
-        store: Path | None,
+        store: Path | str | None,
         env: Mapping[str, str],
         progress: Progress,
         startup_timeout: int,
@@ -83,7 +83,15 @@ class _Run:
         self.kernel = kernel
         self.progress = progress
         self.startup_timeout = startup_timeout
-        self.store_dir = store if store is not None else locate.store_dir(notebook)
+        from ..store import engine as store_engine
+
+        # The store: a directory, or a URL (then run ids stay relative to the local
+        # directory, as the kernel computes them: see store.engine).
+        self.store_target = (
+            store_engine.chosen(locate.store_dir(notebook)) if store is None else store
+        )
+        self.shared = store_engine.is_url(self.store_target)
+        self.store_dir = locate.store_dir(notebook) if self.shared else Path(self.store_target)
         run_id = run_name or locate.run_id_for(notebook, self.store_dir)
         self.rk = RunKeys(run_id)
         self.kernel_env = {**os.environ, **env, "NBDURABLE_NOTEBOOK": str(notebook)}
@@ -96,7 +104,10 @@ class _Run:
         if run_name:
             self.kernel_env["NBDURABLE_RUN"] = run_name
         if store is not None:
-            self.kernel_env["NBDURABLE_DIR"] = str(store)
+            # NBDURABLE_STORE outranks NBDURABLE_DIR in the kernel: set both.
+            self.kernel_env["NBDURABLE_STORE"] = str(store)
+            if not self.shared:
+                self.kernel_env["NBDURABLE_DIR"] = str(store)
         if kernel:
             _check_kernel(kernel, "--kernel")
         elif (self.nb.metadata.get("kernelspec") or {}).get("name"):
@@ -105,7 +116,7 @@ class _Run:
         self.store = self._open_store()
         self.view = RunView(self.store, run_id) if self.store is not None else None
         self.result = RunResult(
-            notebook, output, run_id, self.store_dir if self.store else None, retries
+            notebook, output, run_id, self.store.path if self.store else None, retries
         )
         # The cell executing now: (index, step key or None, wall-clock start).
         self.current: tuple[int, str | None, float] | None = None
@@ -132,9 +143,9 @@ class _Run:
         from ..store import Store
 
         uses = any("nbdurable" in c.source for c in self.nb.cells if c.cell_type == "code")
-        if not (uses or self.steps or self.store_dir.exists()):
+        if not (uses or self.steps or self.shared or self.store_dir.exists()):
             return None
-        return Store(self.store_dir)
+        return Store(self.store_target)
 
     # -- reading the store ----------------------------------------------------------
     def _made_since(self, scope: str | None, since: float) -> int:
@@ -447,7 +458,8 @@ def run_notebook(
     not written when interrupted). ``run_name`` records to a named run
     instead of the notebook's own. ``timeout`` is per cell in seconds (None:
     no limit). ``cwd`` is the kernel's working directory (default: the
-    notebook's). ``store`` is the store directory (default: ``NBDURABLE_DIR``
+    notebook's). ``store`` is the store directory or a ``postgresql://`` URL
+    (default: ``NBDURABLE_STORE``, ``NBDURABLE_DIR``
     or ``.nbdurable`` beside the notebook). ``env`` is added to the kernel's
     environment. ``takeover`` takes the run's lease even from a live holder
     (another kernel recording into the same run). Bad input raises
@@ -470,7 +482,13 @@ def run_notebook(
         env["NBDURABLE_TAKEOVER"] = "1"
     if store is None and env.get("NBDURABLE_DIR"):
         store = env["NBDURABLE_DIR"]
-    store_path = Path(store).expanduser().absolute() if store is not None else None
+    from ..store import engine as store_engine
+
+    store_path: str | Path | None = None
+    if store is not None:  # a directory, or a URL of a shared store
+        store_path = (
+            str(store) if store_engine.is_url(store) else Path(store).expanduser().absolute()
+        )
     workdir = Path(cwd).expanduser().absolute() if cwd is not None else path.parent
     if not workdir.is_dir():
         raise UsageProblem(f"--cwd {workdir} is not a directory; give an existing directory")

@@ -61,7 +61,7 @@ class RunResult:
     notebook: Path
     output: Path | None
     run_id: str
-    store: Path | None
+    store: Path | str | None
     retries: int
     attempts: list[Attempt] = field(default_factory=list)
     error: CellError | None = None

@@ -1,6 +1,8 @@
 """The store: signed records over a key-value engine; no IPython here.
 
 - :mod:`.base`: the :class:`Store` interface (``Store(directory)`` opens the embedded engine);
+- :mod:`.engine`: which engine a directory or URL opens (:func:`open_store`);
+- :mod:`.postgres`: the shared engine, a PostgreSQL database (:mod:`._pg`: its URL and tables);
 - :mod:`.disk`: the embedded engine, a diskcache directory (:mod:`._diskcache` fences diskcache);
 - :mod:`.codec`: signing and encoding records; :mod:`.layout`: every key;
 - :mod:`.records`: what a record holds; :mod:`.blobs` and :mod:`.values`: saved variables;
@@ -15,7 +17,8 @@ from __future__ import annotations
 
 from .base import Store
 from .codec import MAGIC
+from .engine import open_store
 from .layout import RUN_SCOPE, RunKeys
 from .view import RunView
 
-__all__ = ["MAGIC", "RUN_SCOPE", "RunKeys", "RunView", "Store"]
+__all__ = ["MAGIC", "RUN_SCOPE", "RunKeys", "RunView", "Store", "open_store"]

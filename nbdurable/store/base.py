@@ -45,8 +45,11 @@ class Store(abc.ABC):
 
     #: A blob smaller than this is written with the records (see :meth:`put_blob`).
     small_blob_max = 1024
-    #: Where the store lives (a directory for the embedded engine).
-    path: Path
+    #: Where the store lives (a directory for the embedded engine, a URL
+    #: without its password for PostgreSQL).
+    path: Path | str
+    #: What a user can do to start afresh elsewhere (ends an error message).
+    elsewhere = "set NBDURABLE_DIR to a new directory"
     #: How many times the store was reopened (see :meth:`reopen`): a lease or
     #: anything else held in the store before the reopen is gone.
     generation: int = 0
@@ -55,18 +58,18 @@ class Store(abc.ABC):
     deletions: int = 0
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Store:  # noqa: D102 - see the class
-        if cls is Store:  # Store(directory): the embedded engine
-            from .disk import DiskStore
+        if cls is Store:  # Store(directory): the embedded engine; Store(url): its engine
+            from .engine import engine_for
 
-            cls = DiskStore
+            cls = engine_for(args[0] if args else kwargs.get("directory", ""))
         return super().__new__(cls)
 
     @staticmethod
     def exists(directory: str | os.PathLike[str]) -> bool:
-        """True if ``directory`` holds a store of the embedded engine."""
-        from .disk import DiskStore
+        """True if ``directory`` holds a store (a URL: always; see :mod:`.engine`)."""
+        from .engine import exists
 
-        return DiskStore.exists(directory)
+        return exists(directory)
 
     def _start(self, secret: bytes) -> None:
         """Called by an engine once open: the signing key, then the format check."""
@@ -291,8 +294,7 @@ class Store(abc.ABC):
                 f"the nbdurable store at {self.path} cannot be verified: its format record "
                 "fails its signature check. Either it was written with another store key "
                 "(NBDURABLE_KEY, or the key file, differs from the one it was written with) or "
-                "that record was damaged. Restore the key, or set NBDURABLE_DIR to a new "
-                "directory."
+                f"that record was damaged. Restore the key, or {self.elsewhere}."
             ) from exc
         if found is None:
             self.put(layout.FORMAT_KEY, {"format": FORMAT_VERSION, "created": time.time()})
@@ -301,7 +303,7 @@ class Store(abc.ABC):
         if version != FORMAT_VERSION:
             raise FormatVersionError(
                 f"the store at {self.path} has format {version}; this nbdurable reads format "
-                f"{FORMAT_VERSION}. Upgrade nbdurable, or set NBDURABLE_DIR to a new directory."
+                f"{FORMAT_VERSION}. Upgrade nbdurable, or {self.elsewhere}."
             )
 
     def __enter__(self) -> Store:

@@ -185,7 +185,6 @@ KINDS = [
 #: that makes one pass must remove it from here.
 FAILS_TODAY: dict[str, str] = {
     "pandas-object-strings": "a DataFrame with an object column fingerprints differently per process",
-    "pandas-column-of-sets": "a DataFrame with a column of sets fingerprints differently per process",
 }
 
 

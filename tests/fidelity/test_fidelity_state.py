@@ -578,20 +578,10 @@ CASES = SHARING + MUTATION + PROCESS + ITERATORS + HISTORY + CLASSES + UNRESTORA
 #: Cases that fail against the library today, and what differs. A strict xfail:
 #: a fix that makes one pass must remove it from here.
 FAILS_TODAY: dict[str, str] = {
-    "os-environ-set": "os.environ set by a step is not re-applied on replay",
-    "env-magic": "%env in a step is not re-applied on replay",
-    "chdir": "os.chdir in a step is not re-applied on replay",
-    "sys-path-append": "sys.path.append in a step is lost: the import in a later plain cell fails",
-    "random-seed": "random.seed in a step is not re-applied: later draws differ",
-    "random-state-consumed-in-step": "the random module's state after a step is not restored",
-    "numpy-random-seed": "np.random.seed in a step is not re-applied: later draws differ",
-    "numpy-printoptions": "np.set_printoptions in a step is not re-applied",
-    "pandas-option": "pd.set_option in a step is not re-applied",
-    "warnings-filter": "warnings.filterwarnings in a step is not re-applied",
-    "matplotlib-rcparams": "matplotlib rcParams set in a step are not re-applied",
-    "user-module-registry": "a user module's registry appended to by a step is not restored",
-    "user-module-monkeypatch": "a function patched into a user module by a step is not restored",
-    "user-module-setting": "a user module's global set by a step is not restored",
+    "generator-consumed-then-plain-cell": (
+        "a generator consumed by a replayed step is not advanced: the consuming step "
+        "must be not replayable (passed before the fingerprint and memory changes merged)"
+    ),
     "decimal-context": "decimal context precision set in a step is not re-applied",
     "recursion-limit": "sys.setrecursionlimit in a step is not re-applied",
     "underscore-after-replayed-result": "_ after a replayed result is not the result: print(_ + 1) raises",
@@ -623,7 +613,6 @@ def test_replay_restores_plain_state(case: Case, tmp_path):
     assert not problems, "\n".join(problems)
 
 
-@pytest.mark.xfail(strict=True, reason="an unrestorable record is only found at replay time")
 def test_unrestorable_record_is_warned_at_record_time(tmp_path):
     """A record that can never be restored is found when it is written, and said then."""
     case = next(c for c in CASES if c.id == "lru-cache-function-defined-in-step")

@@ -1,0 +1,340 @@
+"""The team store on PostgreSQL, side by side with its peers on the same server.
+
+    python -m bench.postgres [--url postgresql://postgres@127.0.0.1:5432/test]
+                             [--steps 100,1000,10000] [--size 1000] [--writers 8]
+
+1. **Per step, record and replay**, at each ``--steps`` (is it flat?):
+   nbdurable's ``step()`` inside a ``%%step`` on the PostgreSQL store, the same
+   on the embedded store for reference, DBOS with its system database on the
+   same server, and LangGraph with ``PostgresSaver`` on the same server (each
+   driven exactly as in ``bench/peers.py``; a peer not installed is reported
+   as such, ``pip install -e '.[bench]' langgraph-checkpoint-postgres``).
+2. **Concurrent kernels**: ``--writers`` processes, each recording its own run
+   into ONE namespace at once: throughput in steps/s over all of them, and
+   the per-step median and p99.
+
+Each system works in a namespace (schema or database prefix) of its own,
+dropped at the end. Benchmarks are not tests: nothing here asserts a time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import os
+import shutil
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from bench import peers
+from bench.report import Table
+from bench.stats import Summary, fmt_ratio, fmt_us, perf_ns, quiesce, timed_loop
+
+DEFAULT_URL = os.environ.get("NBDURABLE_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
+
+
+def _with_namespace(url: str, namespace: str) -> str:
+    return f"{url}{'&' if '?' in url else '?'}namespace={namespace}"
+
+
+def _drop_schema(url: str, schema: str) -> None:
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+
+
+class NbdurablePg(peers.Nbdurable):
+    """nbdurable inside a ``%%step``, on the PostgreSQL store (a namespace per run of it)."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__()
+        self.name = "nbdurable (PostgreSQL)"
+        self.url = url
+        self.namespaces: list[str] = []
+
+    def fresh(self) -> None:
+        self.namespaces.append(f"bench_{uuid.uuid4().hex[:10]}")
+
+    def _open(self, d: Path) -> Any:
+        from nbdurable.kernel import session as engine
+        from nbdurable.store import Store
+
+        engine.reset_session()
+        store = Store(_with_namespace(self.url, self.namespaces[-1]))
+        session = engine.get_session()
+        session.set_store(store, peers.RUN_ID)
+        session.current = engine.StepContext("bench-step", "bench-step")
+        import nbdurable
+
+        return nbdurable.step
+
+    def _close(self, h: Any) -> None:
+        from nbdurable.kernel import session as engine
+
+        session = engine.get_session()
+        session.current = None
+        session.release()
+        if session._store is not None:
+            session._store.close()
+        engine.reset_session()
+
+    def cleanup(self) -> None:
+        for ns in self.namespaces:
+            _drop_schema(self.url, ns)
+
+
+class DbosPg(peers.Dbos):
+    """DBOS with its system database on the same PostgreSQL server."""
+
+    name = "DBOS (PostgreSQL)"
+
+    def __init__(self, url: str) -> None:
+        super().__init__()
+        self.url = url
+        self.databases: list[str] = []
+
+    def fresh(self) -> None:
+        self.databases.append(f"bench_dbos_{uuid.uuid4().hex[:10]}")
+
+    def _launch(self, d: Path) -> None:
+        from urllib.parse import urlsplit
+
+        from dbos import DBOS
+
+        sysdb = urlsplit(self.url)._replace(path="/" + self.databases[-1]).geturl()
+        DBOS(
+            config={
+                "name": "nbdurable-bench",
+                "system_database_url": sysdb,
+                "log_level": "ERROR",
+            }
+        )
+        if self._fns is None:
+            self._fns = self._define()
+        DBOS.launch()
+        self._live = True
+
+    def cleanup(self) -> None:
+        import psycopg
+
+        with psycopg.connect(self.url, autocommit=True) as conn:
+            for db in self.databases:
+                conn.execute(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
+
+
+class LangGraphPg(peers.LangGraph):
+    """LangGraph's functional API with ``PostgresSaver`` on the same server."""
+
+    name = "LangGraph (PostgresSaver)"
+
+    def __init__(self, url: str) -> None:
+        super().__init__()
+        self.url = url
+        self.schemas: list[str] = []
+
+    def check(self) -> None:
+        peers._require("langgraph")
+        peers._require("langgraph.checkpoint.postgres")
+
+    def fresh(self) -> None:
+        self.schemas.append(f"bench_lg_{uuid.uuid4().hex[:10]}")
+
+    def _entrypoint(self, d: Path) -> tuple[Any, Any]:
+        import psycopg
+        from langgraph.checkpoint.postgres import PostgresSaver
+        from langgraph.func import entrypoint, task
+
+        schema = self.schemas[-1]
+        conn = psycopg.connect(
+            self.url, autocommit=True, prepare_threshold=0, options=f"-c search_path={schema}"
+        )
+        conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{schema}"')
+        saver = PostgresSaver(conn)
+        saver.setup()
+        state = self._state
+        bench_task = task(name="bench_task")(peers.produce)
+
+        def call(i: int) -> Any:
+            return bench_task(i).result()
+
+        @entrypoint(checkpointer=saver)
+        def bench_entry(inp: dict[str, int]) -> int:
+            limit = min(inp["n"], state["limit"])
+            state["times"] = timed_loop(limit, call, state["deadline"])
+            if state["crash"]:
+                raise peers._Stop()
+            return len(state["times"])
+
+        return bench_entry, conn
+
+    def cleanup(self) -> None:
+        for schema in self.schemas:
+            _drop_schema(self.url, schema)
+
+
+# -- 1. per step ---------------------------------------------------------------------
+
+
+def per_step(url: str, steps: list[int], size: int, root: Path) -> Table:
+    t = Table(
+        "PostgreSQL 1. Sub-steps on one server: record and replay, per step",
+        [
+            "system",
+            "n",
+            "record median",
+            "record p99",
+            "replay median",
+            "replay p99",
+            "record ×nbd",
+            "replay ×nbd",
+        ],
+        text_columns=2,
+    )
+    systems: list[Any] = [NbdurablePg(url), peers.Nbdurable(), DbosPg(url), LangGraphPg(url)]
+    systems[1].name = "nbdurable (embedded, for reference)"
+    base: dict[int, tuple[Summary, Summary]] = {}
+    for system in systems:
+        try:
+            system.check()
+        except peers.Unavailable as exc:
+            t.skipped.append(f"{system.name}: {exc}")
+            continue
+        try:
+            for n in steps:
+                peers.VALUES[:] = peers.make_values(size, n)
+                if hasattr(system, "fresh"):
+                    system.fresh()
+                d = root / f"{len(t.rows)}-{n}"
+                quiesce()
+                rec = system.record(d, n)
+                quiesce()
+                rep = system.replay(d, len(rec.times))
+                if rep.calls:
+                    raise RuntimeError(f"did not replay: {rep.calls} calls made again")
+                r, p = Summary.of(rec.times), Summary.of(rep.times)
+                if system is systems[0]:
+                    base[n] = (r, p)
+                ref = base.get(n)
+                t.add(
+                    system.name,
+                    n,
+                    fmt_us(r.median_us),
+                    fmt_us(r.p99_us),
+                    fmt_us(p.median_us),
+                    fmt_us(p.p99_us),
+                    fmt_ratio(r.median_us / ref[0].median_us) if ref else "–",
+                    fmt_ratio(p.median_us / ref[1].median_us) if ref else "–",
+                )
+                shutil.rmtree(d, ignore_errors=True)
+        except Exception as exc:  # a peer's failure is reported, not fatal
+            t.skipped.append(f"{system.name}: {type(exc).__name__}: {exc}")
+        finally:
+            system.close()
+            if hasattr(system, "cleanup"):
+                system.cleanup()
+    t.notes.append(
+        "LangGraph runs with its default durability ('async'): a task's write is committed "
+        "while the next task runs, so its record time does not include the commit that "
+        "nbdurable and DBOS wait for"
+    )
+    t.notes.append(
+        f"values of {size} B; ×nbd is a system's median over nbdurable (PostgreSQL)'s at the "
+        "same n: above 1 means nbdurable is cheaper per step"
+    )
+    return t
+
+
+# -- 2. concurrent kernels -------------------------------------------------------------
+
+
+def _writer(url: str, run: str, n: int, size: int, out: Any) -> None:
+    from nbdurable.kernel import session as engine
+    from nbdurable.store import Store
+
+    peers.VALUES[:] = peers.make_values(size, n)
+    engine.reset_session()
+    session = engine.get_session()
+    session.set_store(Store(url), run)
+    session.current = engine.StepContext("bench-step", "bench-step")
+    import nbdurable
+
+    out.put(
+        (
+            perf_ns(),
+            timed_loop(n, lambda i: nbdurable.step(peers.step_id(i), peers.produce, i)),
+            perf_ns(),
+        )
+    )
+    session.current = None
+    session.release()
+
+
+def concurrent(url: str, writers: int, n: int, size: int) -> Table:
+    t = Table(
+        f"PostgreSQL 2. {writers} kernels recording into one store at once",
+        ["writers", "steps each", "throughput", "median", "p99"],
+    )
+    ns = f"bench_{uuid.uuid4().hex[:10]}"
+    target = _with_namespace(url, ns)
+    from nbdurable.store import Store
+
+    Store(target).close()  # create the namespace once, before the race
+    ctx = multiprocessing.get_context("spawn")
+    out = ctx.Queue()
+    procs = [
+        ctx.Process(target=_writer, args=(target, f"run-{k}", n, size, out)) for k in range(writers)
+    ]
+    try:
+        for p in procs:
+            p.start()
+        results = [out.get(timeout=600) for _ in procs]
+        for p in procs:
+            p.join()
+    finally:
+        _drop_schema(url, ns)
+    start = min(r[0] for r in results)
+    end = max(r[2] for r in results)
+    times = [x for r in results for x in r[1]]
+    s = Summary.of(times)
+    t.add(
+        writers,
+        n,
+        f"{len(times) / ((end - start) / 1e9):,.0f} steps/s",
+        fmt_us(s.median_us),
+        fmt_us(s.p99_us),
+    )
+    t.notes.append(
+        f"{os.cpu_count()} cores for the {writers} writers and the server: with fewer cores "
+        "than writers, the figures measure the machine as much as the store"
+    )
+    return t
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.postgres", description=__doc__)
+    parser.add_argument("--url", default=DEFAULT_URL, help="a PostgreSQL server")
+    parser.add_argument("--steps", default="100,1000,10000", help="step counts, comma-separated")
+    parser.add_argument("--size", type=int, default=1000, help="bytes per recorded value")
+    parser.add_argument("--writers", type=int, default=8, help="concurrent kernels")
+    parser.add_argument("--writer-steps", type=int, default=500, help="steps per writer")
+    args = parser.parse_args(argv)
+    os.environ.setdefault("NBDURABLE_KEY", "bench-" + "k" * 16)
+    steps = [int(s) for s in args.steps.split(",") if s]
+    with tempfile.TemporaryDirectory(prefix="nbdurable-bench-pg-") as tmp:
+        started = time.monotonic()
+        for table in (
+            per_step(args.url, steps, args.size, Path(tmp)),
+            concurrent(args.url, args.writers, args.writer_steps, args.size),
+        ):
+            print(table.text(), flush=True)
+            print()
+        print(f"({time.monotonic() - started:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,257 @@
+/**
+ * What a %%step cell's mark says: pure functions, no DOM, no Jupyter objects.
+ *
+ * The server (nbdurable.server.marks) sends the state of every %%step cell of
+ * the *saved* notebook, read from the store with no kernel. This module matches
+ * the cells the frontend holds now to those saved cells, and adds what only the
+ * frontend knows: a cell runs now, its last run replayed (its outputs carry the
+ * replay note), or its source differs from the saved one (edited, not saved).
+ */
+
+/** One saved %%step cell and its state, as GET /nbdurable/api/steps sends it. */
+export interface IStepRow {
+  key: string;
+  label: string;
+  state: string;
+  detail: string;
+  recorded_at: number | null;
+  duration: number;
+  substeps: number;
+  calls: number;
+  pinned: boolean;
+  stale: boolean;
+  replayable: boolean;
+  /** Position in the saved notebook (0-based). */
+  index: number;
+  /** Saved cell id; null when the file's format does not keep ids (nbformat < 4.5). */
+  cell_id: string | null;
+  name: string | null;
+  /** The saved source after the %%step line. */
+  body: string;
+}
+
+/** The server's answer. */
+export interface IStepsReply {
+  run: string;
+  store: string;
+  store_exists: boolean;
+  cells: IStepRow[];
+  /** Steps no longer in the notebook, and sub-steps outside steps (no cell fields). */
+  others: IStepRow[];
+}
+
+/** A cell as the frontend holds it now. */
+export interface ICellView {
+  id: string;
+  source: string;
+  /** The kernel runs this cell now. */
+  running: boolean;
+  /** The step key of the replay note among the cell's outputs, if any. */
+  replayedKey: string | null;
+}
+
+/** What a mark shows. */
+export interface IMark {
+  state: string;
+  key: string | null;
+  badge: string;
+  facts: string[];
+  detail: string;
+  title: string;
+}
+
+/** %step commands: a `%%step list` line is not a step (mirrors identity/locate.py). */
+const STEP_COMMANDS = ['list', 'clear', 'pin', 'unpin', 'run', 'panel', 'takeover'];
+const STEP_LINE = /^\s*%%step\b(.*)$/;
+const NAME = /^[A-Za-z_][A-Za-z0-9_.:-]{0,127}$/;
+
+/** A %%step cell's name and body; null when the source is not a step the magic accepts. */
+export function parseStep(source: string): { name: string | null; body: string } | null {
+  const cut = source.indexOf('\n');
+  const first = cut < 0 ? source : source.slice(0, cut);
+  const body = cut < 0 ? '' : source.slice(cut + 1);
+  const m = STEP_LINE.exec(first);
+  if (!m) {
+    return null;
+  }
+  const args = m[1]
+    .trim()
+    .split(/\s+/)
+    .filter(a => a && a !== '--force' && a !== '-f')
+    .map(a => a.replace(/^(['"])(.*)\1$/, '$2'));
+  if (args.length > 1 || args.some(a => a.startsWith('-'))) {
+    return null;
+  }
+  if (args.length === 1 && (STEP_COMMANDS.includes(args[0]) || !NAME.test(args[0]))) {
+    return null;
+  }
+  return { name: args.length ? args[0] : null, body };
+}
+
+function same(a: string, b: string): boolean {
+  return a.replace(/\s+$/, '') === b.replace(/\s+$/, '');
+}
+
+/**
+ * The saved row of each cell (null: a step cell not in the saved notebook;
+ * undefined: not a step cell). A cell is found by its saved id, else by its
+ * step name, else (for files without ids) by its saved source, else by its
+ * position: the order in which nbdurable itself keys a step is name, cell id,
+ * position (identity/keys.py), and the name wins over the id there too.
+ */
+export function matchCells(
+  cells: ICellView[],
+  rows: IStepRow[]
+): (IStepRow | null | undefined)[] {
+  const used = new Set<IStepRow>();
+  const parsed = cells.map(c => parseStep(c.source));
+  const out: (IStepRow | null | undefined)[] = cells.map(() => undefined);
+  const pick = (i: number, row: IStepRow | undefined): boolean => {
+    if (row === undefined) {
+      return false;
+    }
+    out[i] = row;
+    used.add(row);
+    return true;
+  };
+  // By id, then by name: exact identities first, so that they are not taken
+  // by a weaker match of another cell.
+  cells.forEach((cell, i) => {
+    const p = parsed[i];
+    if (p) {
+      pick(i, rows.find(r => r.cell_id !== null && r.cell_id === cell.id));
+    }
+  });
+  parsed.forEach((p, i) => {
+    if (p && out[i] === undefined && p.name !== null) {
+      pick(i, rows.find(r => r.name === p.name));
+    }
+  });
+  const free = (r: IStepRow) => r.cell_id === null && !used.has(r);
+  parsed.forEach((p, i) => {
+    if (p && out[i] === undefined) {
+      pick(i, rows.find(r => free(r) && r.name === null && same(r.body, p.body))) ||
+        pick(i, rows.find(r => free(r) && r.index === i));
+    }
+  });
+  parsed.forEach((p, i) => {
+    if (p && out[i] === undefined) {
+      out[i] = null;
+    }
+  });
+  return out;
+}
+
+/** True when the cell's source differs from the saved cell's. */
+export function isEdited(cell: ICellView, row: IStepRow): boolean {
+  const p = parseStep(cell.source);
+  return p === null || p.name !== row.name || !same(p.body, row.body);
+}
+
+const LOOK: { [state: string]: string } = {
+  recorded: '✓ recorded',
+  replayed: '↻ replayed',
+  running: '▶ running',
+  pending: '○ pending',
+  invalidated: '⚠ invalidated',
+  pinned: '⚑ pinned',
+  failed: '✗ failed',
+  'not replayable': '◐ not replayable',
+  edited: '✎ edited',
+  orphaned: '⊘ orphaned'
+};
+
+const WHAT: { [state: string]: string } = {
+  recorded: 'Recorded: the next run replays it.',
+  replayed: 'Replayed from its record in the last run; the next run replays it again.',
+  running: 'The kernel runs it now.',
+  pending: 'Not recorded yet: the next run executes and records it.',
+  invalidated: 'Its record no longer matches: the next run executes it again.',
+  pinned: 'Pinned: the next run replays its record even if it no longer matches.',
+  failed: 'Its last run raised: the next run executes it again.',
+  'not replayable':
+    'Recorded, but a variable could not be saved: its body runs again, its sub-steps replay.',
+  edited: 'Edited and not saved: save the notebook to see what the next run does.'
+};
+
+/** ``14:02`` today, else ``2026-11-30 14:02``. */
+export function when(t: number, now: Date = new Date()): string {
+  const d = new Date(t * 1000);
+  const two = (n: number) => String(n).padStart(2, '0');
+  const hm = `${two(d.getHours())}:${two(d.getMinutes())}`;
+  if (d.toDateString() === now.toDateString()) {
+    return hm;
+  }
+  return `${d.getFullYear()}-${two(d.getMonth() + 1)}-${two(d.getDate())} ${hm}`;
+}
+
+export function seconds(s: number): string {
+  if (s < 0.1) {
+    return '< 0.1 s';
+  }
+  return s < 10 ? `${s.toFixed(1)} s` : s < 120 ? `${Math.round(s)} s` : `${(s / 60).toFixed(1)} min`;
+}
+
+function plural(n: number, what: string): string {
+  return `${n} ${what}${n === 1 ? '' : 's'}`;
+}
+
+/** The mark of one step cell; ``row`` is its saved row (null: not in the saved notebook). */
+export function markFor(cell: ICellView, row: IStepRow | null): IMark {
+  const edited = row === null || isEdited(cell, row);
+  let state: string;
+  if (cell.running) {
+    state = 'running';
+  } else if (edited) {
+    state = 'edited';
+  } else if (row!.state === 'recorded' && cell.replayedKey === row!.key) {
+    state = 'replayed';
+  } else {
+    state = row!.state;
+  }
+  return describe(state, row, !edited);
+}
+
+/** What a mark of ``state`` says of ``row``; ``same`` when the row is this very cell's. */
+export function describe(state: string, row: IStepRow | null, same = true): IMark {
+  const facts: string[] = [];
+  let detail = '';
+  if (state === 'running') {
+    if (row !== null && same) {
+      facts.push(`${plural(row.substeps, 'sub-step')} recorded`);
+    }
+  } else if (state === 'edited') {
+    facts.push('not saved');
+    if (row !== null) {
+      facts.push(`saved cell: ${row.state}`);
+    }
+  } else if (row !== null) {
+    if (row.recorded_at && state !== 'pending') {
+      facts.push(`${state === 'replayed' ? 'recorded ' : ''}${when(row.recorded_at)}`);
+      facts.push(state === 'replayed' ? `saved ${seconds(row.duration)}` : seconds(row.duration));
+      if (row.calls) {
+        facts.push(plural(row.calls, 'call'));
+      }
+    }
+    detail = row.detail;
+    if (state === 'pinned' && detail) {
+      detail = `stale: ${detail}`;
+    }
+  }
+  const title = [
+    row ? `step ${row.label}` : 'step (not saved yet)',
+    WHAT[state] ?? '',
+    detail,
+    row && row.substeps ? `${plural(row.substeps, 'sub-step')} recorded.` : ''
+  ]
+    .filter(s => s)
+    .join('\n');
+  return {
+    state,
+    key: row ? row.key : null,
+    badge: LOOK[state] ?? state,
+    facts,
+    detail,
+    title
+  };
+}

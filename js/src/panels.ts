@@ -1,0 +1,138 @@
+/**
+ * Step panels without a kernel behind them.
+ *
+ * The step panel (`%step panel`) is an ipywidgets widget: it lives as long as
+ * the kernel that drew it. After a kernel restart its buttons can no longer
+ * work, and after a page reload with no kernel JupyterLab shows "Error
+ * displaying widget: model not found" in its place. In both cases this module
+ * hides the dead widget and shows instead one line saying why, and the run's
+ * steps as the store holds them now (the cell marks' data, so it is current).
+ * A panel saved as text only (the widget was not saved with the notebook)
+ * is an old snapshot: it is replaced the same way.
+ * A panel shown again (`%step panel`) in the new kernel is live and left alone.
+ *
+ * A panel output is recognised by its plain-text form, which starts with
+ * "nbdurable run '<run id>'" (StepPanel.text() in nbdurable/kernel/panel.py).
+ */
+
+import type { CodeCell, Cell } from '@jupyterlab/cells';
+
+import { IStepRow, IStepsReply, describe } from './model';
+
+const WIDGET_MIME = 'application/vnd.jupyter.widget-view+json';
+const DEAD_CLASS = 'nbd-panel-ended';
+const SNAPSHOT_CLASS = 'nbd-snapshot';
+/** The first words of StepPanel.text(): the run id comes as a Python repr. */
+const PANEL_TEXT = /^nbdurable run ['"]/;
+const REOPENED = 'The notebook was reopened';
+
+export class PanelKeeper {
+  /** The kernel restarted: every panel drawn so far is dead. */
+  kernelRestarted(cells: readonly Cell[]): void {
+    for (const { modelId } of panelOutputs(cells)) {
+      if (modelId !== null) {
+        this._dead.set(modelId, 'The kernel restarted');
+      }
+    }
+  }
+
+  /** Replace dead panels by a snapshot of ``reply`` (null: not fetched yet). */
+  draw(cells: readonly Cell[], reply: IStepsReply | null): void {
+    for (const { node, modelId } of panelOutputs(cells)) {
+      let why = modelId === null ? REOPENED : this._dead.get(modelId);
+      // A widget the page could not restore shows an error, or its saved text.
+      if (why === undefined && /^\s*nbdurable run ['"]|Error displaying widget/.test(shown(node))) {
+        why = REOPENED;
+      }
+      if (why === undefined) {
+        node.classList.remove(DEAD_CLASS);
+        node.querySelector(`:scope > .${SNAPSHOT_CLASS}`)?.remove();
+        continue;
+      }
+      node.classList.add(DEAD_CLASS);
+      let snap = node.querySelector(`:scope > .${SNAPSHOT_CLASS}`) as HTMLElement | null;
+      if (snap === null) {
+        snap = document.createElement('div');
+        snap.className = SNAPSHOT_CLASS;
+        node.appendChild(snap);
+      }
+      renderSnapshot(snap, why, reply);
+    }
+  }
+
+  private _dead = new Map<string, string>();
+}
+
+/** The output nodes of step panels, with their widget model ids (null: saved as text only). */
+function panelOutputs(cells: readonly Cell[]): { node: HTMLElement; modelId: string | null }[] {
+  const out: { node: HTMLElement; modelId: string | null }[] = [];
+  for (const cell of cells) {
+    if (cell.model.type !== 'code') {
+      continue;
+    }
+    const outputs = (cell as CodeCell).model.outputs;
+    const area = (cell as CodeCell).outputArea;
+    for (let i = 0; i < outputs.length; i++) {
+      const data = outputs.get(i).data;
+      const view = data[WIDGET_MIME] as { model_id?: string } | undefined;
+      const text = data['text/plain'];
+      const plain = Array.isArray(text) ? text.join('') : String(text ?? '');
+      if (PANEL_TEXT.test(plain) && area?.widgets[i]) {
+        out.push({ node: area.widgets[i].node, modelId: view?.model_id || null });
+      }
+    }
+  }
+  return out;
+}
+
+function shown(node: HTMLElement): string {
+  const rendered = node.querySelector('.jp-OutputArea-output');
+  return rendered ? rendered.textContent ?? '' : '';
+}
+
+function el(tag: string, className: string, text = ''): HTMLElement {
+  const e = document.createElement(tag);
+  e.className = className;
+  e.textContent = text;
+  return e;
+}
+
+function renderSnapshot(snap: HTMLElement, why: string, reply: IStepsReply | null): void {
+  const rows: IStepRow[] = [];
+  const seen = new Set<string>();
+  for (const row of reply ? [...reply.cells, ...reply.others] : []) {
+    if (!seen.has(row.key)) {
+      seen.add(row.key);
+      rows.push(row);
+    }
+  }
+  const key = JSON.stringify([why, rows]);
+  if (snap.dataset.nbdDrawn === key) {
+    return;
+  }
+  snap.dataset.nbdDrawn = key;
+  const note = el(
+    'div',
+    'nbd-snapshot-note',
+    `${why}: this panel is not live. Steps as stored now; %step panel shows a live one.`
+  );
+  const list = el('div', 'nbd-snapshot-rows');
+  for (const row of rows) {
+    const m = describe(row.state, row);
+    const line = el('div', 'nbd-mark nbd-snapshot-row');
+    line.dataset.nbdState = m.state;
+    line.dataset.nbdKey = row.key;
+    line.title = m.title;
+    line.append(
+      el('span', 'nbd-snapshot-label', row.label),
+      el('span', 'nbd-mark-badge', m.badge),
+      ...m.facts.map(f => el('span', 'nbd-mark-fact', f)),
+      ...(m.detail ? [el('span', 'nbd-mark-detail', m.detail)] : [])
+    );
+    list.appendChild(line);
+  }
+  if (reply === null) {
+    list.appendChild(el('div', 'nbd-snapshot-row', 'reading the store…'));
+  }
+  snap.replaceChildren(note, list);
+}

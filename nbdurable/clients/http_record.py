@@ -1,0 +1,422 @@
+"""Recording and replaying HTTP at the transport, so SDK calls need no wrapper.
+
+While an :class:`HTTPSession` is active (``with HTTPSession(...)``), every
+request sent through httpx (sync and async default transports; the
+``httpx2`` fork the model SDKs moved to is treated the same), or through
+requests (``HTTPAdapter.send``), goes through the session:
+
+- a request that matches a recorded exchange is answered from the record:
+  the raw status, headers and body bytes, so a server-sent-events body goes
+  through the SDK's own parser again and a direct
+  ``client.chat.completions.create(...)`` costs nothing on replay;
+- any other request is sent (``on_miss="live"``), and its response is handed
+  to the caller, unchanged, while its body is kept; once the body has been
+  read to its end (a streamed body included, as the caller reads it), an
+  :class:`Exchange` goes to ``on_record`` (the caller writes it). A body
+  abandoned half way is not recorded, so that request is sent again next
+  time. With ``on_miss="raise"``, :class:`ReplayMiss` is raised instead.
+
+The key of a request is ``(method, URL, fingerprint of the body)``; each
+exchange also keeps its ordinal (the how-many-th request of the session it
+was). Among recorded exchanges with the same key, the earliest unused one
+answers: a loop that asks the same question twice gets the two answers in
+their order, and requests started together (``asyncio.gather``) may arrive
+in any order without being taken for different ones.
+
+Credentials are never stored: request headers are not kept at all (they
+are not part of the key either: SDKs put retry counts and timeouts there),
+response headers lose ``set-cookie`` and every credential header, the
+URL's credential-looking query values and well-known key formats are masked
+(in the key too, which is computed the same way on both sides), and a
+response body that shows a key or an environment secret has it masked to
+its own length (:attr:`Exchange.redacted` says what, so the caller can warn).
+
+The patch is on the classes, so it sees every client, including ones made
+before the session began (a client made in an earlier cell). It is
+installed when the first session starts and removed when the last one
+ends. A session belongs to the process: sessions are not meant to run in
+two threads at once (a step runs one at a time), and a request another
+thread makes while one is active goes through it too.
+
+Not intercepted: other HTTP libraries (aiohttp, urllib3 used directly,
+``http.client``) and httpx clients given a custom transport class. A
+requests response asked for with ``stream=True`` is read whole before it is
+handed on (its content is the same; it no longer arrives piece by piece).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import io
+import json
+import re
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, replace
+from typing import Any, Literal
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+from ..redact import redact_keys, secrets_in_env
+
+#: Response headers never stored.
+DROPPED_HEADERS = frozenset(
+    {
+        "set-cookie",
+        "set-cookie2",
+        "cookie",
+        "authorization",
+        "proxy-authorization",
+        "x-api-key",
+        "api-key",
+    }
+)
+_SECRET_PARAM = re.compile(r"key|token|secret|password|signature|sig$|auth", re.IGNORECASE)
+HTTPX_MODULES = ("httpx", "httpx2")
+
+
+class ReplayMiss(ConnectionError):
+    """A request that the record does not hold, in a session that may not send any."""
+
+
+@dataclass(frozen=True)
+class Exchange:
+    """One request and its response, as stored (never a credential)."""
+
+    ordinal: int
+    method: str
+    url: str  # masked: see safe_url()
+    body_fp: str
+    status: int
+    headers: tuple[tuple[str, str], ...]
+    body: bytes
+    #: what was masked in the body (key kinds, ``$NAME`` of environment secrets)
+    redacted: tuple[str, ...] = ()
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        """What a request must match to be answered by this exchange."""
+        return (self.method, self.url, self.body_fp)
+
+
+def body_fingerprint(body: bytes | str | None) -> str:
+    """SHA-256 of a request body (hex, 32 characters); the empty body has one too."""
+    raw = body.encode() if isinstance(body, str) else (body or b"")
+    return hashlib.sha256(raw).hexdigest()[:32]
+
+
+def safe_url(url: str) -> str:
+    """``url`` with credential-looking query values and well-known keys masked."""
+    parts = urlsplit(str(url))
+    if parts.query:
+        query = [
+            (k, "[redacted]" if _SECRET_PARAM.search(k) else v)
+            for k, v in parse_qsl(parts.query, keep_blank_values=True)
+        ]
+        parts = parts._replace(query=urlencode(query))
+    if parts.username or parts.password:
+        parts = parts._replace(netloc=parts.hostname + (f":{parts.port}" if parts.port else ""))
+    return redact_keys(urlunsplit(parts))[0]
+
+
+def _safe_headers(items: Iterable[tuple[Any, Any]]) -> tuple[tuple[str, str], ...]:
+    out = []
+    for k, v in items:
+        k = k.decode("latin-1") if isinstance(k, bytes) else str(k)
+        v = v.decode("latin-1") if isinstance(v, bytes) else str(v)
+        if k.lower() not in DROPPED_HEADERS:
+            out.append((k, v))
+    return tuple(out)
+
+
+def _mask(body: bytes) -> tuple[bytes, tuple[str, ...]]:
+    """``body`` with keys and environment secrets masked to their own length.
+
+    Same length, so a Content-Length and the framing of an event stream stay
+    valid; what was masked is named in :attr:`Exchange.redacted`, for the
+    caller's warning. (A compressed body is masked only where a key shows.)
+    """
+    body, kinds = redact_keys(body, keep_length=True)
+    found = list(kinds)
+    for name, value in secrets_in_env().items():
+        if value in body:
+            body = body.replace(value, b"*" * len(value))
+            found.append("$" + name)
+    return body, tuple(found)
+
+
+class HTTPSession:
+    """Answer requests from ``recorded``; send (and record) or refuse the others."""
+
+    def __init__(
+        self,
+        recorded: Iterable[Exchange] = (),
+        *,
+        on_record: Callable[[Exchange], Any] | None = None,
+        on_miss: Literal["live", "raise"] = "live",
+    ) -> None:
+        if on_miss not in ("live", "raise"):
+            raise ValueError(f"on_miss must be 'live' or 'raise' (got {on_miss!r})")
+        self.on_record = on_record
+        self.on_miss = on_miss
+        self._unused: dict[tuple[str, str, str], list[Exchange]] = {}
+        for ex in sorted(recorded, key=lambda e: e.ordinal):
+            self._unused.setdefault(ex.key, []).append(ex)
+        self._lock = threading.Lock()
+        self._ordinal = 0
+        self.served = 0  # requests answered from the record
+        self.sent = 0  # requests that went out
+        #: every exchange this session used, served or newly recorded, numbered
+        #: by this session's ordinals: what a step writes as its new record
+        self.exchanges: list[Exchange] = []
+
+    # -- the decision, shared by every library ----------------------------------
+    def _begin(self, method: str, url: str, body: bytes) -> tuple[int, tuple[str, str, str]]:
+        key = (method.upper(), safe_url(url), body_fingerprint(body))
+        with self._lock:
+            self._ordinal += 1
+            return self._ordinal, key
+
+    def _lookup(self, ordinal: int, key: tuple[str, str, str]) -> Exchange | None:
+        with self._lock:
+            queue = self._unused.get(key)
+            if queue:
+                self.served += 1
+                ex = queue.pop(0)
+                self.exchanges.append(replace(ex, ordinal=ordinal))
+                return ex
+            if self.on_miss == "raise":
+                method, url, fp = key
+                raise ReplayMiss(
+                    f"{method} {url} (body {fp}) was not recorded, and this replay may not "
+                    "send requests; run the step again to record it"
+                )
+            self.sent += 1
+            return None
+
+    def _finish(
+        self, ordinal: int, key: tuple[str, str, str], status: int, headers: Any, body: bytes
+    ) -> None:
+        method, url, fp = key
+        body, found = _mask(body)
+        ex = Exchange(ordinal, method, url, fp, status, _safe_headers(headers), body, found)
+        with self._lock:
+            self.exchanges.append(ex)
+            self.exchanges.sort(key=lambda e: e.ordinal)
+        if self.on_record is not None:
+            self.on_record(ex)
+
+    # -- activation --------------------------------------------------------------
+    def __enter__(self) -> HTTPSession:
+        with _patch_lock:
+            if not _active:
+                _install()
+            _active.append(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        with _patch_lock:
+            _active.remove(self)
+            if not _active:
+                _uninstall()
+
+
+_active: list[HTTPSession] = []
+_patch_lock = threading.Lock()
+_originals: list[tuple[type, str, Any]] = []
+
+
+def _current() -> HTTPSession | None:
+    return _active[-1] if _active else None
+
+
+# -- httpx (and httpx2) ------------------------------------------------------------
+
+# Events after which a server-sent-events body is over, whatever the
+# connection does next: OpenAI's `data: [DONE]`, Anthropic's message_stop,
+# the Responses API's last events.
+_SSE_LAST = {"[DONE]", "message_stop", "response.completed", "response.incomplete"}
+
+
+def _complete(headers: Any, body: bytes) -> bool:
+    """Whether a body the reader stopped reading is nonetheless whole."""
+    length = headers.get("content-length")
+    if length is not None:
+        return length.isdigit() and int(length) == len(body)
+    if "text/event-stream" not in headers.get("content-type", ""):
+        return False
+    last = body.rstrip().rsplit(b"\n\n", 1)[-1].decode("utf-8", "replace")
+    for line in last.splitlines():
+        name, _, value = line.partition(":")
+        value = value.strip()
+        if name == "event" and value in _SSE_LAST:
+            return True
+        if name == "data" and (value in _SSE_LAST or _type_of(value) in _SSE_LAST):
+            return True
+    return False
+
+
+def _type_of(data: str) -> str:
+    try:
+        obj = json.loads(data)
+    except ValueError:
+        return ""
+    return obj.get("type", "") if isinstance(obj, dict) else ""
+
+
+class _Body:
+    """A response body being read through: kept, and recorded once it is whole.
+
+    Whole means read to its end, or closed after its last byte: the OpenAI
+    SDK stops reading an event stream at ``data: [DONE]`` and closes it
+    without waiting for the end of the connection. A body closed earlier
+    than that was abandoned, and is not recorded.
+    """
+
+    def __init__(self, session: HTTPSession, ordinal: int, key: Any, response: Any) -> None:
+        self.session, self.ordinal, self.key, self.response = session, ordinal, key, response
+        self.parts: list[bytes] = []
+        self.done = False
+
+    def finish(self) -> None:
+        if not self.done:
+            self.done = True
+            r = self.response
+            self.session._finish(
+                self.ordinal, self.key, r.status_code, r.headers.raw, b"".join(self.parts)
+            )
+
+    def closing(self) -> None:
+        if not self.done and _complete(self.response.headers, b"".join(self.parts)):
+            self.finish()
+
+
+def _httpx_patches(mod: Any) -> list[tuple[type, str, Any]]:
+    sync_cls, async_cls = mod.HTTPTransport, mod.AsyncHTTPTransport
+    orig_sync, orig_async = sync_cls.handle_request, async_cls.handle_async_request
+
+    def replayed(ex: Exchange, request: Any) -> Any:
+        return mod.Response(
+            ex.status, headers=list(ex.headers), stream=mod.ByteStream(ex.body), request=request
+        )
+
+    def handle_request(self: Any, request: Any) -> Any:
+        session = _current()
+        if session is None:
+            return orig_sync(self, request)
+        ordinal, key = session._begin(request.method, str(request.url), request.read())
+        ex = session._lookup(ordinal, key)
+        if ex is not None:
+            return replayed(ex, request)
+        response = orig_sync(self, request)
+        inner, body = response.stream, _Body(session, ordinal, key, response)
+
+        class Tee(mod.SyncByteStream):
+            def __iter__(self) -> Any:
+                for chunk in inner:
+                    body.parts.append(chunk)
+                    yield chunk
+                body.finish()
+
+            def close(self) -> None:
+                body.closing()
+                inner.close()
+
+        response.stream = Tee()
+        return response
+
+    async def handle_async_request(self: Any, request: Any) -> Any:
+        session = _current()
+        if session is None:
+            return await orig_async(self, request)
+        ordinal, key = session._begin(request.method, str(request.url), await request.aread())
+        ex = session._lookup(ordinal, key)
+        if ex is not None:
+            return replayed(ex, request)
+        response = await orig_async(self, request)
+        inner, body = response.stream, _Body(session, ordinal, key, response)
+
+        class ATee(mod.AsyncByteStream):
+            async def __aiter__(self) -> Any:
+                async for chunk in inner:
+                    body.parts.append(chunk)
+                    yield chunk
+                body.finish()
+
+            async def aclose(self) -> None:
+                body.closing()
+                await inner.aclose()
+
+        response.stream = ATee()
+        return response
+
+    return [
+        (sync_cls, "handle_request", handle_request),
+        (async_cls, "handle_async_request", handle_async_request),
+    ]
+
+
+# -- requests ------------------------------------------------------------------------
+
+
+def _requests_patches(adapters: Any) -> list[tuple[type, str, Any]]:
+    from urllib3.response import HTTPResponse
+
+    orig_send = adapters.HTTPAdapter.send
+
+    def from_bytes(adapter: Any, request: Any, status: int, headers: Any, body: bytes) -> Any:
+        # transfer-encoding would make urllib3 parse chunk framing the body no longer has
+        kept = [(k, v) for k, v in headers if k.lower() != "transfer-encoding"]
+        raw = HTTPResponse(
+            body=io.BytesIO(body),
+            headers=kept,
+            status=status,
+            preload_content=False,
+            decode_content=True,
+        )
+        return adapter.build_response(request, raw)
+
+    def send(self: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
+        session = _current()
+        if session is None:
+            return orig_send(self, request, *args, **kwargs)
+        body = request.body
+        if body is not None and not isinstance(body, (bytes, str)):
+            body = b"".join(body if not hasattr(body, "read") else [body.read()])
+            request.body = body
+        ordinal, key = session._begin(request.method, request.url, body or b"")
+        ex = session._lookup(ordinal, key)
+        if ex is not None:
+            return from_bytes(self, request, ex.status, ex.headers, ex.body)
+        response = orig_send(self, request, *args, **kwargs)
+        # (the adapter never reads the body itself, whatever `stream` says)
+        # the raw bytes, before content decoding, so that replay decodes them again
+        raw_body = response.raw.read(decode_content=False) if response.raw else b""
+        headers = list(response.raw.headers.items()) if response.raw else []
+        response.close()
+        session._finish(ordinal, key, response.status_code, headers, raw_body)
+        return from_bytes(self, request, response.status_code, headers, raw_body)
+
+    return [(adapters.HTTPAdapter, "send", send)]
+
+
+def _install() -> None:
+    patches: list[tuple[type, str, Any]] = []
+    for name in HTTPX_MODULES:
+        try:
+            patches += _httpx_patches(importlib.import_module(name))
+        except ImportError:
+            pass
+    try:
+        patches += _requests_patches(importlib.import_module("requests.adapters"))
+    except ImportError:
+        pass
+    for cls, attr, fn in patches:
+        _originals.append((cls, attr, cls.__dict__[attr]))
+        setattr(cls, attr, fn)
+
+
+def _uninstall() -> None:
+    while _originals:
+        cls, attr, fn = _originals.pop()
+        setattr(cls, attr, fn)

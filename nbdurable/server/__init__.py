@@ -1,0 +1,94 @@
+"""The jupyter_server extension: where a run stands, for the cell marks, with no kernel.
+
+One endpoint, ``GET <base url>/nbdurable/api/steps?path=<notebook path>``:
+``path`` is the notebook's path as the frontend knows it (relative to the
+server's root directory); the answer is :func:`nbdurable.server.marks.step_marks`
+as JSON. A path outside the root, or not a notebook file, gets a 4xx with a
+one-line ``message``; a store that cannot be read gets a 500 saying why.
+
+The extension is enabled on install: the package installs
+``etc/jupyter/jupyter_server_config.d/nbdurable.json`` (see ``pyproject.toml``),
+which lists this module in ``ServerApp.jpserver_extensions``. The frontend
+half (``js/``, prebuilt into ``nbdurable/labextension/``) is installed into
+``share/jupyter/labextensions/nbdurable/``, so no Node is needed.
+
+Reading the store is blocking file and SQLite work; it runs on a worker
+thread, never on the server's event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+#: The endpoint, under the server's base URL.
+ROUTE = "nbdurable/api/steps"
+
+
+def _jupyter_server_extension_points() -> list[dict[str, str]]:
+    return [{"module": "nbdurable.server"}]
+
+
+def _load_jupyter_server_extension(serverapp: Any) -> None:
+    from jupyter_server.utils import url_path_join
+
+    web_app = serverapp.web_app
+    route = url_path_join(web_app.settings["base_url"], ROUTE)
+    web_app.add_handlers(".*$", [(route, _handler_class())])
+    serverapp.log.info("nbdurable: cell marks served at %s", route)
+
+
+def notebook_path(root: str | os.PathLike[str], api_path: str) -> Path:
+    """The file of ``api_path`` under ``root``; ValueError if it is not inside it."""
+    root_path = Path(root).resolve()
+    parts = api_path.strip("/").split("/")
+    if not api_path.strip("/") or any(p in ("", ".", "..") for p in parts):
+        raise ValueError(f"path {api_path!r} is not a notebook path relative to the server root")
+    path = Path(os.path.abspath(root), *parts)
+    real = path.resolve()
+    if root_path != real and root_path not in real.parents:
+        raise ValueError(f"path {api_path!r} is outside the server root")
+    # Unresolved, as jupyter_server tells the kernel (JPY_SESSION_NAME): the run
+    # id is the notebook's path relative to the store, symlinks and all.
+    return path
+
+
+def _handler_class() -> type:
+    # Imported here: importing nbdurable must not import tornado or jupyter_server.
+    from jupyter_server.base.handlers import APIHandler
+    from tornado import web
+
+    from ..errors import NbdurableError
+    from ..identity.keys import one_line
+    from .marks import step_marks
+
+    class StepsHandler(APIHandler):
+        """``GET /nbdurable/api/steps?path=...``: the cell marks' data."""
+
+        @web.authenticated
+        async def get(self) -> None:
+            api_path = self.get_query_argument("path", "")
+            root = self.settings.get("server_root_dir") or os.getcwd()
+            try:
+                path = notebook_path(root, api_path)
+            except ValueError as exc:
+                return self._fail(400, str(exc))
+            if path.suffix != ".ipynb" or not path.is_file():
+                return self._fail(404, f"no notebook at {api_path!r}")
+            try:
+                data = await asyncio.to_thread(step_marks, path)
+            except NbdurableError as exc:
+                return self._fail(500, one_line(str(exc)))
+            self.set_header("Content-Type", "application/json")
+            self.set_header("Cache-Control", "no-store")
+            self.finish(json.dumps(data, default=str))
+
+        def _fail(self, status: int, message: str) -> None:
+            self.set_status(status)
+            self.set_header("Content-Type", "application/json")
+            self.finish(json.dumps({"message": message}))
+
+    return StepsHandler

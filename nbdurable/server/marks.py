@@ -1,0 +1,75 @@
+"""The cell marks' data: every saved ``%%step`` cell of a notebook and its state, with no kernel.
+
+The notebook frontends mark each ``%%step`` cell with its state (the
+extension in ``js/``). They ask ``GET /nbdurable/api/steps?path=NOTEBOOK``
+(see :mod:`nbdurable.server`), answered by :func:`step_marks` from the same
+rows as ``nbdurable status`` and the panel (:func:`nbdurable.status.step_infos`):
+one reading of the store, so the marks, the panel and the CLI never disagree.
+
+The answer, as JSON::
+
+    {"run": "<run id>", "store": "<store dir>", "store_exists": true,
+     "now": <server time, s>,          # the frontend converts its own clock with it
+     "cells": [{"index": 3,            # position of the cell in the saved notebook
+                "cell_id": "ab12…",    # saved cell id (null before nbformat 4.5)
+                "name": "plan",        # the step's name (null for an unnamed step)
+                "body": "…",           # the saved source after the %%step line
+                "key": "name:plan", "label": "plan",
+                "state": "recorded", "detail": "", "recorded_at": …, "duration": …,
+                "substeps": …, "calls": …, "pinned": false, "replayable": true, …}],
+     "others": [<rows of steps no longer in the notebook, and of sub-steps outside steps>]}
+
+``state`` is what :func:`~nbdurable.status.step_infos` says with no kernel:
+recorded, pending, invalidated, pinned, failed, not replayable. What only the
+frontend knows (a cell runs now, its last run replayed, its source differs
+from the saved one) it adds itself.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from .. import status
+from ..identity import locate
+from ..store import Store
+
+
+def step_marks(notebook: Path, store_dir: Path | None = None) -> dict[str, Any]:
+    """The state of every saved ``%%step`` cell of ``notebook`` (see the module docstring).
+
+    ``store_dir`` defaults to where a kernel running the notebook records
+    (``NBDURABLE_DIR``, else ``.nbdurable/`` beside the notebook). A store that
+    does not exist yet is not created: every step is pending. Raises
+    :class:`~nbdurable.errors.StoreError` when the store cannot be read.
+    """
+    notebook = Path(notebook).absolute()
+    directory = store_dir if store_dir is not None else locate.store_dir(notebook)
+    run_id = locate.run_id_for(notebook, directory)
+    exists = Store.exists(directory)
+    if exists:
+        with Store(directory) as store:
+            infos = status.step_infos(store, run_id, notebook)
+    else:
+        infos = status.pending_infos(notebook)
+    by_key = {i.key: i for i in infos}
+    nbf = locate.NotebookFile(notebook)
+    nbf.refresh()
+    cells: list[dict[str, Any]] = []
+    for cell in nbf.cells:
+        info = by_key.get(cell.key)
+        if info is None:  # the file changed between the two reads: the next poll has it
+            continue
+        row = info.to_json()
+        row.update(index=cell.index, cell_id=cell.cell_id, name=cell.name, body=cell.body)
+        cells.append(row)
+    in_cells = {c["key"] for c in cells}
+    return {
+        "run": run_id,
+        "store": str(directory),
+        "store_exists": exists,
+        "now": time.time(),
+        "cells": cells,
+        "others": [i.to_json() for i in infos if i.key not in in_cells],
+    }

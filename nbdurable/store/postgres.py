@@ -1,0 +1,505 @@
+"""The shared engine: a store in a PostgreSQL database, for a team or many machines.
+
+Selected by a URL (``NBDURABLE_STORE=postgresql://user@host/db``; see
+:mod:`.engine`). Everything above the :class:`~.base.Store` interface is the
+same as on the embedded engine: the same keys, the same signed records.
+
+Tables, in the PostgreSQL schema named by the URL's ``namespace`` parameter
+(default ``nbdurable``; one per team or project, created on first use)::
+
+    schema_version(version)             the table layout; a newer one is refused
+    kv(key, value, size, blob)          one row per key; value NULL when chunked
+    chunks(blob, n, data)               a large blob's bytes, CHUNK-sized rows
+
+A blob at least :attr:`PgStore.small_blob_max` bytes long is streamed into
+``chunks`` rows (``chunk_size``, 8 MB by default) inside one transaction that
+ends by inserting its ``kv`` row: a blob is all there or not there, of any
+size (PostgreSQL limits one value to 1 GB; chunks lift that). Reading streams
+the chunks into an unlinked temporary file, which is hashed and mapped as the
+embedded engine maps its value files.
+
+Records are signed with ``NBDURABLE_KEY``, which every member of the team
+sets; it is never stored in the database. Without it the store does not
+open: an unsigned shared store would let anyone with write access to the
+database plant a pickle that every kernel replaying it unpickles.
+
+Faults: a lost connection (server restarted, backend terminated) is retried
+on a fresh connection from the pool, for at most :data:`RETRIES` attempts.
+Every write is an idempotent upsert of signed bytes under a fixed key, so a
+transaction whose COMMIT was lost in flight and is then retried records the
+same row once; the lease's compare-and-set (:meth:`PgStore.swap`) runs under
+a row-level advisory lock and is re-evaluated on retry. ``connect_timeout``
+(10 s) and ``statement_timeout`` (60 s) in the URL bound every wait, so a
+slow or hung server becomes a one-line :class:`StoreError`, never a hung
+kernel.
+
+The medium cannot be deleted from under an open store as a directory can:
+:meth:`replaced` is always False, and a dropped schema surfaces as a
+:class:`StoreError` on the next query.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+import threading
+import time
+import zlib
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from .. import faults
+from ..errors import CorruptRecord, StoreError
+from . import blobs, codec, layout
+from ._pg import ChunkWriter, create_tables, display, parse_url, reason
+from .base import Header, Store
+
+#: Attempts of one operation when the connection is lost.
+RETRIES = 4
+
+try:
+    import psycopg
+    import psycopg_pool
+except ImportError:  # pragma: no cover - the error is raised on open
+    psycopg = None  # type: ignore[assignment]
+    psycopg_pool = None  # type: ignore[assignment]
+
+
+class PgStore(Store):
+    """The store in a PostgreSQL schema; see the module docstring."""
+
+    small_blob_max = 64 * 1024
+    elsewhere = "use another ?namespace= in NBDURABLE_STORE"
+    path: str  # type: ignore[assignment]  # the URL, shown without password
+
+    def __init__(self, url: str, *, durability: str = "crash") -> None:
+        # ``durability`` is the server's business (synchronous_commit); accepted for
+        # the signature every engine shares.
+        if psycopg is None:
+            raise StoreError(
+                "the PostgreSQL store needs psycopg 3: pip install 'nbdurable[postgres]'"
+            )
+        self.url = url
+        self.path = display(url)
+        target = parse_url(url)
+        self.namespace, self.chunk_size = target.namespace, target.chunk_size
+        self._conninfo, self._options = target.conninfo, target.options
+        self._connect_timeout = target.connect_timeout
+        self._t = f'"{self.namespace}"'
+        # Advisory locks are per database: the namespace's own lock space.
+        self._space = zlib.crc32(self.namespace.encode()) - 2**31
+        self._local = threading.local()
+        self._pool: Any = None
+        self.generation = 0
+        self.deletions = 0
+        self._open()
+
+    # -- opening ------------------------------------------------------------------------
+    def _open(self) -> None:
+        secret = os.environ.get("NBDURABLE_KEY", "")
+        if len(secret) < 16:
+            raise StoreError(
+                f"the shared store {self.path} needs NBDURABLE_KEY set to the team's signing "
+                "key (at least 16 characters; the same on every machine) before it opens"
+            )
+        try:
+            with psycopg.connect(self._conninfo, **self._options) as conn:
+                create_tables(conn, self._t, self._space, self.path)
+        except psycopg.OperationalError as exc:
+            raise StoreError(
+                f"cannot reach the nbdurable store at {self.path}: {reason(exc)}. Nothing was "
+                "read or recorded; start the PostgreSQL server or fix NBDURABLE_STORE (--store)."
+            ) from exc
+        except psycopg.Error as exc:
+            raise StoreError(
+                f"cannot open the nbdurable store at {self.path}: {reason(exc)}; check the "
+                "database's permissions, or use another ?namespace="
+            ) from exc
+        self._pool = psycopg_pool.ConnectionPool(
+            self._conninfo,
+            min_size=1,
+            max_size=4,
+            # Autocommit: a one-statement write commits in one round trip; every
+            # other write is an explicit transaction (see _run).
+            kwargs={**self._options, "autocommit": True},
+            timeout=self._connect_timeout + 5,
+            open=False,
+            name=f"nbdurable-{self.namespace}",
+        )
+        self._pool.open(wait=False)
+        self._start(secret.encode("utf-8"))
+
+    # -- running statements ---------------------------------------------------------------
+    def _run(self, doing: str, fn: Callable[[Any], Any], tx: bool = True) -> Any:
+        """``fn(connection)``, retried on a fresh connection if the connection is lost.
+
+        With ``tx`` it runs in one transaction; without, each statement
+        commits on its own (one statement, or ``fn`` opens its own). Inside
+        :meth:`transaction` it runs on that transaction's connection, without
+        retry (the caller's block cannot be replayed from here).
+        """
+        pinned = getattr(self._local, "conn", None)
+        if pinned is not None:
+            return self._guarded(doing, lambda: fn(pinned))
+        for attempt in range(RETRIES):
+            conn = None
+            try:
+                with self._pool.connection() as conn:
+                    if not tx:
+                        return fn(conn)
+                    with conn.transaction():
+                        return fn(conn)
+            except psycopg_pool.PoolTimeout as exc:  # before its base class, OperationalError
+                raise self._failure(doing, exc) from exc
+            except psycopg.OperationalError as exc:
+                # A broken connection is dropped by the pool; the next attempt gets a new one.
+                lost = conn is None or conn.broken or conn.closed
+                if not lost or attempt == RETRIES - 1:
+                    raise self._failure(doing, exc) from exc
+                # Its idle siblings died with it (a restarted server): drop them too.
+                with contextlib.suppress(Exception):
+                    self._pool.check()
+                time.sleep(0.05 * 2**attempt)
+            except psycopg.Error as exc:
+                raise self._failure(doing, exc) from exc
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _guarded(self, doing: str, fn: Callable[[], Any]) -> Any:
+        try:
+            return fn()
+        except (psycopg.Error, psycopg_pool.PoolTimeout) as exc:
+            raise self._failure(doing, exc) from exc
+
+    def _failure(self, doing: str, exc: BaseException) -> StoreError:
+        advice = "check that the PostgreSQL server is up and reachable (NBDURABLE_STORE)"
+        if doing == "write":
+            return StoreError(
+                f"could not write to the nbdurable store at {self.path}: {reason(exc)}. "
+                f"Nothing was recorded for this write; {advice}, then run the cell again."
+            )
+        return StoreError(
+            f"could not {doing} the nbdurable store at {self.path}: {reason(exc)}; {advice}."
+        )
+
+    def _one(self, sql: str, args: Sequence[Any], doing: str = "read") -> Any:
+        """The first row of one statement (None if none)."""
+        return self._run(doing, lambda c: c.execute(sql, args, binary=True).fetchone(), tx=False)
+
+    # -- reading ------------------------------------------------------------------------
+    def read(self, key: str) -> bytes | None:
+        """The stored bytes of ``key`` (a chunked blob's joined), unverified."""
+
+        def fn(conn: Any) -> bytes | None:
+            row = conn.execute(
+                f"SELECT value, blob FROM {self._t}.kv WHERE key = %s", (key,), binary=True
+            ).fetchone()
+            if row is None:
+                return None
+            if row[1] is None:
+                return bytes(row[0])
+            rows = conn.execute(
+                f"SELECT data FROM {self._t}.chunks WHERE blob = %s ORDER BY n",
+                (row[1],),
+                binary=True,
+            )
+            return b"".join(bytes(r[0]) for r in rows)
+
+        return self._run("read", fn, tx=False)
+
+    def read_prefix(self, prefix: str, row_max: int) -> list[tuple[str, bytes | None]]:
+        """Keys under ``prefix`` with their bytes if at most ``row_max`` long, in key order."""
+
+        def fn(conn: Any) -> list[tuple[str, bytes | None]]:
+            rows = conn.execute(
+                f"SELECT key, CASE WHEN blob IS NULL AND size <= %s THEN value END "
+                f"FROM {self._t}.kv WHERE key >= %s AND key < %s ORDER BY key",
+                (row_max, prefix, layout.upper(prefix)),
+                binary=True,
+            ).fetchall()
+            return [(k, None if v is None else bytes(v)) for k, v in rows]
+
+        return self._run("read", fn, tx=False)
+
+    def scan(self, prefix: str) -> list[str]:
+        """All keys that start with ``prefix``, in key order (an index range scan)."""
+        return self._run(
+            "read",
+            lambda c: [
+                r[0]
+                for r in c.execute(
+                    f"SELECT key FROM {self._t}.kv WHERE key >= %s AND key < %s ORDER BY key",
+                    (prefix, layout.upper(prefix)),
+                )
+            ],
+            tx=False,
+        )
+
+    def stats(self, prefix: str) -> tuple[int, int]:
+        """``(count, bytes)`` of the keys under ``prefix``."""
+        row = self._one(
+            f"SELECT count(*), coalesce(sum(size), 0) FROM {self._t}.kv "
+            "WHERE key >= %s AND key < %s",
+            (prefix, layout.upper(prefix)),
+        )
+        return int(row[0]), int(row[1])
+
+    def size_of(self, key: str) -> int:
+        """Bytes stored for ``key`` (0 if absent)."""
+        row = self._one(f"SELECT size FROM {self._t}.kv WHERE key = %s", (key,))
+        return 0 if row is None else int(row[0])
+
+    def has(self, key: str) -> bool:
+        """True if ``key`` is present (not verified)."""
+        return self._one(f"SELECT 1 FROM {self._t}.kv WHERE key = %s", (key,)) is not None
+
+    # -- writing ------------------------------------------------------------------------
+    def write(self, values: dict[str, bytes], deletes: Sequence[str] = ()) -> None:
+        """Write and delete in one transaction (upserts: a retried write lands once)."""
+        rows = [(k, v, len(v)) for k, v in values.items()]
+
+        def fn(conn: Any) -> None:
+            with conn.cursor() as cur:
+                # A key that held a chunked blob gives its chunks up (rare: a rewritten blob).
+                chunked = [k for k in values if k.startswith(layout.BLOBS)] + list(deletes)
+                if chunked:
+                    self._drop_chunks(cur, chunked)
+                upsert = (
+                    f"INSERT INTO {self._t}.kv (key, value, size) VALUES (%s, %b, %s) "
+                    "ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value, "
+                    "size = EXCLUDED.size, blob = NULL"
+                )
+                if len(rows) == 1:
+                    cur.execute(upsert, rows[0])
+                else:
+                    cur.executemany(upsert, rows)
+                if deletes:
+                    cur.execute(f"DELETE FROM {self._t}.kv WHERE key = ANY(%s)", (list(deletes),))
+                faults.point("store-write")  # inside the transaction, before its commit
+
+        if deletes:
+            self.deletions += 1
+        # One plain record (a sub-step's) is one statement: it commits alone, in one round trip.
+        alone = (
+            len(rows) == 1
+            and not deletes
+            and not rows[0][0].startswith(layout.BLOBS)
+            and not faults.armed("store-write")
+        )
+        self._run("write", fn, tx=not alone)
+        self._suspect.difference_update(values)
+
+    def _drop_chunks(self, cur: Any, keys: Sequence[str]) -> None:
+        cur.execute(
+            f"DELETE FROM {self._t}.chunks WHERE blob IN "
+            f"(SELECT blob FROM {self._t}.kv WHERE key = ANY(%s) AND blob IS NOT NULL)",
+            (list(keys),),
+        )
+
+    def delete(self, key: str) -> bool:
+        """Delete one key; True if it existed."""
+
+        def fn(conn: Any) -> bool:
+            with conn.cursor() as cur:
+                self._drop_chunks(cur, [key])
+                cur.execute(f"DELETE FROM {self._t}.kv WHERE key = %s", (key,))
+                return cur.rowcount > 0
+
+        self.deletions += 1
+        return self._run("write", fn)
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[None]:
+        """Reads and writes inside it are one transaction, serialized with every other one."""
+        if getattr(self._local, "conn", None) is not None:
+            yield  # nested: part of the outer transaction
+            return
+        try:
+            with self._pool.connection() as conn, conn.transaction():
+                conn.execute("SELECT pg_advisory_xact_lock(%s, 1)", (self._space,))
+                self._local.conn = conn
+                try:
+                    yield
+                finally:
+                    self._local.conn = None
+        except (psycopg.Error, psycopg_pool.PoolTimeout) as exc:
+            raise self._failure("write", exc) from exc
+
+    def swap(self, key: str, update: Callable[[Header | None], Header | None]) -> Header | None:
+        """The lease's compare-and-set: read, ``update``, write under the key's own lock.
+
+        One transaction holding an advisory lock on the key (a row lock
+        cannot lock a row that does not exist yet), so two machines taking
+        the same lease are serialized. On a lost connection the whole of it
+        runs again, ``update`` included, on the state then committed.
+        """
+
+        def fn(conn: Any) -> Header | None:
+            conn.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (self._space, key))
+            row = conn.execute(
+                f"SELECT value FROM {self._t}.kv WHERE key = %s", (key,), binary=True
+            ).fetchone()
+            current = None
+            if row is not None:
+                with contextlib.suppress(CorruptRecord):
+                    current = codec.decode(self._mac, key, bytes(row[0]))[0]
+            new = update(current)
+            if new is None:
+                if row is not None:
+                    conn.execute(f"DELETE FROM {self._t}.kv WHERE key = %s", (key,))
+            else:
+                value = self._encode(key, new)
+                conn.execute(
+                    f"INSERT INTO {self._t}.kv (key, value, size) VALUES (%s, %b, %s) "
+                    "ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value, "
+                    "size = EXCLUDED.size, blob = NULL",
+                    (key, value, len(value)),
+                )
+            return current
+
+        return self._run("write", fn)
+
+    # -- blobs (format: see .blobs) -------------------------------------------------------
+    def _put_blob_file(
+        self, parts: Sequence[blobs.Buffer], total: int, secrets: dict[str, bytes]
+    ) -> tuple[str, int]:
+        """Stream a large blob into chunk rows, hashing it; its kv row commits with them."""
+        written = [0]
+
+        def fn(conn: Any) -> str:
+            written[0] = 0
+            t = self._t
+            with conn.transaction() as txn:
+                blob_id = conn.execute(f"SELECT nextval('{t}.blob_ids')").fetchone()[0]
+                out = ChunkWriter(
+                    conn, f"INSERT INTO {t}.chunks VALUES (%s, %s, %b)", blob_id, self.chunk_size
+                )
+                sha = blobs.write(out, parts, secrets)
+                out.flush()
+                key = layout.blob(sha)
+                if key in self._suspect:  # found damaged or missing: replace it
+                    with conn.cursor() as cur:
+                        self._drop_chunks(cur, [key])
+                        cur.execute(f"DELETE FROM {t}.kv WHERE key = %s", (key,))
+                stored = conn.execute(
+                    f"INSERT INTO {t}.kv (key, value, size, blob) VALUES (%s, NULL, %s, %s) "
+                    "ON CONFLICT (key) DO NOTHING RETURNING key",
+                    (key, total, blob_id),
+                ).fetchone()
+                if stored is None:  # stored already (maybe by another machine just now):
+                    raise psycopg.Rollback(txn)  # its chunks go with the transaction
+                written[0] = total
+            return sha
+
+        sha = self._run("write", fn, tx=False)
+        self._suspect.discard(layout.blob(sha))
+        return sha, written[0]
+
+    def get_blob(self, sha: str) -> blobs.Blob | None:
+        """The verified blob ``sha``, None if absent (:class:`CorruptRecord` if damaged).
+
+        Chunks are streamed into an unlinked temporary file, then verified and
+        mapped like a value file of the embedded engine.
+        """
+        key = layout.blob(sha)
+
+        def fn(conn: Any) -> blobs.Blob | None:
+            row = conn.execute(
+                f"SELECT value, blob, size FROM {self._t}.kv WHERE key = %s", (key,), binary=True
+            ).fetchone()
+            if row is None:
+                return None
+            value, blob_id, size = row
+            if blob_id is None:
+                return self._blob_from_bytes(sha, key, bytes(value))
+            with tempfile.TemporaryFile(prefix="nbdurable-blob-") as f:
+                with conn.cursor(name=f"blob_{blob_id}", binary=True) as cur:
+                    cur.itersize = 1  # one chunk in memory at a time
+                    cur.execute(
+                        f"SELECT data FROM {self._t}.chunks WHERE blob = %s ORDER BY n",
+                        (blob_id,),
+                    )
+                    for (data,) in cur:
+                        f.write(data)
+                got = f.tell()
+                if got != size:
+                    raise CorruptRecord(f"blob {sha[:12]} has {got} bytes, not {size} (truncated)")
+                f.seek(0)
+                return blobs.read_verified(sha, f, size)
+
+        try:
+            blob = self._run("read", fn)
+        except CorruptRecord:
+            self._suspect.add(key)
+            raise
+        if blob is None:
+            self._suspect.add(key)
+        return blob
+
+    # -- housekeeping ---------------------------------------------------------
+    def check(self, fix: bool = True) -> list[str]:
+        """Check chunked blobs; with ``fix``, remove what cannot be whole.
+
+        One line per problem: a blob whose chunks do not add up to its size
+        (its record is deleted; the step that saved it runs again), chunks
+        that belong to no record (left only by a hand edit: every blob's
+        chunks commit with its row).
+        """
+        t = self._t
+        done = "; removed" if fix else ""
+
+        def fn(conn: Any) -> list[str]:
+            problems = []
+            bad = conn.execute(
+                f"SELECT k.key, k.size, coalesce(sum(length(c.data)), 0) FROM {t}.kv k "
+                f"LEFT JOIN {t}.chunks c ON c.blob = k.blob WHERE k.blob IS NOT NULL "
+                "GROUP BY k.key, k.size HAVING coalesce(sum(length(c.data)), 0) <> k.size"
+            ).fetchall()
+            for key, size, got in bad:
+                problems.append(f"record {key!r} has {got} bytes in its chunks, not {size}{done}")
+            orphans = conn.execute(
+                f"SELECT DISTINCT blob FROM {t}.chunks c WHERE NOT EXISTS "
+                f"(SELECT 1 FROM {t}.kv k WHERE k.blob = c.blob)"
+            ).fetchall()
+            problems += [f"chunks of blob {b} belong to no record{done}" for (b,) in orphans]
+            if fix:
+                with conn.cursor() as cur:
+                    self._drop_chunks(cur, [k for k, _, _ in bad])
+                    cur.execute(
+                        f"DELETE FROM {t}.kv WHERE key = ANY(%s)", ([k for k, _, _ in bad],)
+                    )
+                    cur.execute(
+                        f"DELETE FROM {t}.chunks WHERE blob = ANY(%s)", ([b for (b,) in orphans],)
+                    )
+                if bad:
+                    self.deletions += 1
+            return problems
+
+        return self._run("check", fn)
+
+    def replaced(self) -> bool:
+        """Always False: a database is not swapped under a URL as a directory is."""
+        return False
+
+    def check_same(self) -> None:
+        """Nothing to check (see :meth:`replaced`)."""
+
+    def reopen(self) -> None:
+        """Close the pool and connect again."""
+        self.close()
+        self.generation += 1
+        self._open()
+
+    def close(self) -> None:
+        """Close the pool's connections."""
+        if self._pool is not None:
+            with contextlib.suppress(Exception):
+                self._pool.close()
+            self._pool = None
+
+    def drop(self) -> None:
+        """Remove the whole namespace (its schema and every record in it)."""
+        self._run(
+            "write", lambda c: c.execute(f"DROP SCHEMA IF EXISTS {self._t} CASCADE"), tx=False
+        )
+        self.close()

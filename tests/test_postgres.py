@@ -1,0 +1,424 @@
+"""The team store on a real PostgreSQL server: records, blobs, keys, schema, faults, leases, copy.
+
+Every test works in a namespace (a PostgreSQL schema) of its own, dropped
+afterwards (see the ``pg_url`` fixture); the server is NBDURABLE_TEST_PG, and
+these tests fail, never skip, when none answers. Faults are real: sessions
+are ended with ``pg_terminate_backend`` from another connection.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import numpy as np
+import psycopg
+import pytest
+from pg_util import namespace, pg_sql, terminate
+
+from nbdurable.cli import main
+from nbdurable.errors import CorruptRecord, FormatVersionError, LeaseHeld, StoreError
+from nbdurable.kernel import lease
+from nbdurable.store import RunKeys, Store, admin, layout, open_store, values
+from nbdurable.store.copy import copy_run
+from nbdurable.store.postgres import PgStore, display
+
+pytestmark = pytest.mark.postgres
+
+
+@pytest.fixture
+def pg(pg_url):
+    s = Store(pg_url)
+    yield s
+    s.close()
+
+
+def _array_blob(store: Store, n: int) -> tuple[str, np.ndarray]:
+    arr = np.arange(n, dtype=np.float64)
+    stream, bufs = values.dumps_parts(arr)
+    sha, written = store.put_blob(stream, bufs)
+    assert written > 0
+    return sha, arr
+
+
+def _load(store: Store, sha: str) -> object:
+    blob = store.get_blob(sha)
+    assert blob is not None
+    return values.loads(blob.stream, buffers=blob.buffers)
+
+
+def _chunks(url: str) -> int:
+    return pg_sql(url, f'SELECT count(*) FROM "{namespace(url)}".chunks')[0][0]
+
+
+# -- selection and records ----------------------------------------------------------
+
+
+def test_a_url_opens_the_postgres_engine_and_a_directory_the_embedded_one(pg_url, tmp_path):
+    with Store(pg_url) as a, open_store(pg_url) as b, open_store(tmp_path / "d") as c:
+        assert type(a) is PgStore and type(b) is PgStore
+        assert type(c).__name__ == "DiskStore"
+        assert a.path == b.path and a.path.endswith(f"/test?namespace={namespace(pg_url)}")
+    with pytest.raises(StoreError, match="unknown store URL mysql://"):
+        open_store("mysql://x@y/z")
+
+
+def test_records_ranges_and_transactions_behave_as_on_disk(pg):
+    rk = RunKeys("nb.ipynb")
+    pg.put(rk.meta, {"run": "nb.ipynb", "last": 1.0})
+    pg.apply(puts=[(rk.step(f"k{i}"), {"i": i}, b"x" * i) for i in range(5)])
+    assert pg.get(rk.step("k3")) == ({"i": 3}, b"xxx")
+    assert pg.scan(rk.steps) == [rk.step(f"k{i}") for i in range(5)]
+    assert pg.stats(rk.steps)[0] == 5
+    loaded = pg.load_prefix(rk.steps)
+    assert [pg.get_loaded(k, v)[0]["i"] for k, v in loaded.items()] == [0, 1, 2, 3, 4]
+    pg.apply(puts=[(rk.step("k9"), {"i": 9}, b"")], deletes=[rk.step("k0")])
+    assert not pg.has(rk.step("k0")) and pg.has(rk.step("k9"))
+    assert pg.delete(rk.step("k9")) and not pg.delete(rk.step("k9"))
+    assert pg.get("absent") is None and pg.size_of("absent") == 0
+    # A value of another key does not verify under this one (the key is signed).
+    raw = pg.read(rk.step("k1"))
+    pg.write({rk.step("k2"): raw})
+    with pytest.raises(CorruptRecord):
+        pg.get(rk.step("k2"))
+
+
+def test_namespaces_are_apart(pg_url, pg_server):
+    other = pg_url.replace("namespace=t_", "namespace=u_")
+    try:
+        with Store(pg_url) as a, Store(other) as b:
+            a.put("r/x/meta", {"a": 1})
+            assert b.get("r/x/meta") is None
+            assert a.get("r/x/meta") == ({"a": 1}, b"")
+    finally:
+        pg_sql(pg_server, f'DROP SCHEMA IF EXISTS "{namespace(other)}" CASCADE')
+
+
+# -- blobs ----------------------------------------------------------------------------
+
+
+def test_a_blob_spanning_many_chunks_streams_both_ways(pg_url):
+    url = pg_url + "&chunk_size=65536"
+    with Store(url) as s:
+        sha, arr = _array_blob(s, 400_000)  # 3.2 MB: about 49 chunks of 64 KB
+        size = s.size_of(layout.blob(sha))
+        assert _chunks(url) == -(-size // 65536) > 40
+        assert np.array_equal(_load(s, sha), arr)
+        # Stored once by content: a second write adds nothing, not even chunks.
+        stream, bufs = values.dumps_parts(arr)
+        assert s.put_blob(stream, bufs) == (sha, 0)
+        assert _chunks(url) == -(-size // 65536)
+        assert s.check() == []
+    with Store(url) as fresh:  # another process, another connection
+        assert np.array_equal(_load(fresh, sha), arr)
+
+
+def test_a_damaged_chunk_is_refused_then_rewritten(pg_url):
+    url = pg_url + "&chunk_size=65536"
+    ns = namespace(url)
+    with Store(url) as s:
+        sha, arr = _array_blob(s, 100_000)
+        pg_sql(
+            url,
+            f'UPDATE "{ns}".chunks SET data = set_byte(data, 9, (get_byte(data, 9) + 1) %% 256) '
+            "WHERE n = 3",
+        )
+        with pytest.raises(CorruptRecord, match="SHA-256"):
+            s.get_blob(sha)
+        stream, bufs = values.dumps_parts(arr)
+        assert s.put_blob(stream, bufs)[1] > 0  # suspect: written again
+        assert np.array_equal(_load(s, sha), arr)
+        assert s.check() == []
+
+
+def test_check_removes_a_blob_with_lost_chunks(pg_url):
+    url = pg_url + "&chunk_size=65536"
+    with Store(url) as s:
+        sha, _ = _array_blob(s, 100_000)
+        pg_sql(url, f'DELETE FROM "{namespace(url)}".chunks WHERE n = 2')
+        problems = s.check(fix=False)
+        assert len(problems) == 1 and "not" in problems[0] and "removed" not in problems[0]
+        assert "removed" in s.check(fix=True)[0]
+        assert s.get_blob(sha) is None and s.check() == []
+
+
+# -- the key and the schema ------------------------------------------------------------
+
+
+def test_no_key_no_store(pg_url, monkeypatch):
+    monkeypatch.delenv("NBDURABLE_KEY")
+    with pytest.raises(StoreError) as info:
+        Store(pg_url)
+    message = str(info.value)
+    assert "NBDURABLE_KEY" in message and "\n" not in message
+    assert (
+        pg_sql(pg_url, "SELECT 1 FROM pg_namespace WHERE nspname = %s", (namespace(pg_url),)) == []
+    ), "nothing was created without a key"
+
+
+def test_the_key_is_never_stored_and_another_key_is_refused(pg_url, monkeypatch):
+    import os
+
+    key = os.environ["NBDURABLE_KEY"]
+    with Store(pg_url) as s:
+        s.put("r/x/meta", {"a": 1})
+    ns = namespace(pg_url)
+    found = pg_sql(
+        pg_url,
+        f'SELECT count(*) FROM "{ns}".kv WHERE position(%s::bytea in value) > 0',
+        (key.encode(),),
+    )
+    assert found == [(0,)]
+    monkeypatch.setenv("NBDURABLE_KEY", "another-team-key-0123456789")
+    with pytest.raises(StoreError) as info:
+        Store(pg_url)
+    assert "another store key" in str(info.value) and "namespace" in str(info.value)
+
+
+def test_a_newer_schema_is_refused_in_one_line(pg_url):
+    Store(pg_url).close()
+    pg_sql(pg_url, f'UPDATE "{namespace(pg_url)}".schema_version SET version = 99')
+    with pytest.raises(FormatVersionError) as info:
+        Store(pg_url)
+    assert "layout 99" in str(info.value) and "Upgrade nbdurable" in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+# -- faults across the network ------------------------------------------------------------
+
+
+def test_a_server_that_is_down_at_startup_is_one_line_naming_the_url(monkeypatch):
+    monkeypatch.setenv("NBDURABLE_KEY", "k" * 20)
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    url = f"postgresql://alice:s3cret@127.0.0.1:{port}/test?namespace=x"
+    with pytest.raises(StoreError) as info:
+        Store(url)
+    message = str(info.value)
+    assert f"postgresql://alice@127.0.0.1:{port}/test" in message
+    assert "s3cret" not in message and "\n" not in message
+    assert "start the PostgreSQL server" in message
+
+
+def test_sessions_killed_between_writes_lose_nothing_and_record_nothing_twice(pg_url):
+    with Store(pg_url) as s:
+        rk = RunKeys("r")
+        for i in range(40):
+            if i % 5 == 0:
+                assert terminate(pg_url) >= 1 or i == 0
+            s.put(rk.sub("~run", f"c{i}"), {"i": i}, b"v")
+        assert [s.get(k)[0]["i"] for k in s.scan(rk.all_subs)] == sorted(range(40), key=str)
+        count = pg_sql(
+            pg_url, f"SELECT count(*) FROM \"{namespace(pg_url)}\".kv WHERE key LIKE 'r/%%'"
+        )
+        assert count == [(40,)]
+
+
+def test_a_session_killed_in_the_middle_of_a_blob_write(pg_url, monkeypatch):
+    """The write's transaction is lost with its session; the retry writes it whole, once."""
+    from nbdurable.store import _pg
+
+    url = pg_url + "&chunk_size=65536"
+    real = _pg.ChunkWriter._insert
+    killed = []
+
+    def insert(self, chunk):
+        if self.n == 10 and not killed:  # half way through the first attempt
+            killed.append(terminate(url))
+        return real(self, chunk)
+
+    monkeypatch.setattr(_pg.ChunkWriter, "_insert", insert)
+    with Store(url) as s:
+        sha, arr = _array_blob(s, 200_000)
+        assert killed and killed[0] >= 1, "the session writing the blob was ended"
+        assert np.array_equal(_load(s, sha), arr)
+        size = s.size_of(layout.blob(sha))
+        assert _chunks(url) == -(-size // 65536), "the lost attempt left no chunks behind"
+        assert s.check() == []
+
+
+def test_a_step_record_killed_mid_transaction_commits_whole_or_not_at_all(pg_url, monkeypatch):
+    """apply() is one transaction: ended mid-way, the retry writes every record of it."""
+    import psycopg as pg_mod
+
+    with Store(pg_url) as s:
+        rk = RunKeys("r")
+        real = pg_mod.Cursor.executemany
+        state = {"calls": 0}
+
+        def executemany(self, query, params, **kw):
+            state["calls"] += 1
+            if state["calls"] == 1:  # the session ends before the records are sent
+                terminate(pg_url)
+            return real(self, query, params, **kw)
+
+        monkeypatch.setattr(pg_mod.Cursor, "executemany", executemany)
+        s.apply(puts=[(rk.step(f"k{i}"), {"i": i}, b"") for i in range(10)])
+        assert state["calls"] == 2
+        assert len(s.scan(rk.steps)) == 10
+
+
+def test_a_slow_store_answers_within_the_statement_timeout(pg_url):
+    url = pg_url + "&statement_timeout=1"
+    key = RunKeys("r").lease
+    with Store(url) as s:
+        s.put("r/x/meta", {})
+        space = s._space
+        # Another machine holds the lease row's lock and does not let go.
+        with psycopg.connect(pg_server_of(url)) as other:
+            other.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (space, key))
+            started = time.monotonic()
+            with pytest.raises(StoreError) as info:
+                s.swap(key, lambda h: {"t": 1})
+            assert time.monotonic() - started < 30
+        assert "statement timeout" in str(info.value) and "\n" not in str(info.value)
+        assert s.swap(key, lambda h: {"t": 1}) is None  # released: it works again
+
+
+def pg_server_of(url: str) -> str:
+    from urllib.parse import urlsplit
+
+    return urlsplit(url)._replace(query="").geturl()
+
+
+# -- leases across machines ------------------------------------------------------------------
+
+
+def test_swap_is_a_compare_and_set_across_stores(pg_url):
+    stores = [Store(pg_url) for _ in range(2)]
+    key = "r/x/counter"
+
+    def bump(s):
+        for _ in range(25):
+            s.swap(key, lambda h: {"n": (h or {"n": 0})["n"] + 1})
+
+    threads = [threading.Thread(target=bump, args=(s,)) for s in stores for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert stores[0].get(key)[0] == {"n": 100}
+    for s in stores:
+        s.close()
+
+
+def test_a_lease_names_its_host_and_expires_across_machines(pg_url, monkeypatch):
+    monkeypatch.setenv("NBDURABLE_LEASE_EXPIRY", "2")
+    a_store, b_store = Store(pg_url), Store(pg_url)
+    monkeypatch.setenv("NBDURABLE_HOST", "machine-a")
+    a = lease.Lease(a_store, "shared.ipynb")
+    a.acquire()
+    a._stop.set()  # machine A goes silent: no more heartbeats
+    monkeypatch.setenv("NBDURABLE_HOST", "machine-b")
+    b = lease.Lease(b_store, "shared.ipynb")
+    with pytest.raises(LeaseHeld, match="on machine-a"):
+        b.acquire()
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            previous = b.acquire()
+            break
+        except LeaseHeld:
+            assert time.monotonic() < deadline, "the silent holder never expired"
+            time.sleep(0.2)
+    assert previous is not None and previous.host == "machine-a"
+    assert b.holds() and not a.holds()
+    b.release()
+    a_store.close()
+    b_store.close()
+
+
+# -- copy between engines and the admin commands -------------------------------------------------
+
+
+def _run_with_blob(store: Store, run_id: str) -> tuple[str, np.ndarray]:
+    rk = RunKeys(run_id)
+    sha, arr = _array_blob(store, 50_000)
+    var = {"name": "a", "kind": "value", "ref": sha, "fp": "", "size": 1, "type": "ndarray"}
+    store.apply(
+        puts=[
+            (rk.meta, {"kind": "run", "run": run_id, "last": time.time()}, b""),
+            (rk.step("s1"), {"run": run_id, "key": "s1", "variables": [var]}, b""),
+            (rk.sub("s1", "call:0"), {"run": run_id}, b"pickled"),
+        ]
+    )
+    return sha, arr
+
+
+def test_copy_a_run_to_postgres_and_back(pg_url, tmp_path):
+    src = Store(tmp_path / "disk")
+    sha, arr = _run_with_blob(src, "nb.ipynb")
+    with Store(pg_url) as pg:
+        report = copy_run(src, pg, "nb.ipynb")
+        assert (report.records, report.blobs) == (3, 1)
+        assert np.array_equal(_load(pg, sha), arr)
+        back = Store(tmp_path / "back")
+        copy_run(pg, back, "nb.ipynb")
+        rk = RunKeys("nb.ipynb")
+        assert sorted(back.scan(rk.base)) == sorted(src.scan(rk.base))
+        assert back.get(rk.sub("s1", "call:0")) == src.get(rk.sub("s1", "call:0"))
+        assert np.array_equal(_load(back, sha), arr)
+        with pytest.raises(Exception, match="already has records"):
+            copy_run(src, pg, "nb.ipynb")
+
+
+def test_a_tampered_record_aborts_the_copy_with_nothing_copied(pg_url, tmp_path):
+    src = Store(tmp_path / "disk")
+    _run_with_blob(src, "nb.ipynb")
+    rk = RunKeys("nb.ipynb")
+    raw = bytearray(src.read(rk.sub("s1", "call:0")))
+    raw[-1] ^= 1
+    src.write({rk.sub("s1", "call:0"): bytes(raw)})
+    with Store(pg_url) as pg:
+        with pytest.raises(StoreError) as info:
+            copy_run(src, pg, "nb.ipynb")
+        assert "nothing was copied" in str(info.value) and "\n" not in str(info.value)
+        assert pg.scan("r/") == [] and pg.scan("b/") == []
+
+
+def test_cli_ls_gc_check_and_copy_with_a_url(pg_url, tmp_path, capsys):
+    src = Store(tmp_path / "disk")
+    _run_with_blob(src, "nb.ipynb")
+    src.close()
+    assert main(["copy", "nb.ipynb", "--from", str(tmp_path / "disk"), "--to", pg_url]) == 0
+    out = capsys.readouterr().out
+    assert "copied run 'nb.ipynb': 3 records and 1 saved variables" in out
+    assert f"to {display(pg_url)}" in out
+    assert main(["ls", "--store", pg_url, "--json"]) == 0
+    import json
+
+    runs = json.loads(capsys.readouterr().out)["runs"]
+    assert [r["run"] for r in runs] == ["nb.ipynb"]
+    assert main(["check", "--store", pg_url]) == 0
+    assert "sound" in capsys.readouterr().out
+    assert main(["check", "--store", str(tmp_path / "disk")]) == 0
+    assert "sound" in capsys.readouterr().out
+    assert main(["gc", "--store", pg_url, "--older-than", "0s"]) == 0
+    assert "removed run 'nb.ipynb'" in capsys.readouterr().out
+    with Store(pg_url) as pg:
+        assert admin.list_runs(pg) == [] and pg.scan("b/") == []
+    assert main(["copy", "nb.ipynb", "--from", pg_url, "--to", str(tmp_path / "x")]) == 2
+    assert "no run 'nb.ipynb'" in capsys.readouterr().err
+
+
+def test_the_store_is_configured_else_nbdurable_store_else_the_directory(tmp_path, monkeypatch):
+    import nbdurable
+    from nbdurable.errors import UsageProblem
+    from nbdurable.store import engine
+
+    url = "postgresql://team@db/runs?namespace=team1"
+    monkeypatch.delenv("NBDURABLE_STORE", raising=False)
+    assert engine.chosen(tmp_path) == tmp_path
+    monkeypatch.setenv("NBDURABLE_STORE", str(tmp_path / "elsewhere"))
+    assert engine.chosen(tmp_path) == tmp_path / "elsewhere"
+    monkeypatch.setenv("NBDURABLE_STORE", url)
+    assert engine.chosen(tmp_path) == url
+    try:
+        nbdurable.configure(store=str(tmp_path / "configured"))
+        assert engine.chosen(tmp_path) == tmp_path / "configured"
+    finally:
+        nbdurable.configure(store=None)
+    with pytest.raises(UsageProblem, match="postgresql:// URL"):
+        nbdurable.configure(store=42)

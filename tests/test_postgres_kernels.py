@@ -1,0 +1,187 @@
+"""Real kernels on the team store: record, crash, resume and replay through PostgreSQL.
+
+The simulated model (nbdurable.demo.sim) appends every real call to a ledger
+outside the store, and kills its kernel for real inside the 41st answer call.
+Two "machines" are two project directories with their own NBDURABLE_DIR and
+NBDURABLE_HOST, sharing one store URL and one ledger.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from collections import Counter
+
+import nbformat
+import pytest
+from kernel_util import make_notebook, outputs_of, run_notebook
+from nbclient.exceptions import CellExecutionError, DeadKernelError
+from test_cli import CRASHY, inproc, write
+from test_faults import FIXED_KILLS, run_scenario
+from test_lease import Kernel
+from test_story import CELLS
+
+from nbdurable.cli import main
+from nbdurable.demo.sim import ledger_calls
+from nbdurable.kernel import lease
+from nbdurable.store import Store
+from nbdurable.store.postgres import display
+
+pytestmark = [pytest.mark.postgres, pytest.mark.kernel]
+
+EXPIRY = 4.0  # seconds without a heartbeat before another machine's lease lapses
+
+
+def _machine(tmp_path, name: str, url: str, **extra: str) -> dict[str, str]:
+    """The environment of a kernel on machine ``name``: its own project directory."""
+    project = tmp_path / name
+    project.mkdir(exist_ok=True)
+    nbformat.write(make_notebook(CELLS), project / "story.ipynb")
+    return {
+        "NBDURABLE_STORE": url,
+        "NBDURABLE_DIR": str(project / ".nbdurable"),
+        "NBDURABLE_NOTEBOOK": str(project / "story.ipynb"),
+        "NBDURABLE_HOST": f"host-{name}",
+        "NBDURABLE_LEASE_EXPIRY": str(EXPIRY),
+        "NBDURABLE_SIM_LEDGER": str(tmp_path / "ledger.jsonl"),
+        "NBDURABLE_SIM_LATENCY": "0",
+        "JPY_SESSION_NAME": "",
+        **extra,
+    }
+
+
+def _kinds(calls: list[dict]) -> Counter:
+    return Counter(c["kind"] for c in calls)
+
+
+def test_a_notebook_recorded_on_postgres_resumes_and_replays_in_fresh_kernels(
+    tmp_path, pg_url, capsys
+):
+    env = _machine(tmp_path, "a", pg_url, NBDURABLE_SIM_CRASH_AT="41")
+    ledger = tmp_path / "ledger.jsonl"
+    cwd = tmp_path / "a"
+    with pytest.raises(DeadKernelError):
+        run_notebook(make_notebook(CELLS), cwd=cwd, env=env)
+    before = ledger_calls(ledger)
+    assert _kinds(before) == {"plan": 1, "search": 41, "answer": 41}
+
+    second = run_notebook(make_notebook(CELLS), cwd=cwd, env=env)
+    resumed = ledger_calls(ledger)[len(before) :]
+    returned = {(c["kind"], c["arg"]) for c in before[:-1]}
+    assert not returned & {(c["kind"], c["arg"]) for c in resumed}, "a recorded call repeated"
+    assert _kinds(resumed) == {"answer": 20, "search": 19, "synthesize": 1}
+
+    third = run_notebook(make_notebook(CELLS), cwd=cwd, env=env)
+    assert len(ledger_calls(ledger)) == len(before) + len(resumed), "replay made a call"
+    assert outputs_of(third, 4)[0]["text"] == outputs_of(second, 4)[0]["text"]
+
+    # The CLI sees the run through the same URL (the run id is the notebook's own).
+    capsys.readouterr()
+    assert main(["status", str(cwd / "story.ipynb"), "--store", pg_url, "--json"]) == 0
+    status = json.loads(capsys.readouterr().out)
+    assert [s["label"] for s in status["steps"]] == ["plan", "research", "synthesize"]
+    assert {s["state"] for s in status["steps"]} == {"recorded"}, status["steps"]
+
+
+def test_cli_status_and_export_through_a_url(tmp_path, pg_url, capsys):
+    env = _machine(tmp_path, "a", pg_url)
+    cells = CELLS[:2]
+    nbformat.write(make_notebook(cells), tmp_path / "a" / "story.ipynb")
+    run_notebook(make_notebook(cells), cwd=tmp_path / "a", env=env)
+    notebook = str(tmp_path / "a" / "story.ipynb")
+    capsys.readouterr()
+    assert main(["status", notebook, "--store", pg_url, "--json"]) == 0
+    status = json.loads(capsys.readouterr().out)
+    assert status["run"] == "story.ipynb" and status["store"] == display(pg_url)
+    assert [s["state"] for s in status["steps"]] == ["recorded"]
+    assert main(["export", notebook, "--store", pg_url, "--format", "json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["run"] == "story.ipynb" and [s["label"] for s in doc["steps"]] == ["plan"]
+
+
+def test_two_machines_share_a_run_one_at_a_time(tmp_path, pg_url):
+    ledger = tmp_path / "ledger.jsonl"
+    env_a = _machine(tmp_path, "a", pg_url, NBDURABLE_SIM_CRASH_AT="41")
+    env_b = _machine(tmp_path, "b", pg_url, NBDURABLE_SIM_CRASH_AT="41")
+
+    # While A is alive and holds the run, B is refused with one line naming A.
+    a = Kernel(tmp_path / "a", env_a)
+    try:
+        assert a.run(CELLS[0])["status"] == "ok"
+        assert a.run(CELLS[1])["status"] == "ok"
+        pid_a = int(a.run("import os\nprint(os.getpid())")["stdout"])
+        with pytest.raises(CellExecutionError) as info:
+            run_notebook(make_notebook(CELLS), cwd=tmp_path / "b", env=env_b)
+        assert info.value.ename == "UsageError"
+        assert f"process {pid_a} on host-a" in info.value.evalue
+        assert "\n" not in info.value.evalue
+        assert _kinds(ledger_calls(ledger)) == {"plan": 1}, "B must not have made a call"
+    finally:
+        a.close()
+
+    # A (a new kernel on machine A) is killed half way through the research loop.
+    with pytest.raises(DeadKernelError):
+        run_notebook(make_notebook(CELLS), cwd=tmp_path / "a", env=env_a)
+    before = ledger_calls(ledger)
+    assert _kinds(before) == {"plan": 1, "search": 41, "answer": 41}
+
+    # B cannot see whether A's process lives: it waits for A's lease to lapse.
+    with Store(pg_url) as store:
+        holder = lease.read(store, "story.ipynb")
+        assert holder is not None and holder.host == "host-a"
+        deadline = time.monotonic() + 60
+        while time.time() - lease.read(store, "story.ipynb").heartbeat < EXPIRY + 0.5:
+            assert time.monotonic() < deadline, "A's lease never lapsed"
+            time.sleep(0.2)
+
+    second = run_notebook(make_notebook(CELLS), cwd=tmp_path / "b", env=env_b)
+    resumed = ledger_calls(ledger)[len(before) :]
+    returned = {(c["kind"], c["arg"]) for c in before[:-1]}
+    assert not returned & {(c["kind"], c["arg"]) for c in resumed}, "a recorded call repeated"
+    assert _kinds(resumed) == {"answer": 20, "search": 19, "synthesize": 1}
+    hashes = json.loads(outputs_of(second, 4)[0]["text"].splitlines()[0])
+    assert hashes[:40] == [c["out"] for c in before[:-1] if c["kind"] == "answer"]
+
+
+@pytest.mark.parametrize("kill", FIXED_KILLS, ids=lambda k: "-".join(map(str, k)))
+def test_survives_a_kill_on_postgres(kill, tmp_path, pg_url):
+    """The fault-injection suite of tests/test_faults.py, on the team store."""
+    print(run_scenario(tmp_path / "run", kill, random.Random(f"pg-{kill}"), pg_url))
+
+
+def test_nbdurable_run_resumes_through_a_url(tmp_path, pg_url, capsys, monkeypatch):
+    nb = write(tmp_path, CRASHY)
+    monkeypatch.setenv("DIE_AT", "3,6")
+    code, out, err = inproc(capsys, monkeypatch, tmp_path, "run", nb, "--store", pg_url, "--json")
+    assert code == 0, out + err
+    summary = json.loads(out)
+    assert summary["kernel_deaths"] == 2 and summary["calls"] == {"made": 8, "replayed": 6}
+    assert summary["store"] == display(pg_url)
+    assert (tmp_path / "calls.log").read_text().split() == [str(i) for i in range(8)]
+    assert not (tmp_path / "store").exists(), "nothing was recorded in the directory"
+    code, out, err = inproc(
+        capsys, monkeypatch, tmp_path, "status", nb, "--store", pg_url, "--json"
+    )
+    assert code == 0, out + err
+    assert {s["state"] for s in json.loads(out)["steps"]} == {"recorded"}
+
+
+def test_a_server_that_is_down_is_one_line_in_the_notebook(tmp_path, monkeypatch):
+    import socket
+
+    monkeypatch.setenv("NBDURABLE_KEY", "k" * 20)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    url = f"postgresql://postgres:pw@127.0.0.1:{port}/test"
+    nb = make_notebook(["%load_ext nbdurable", "%%step one\nx = 1"])
+    env = {"NBDURABLE_STORE": url, "NBDURABLE_NOTEBOOK": str(tmp_path / "nb.ipynb")}
+    done = run_notebook(nb, cwd=tmp_path, env=env, allow_errors=True)
+    # A UsageError: IPython prints its one line, no traceback.
+    (out,) = done.cells[1].outputs
+    assert out["output_type"] == "stream" and out["name"] == "stderr", out
+    text = out["text"].rstrip("\n")
+    assert text.startswith("UsageError: cannot reach the nbdurable store at ")
+    assert f"postgresql://postgres@127.0.0.1:{port}/test" in text and ":pw@" not in text
+    assert "\n" not in text and "start the PostgreSQL server" in text

@@ -1,0 +1,103 @@
+"""Well-known key formats are found and redacted; ordinary data is left alone."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+import pickle
+import uuid
+
+import pytest
+
+from nbdurable.redact import find_keys, redact_keys, redact_text
+
+# Built from pieces, so that no key-shaped literal sits in the source.
+OPENAI = "sk-" + "proj-" + "Ab3dEf6hIj9kLm2nOp5qRs8tUv1wXy4z" + "_-QQ7"
+OPENAI_OLD = "sk-" + "T3BlbkFJ" + "a1B2c3D4e5F6g7H8i9J0k1L2m3N4o5P6q7R8s9T0"
+ANTHROPIC = "sk-ant-" + "api03-" + "Zx9Yw8Vu7Ts6Rq5Po4Nm3Lk2Ji1Hg0Fe-AAAA"
+AWS_ID = "AKIA" + "IOSFODNN7EXAMPLE"  # AWS's own documentation example
+AWS_TEMP = "ASIA" + "Y34FZKBOKMUTVV7A"
+AWS_SECRET = "wJalrXUtnFEMI/K7MDENG/" + "bPxRfiCYEXAMPLEKEY"  # documentation example
+GITHUB = "ghp_" + "aBcDeFgHiJkLmNoPqRsTuVwXyZ0123456789"
+GITHUB_PAT = "github_pat_" + "11ABCDEFG0" + "abcdefghijklmnopqrstuvwxyz_ABCDEFGHIJ"
+GOOGLE = "AIza" + "SyA-1234567890abcdefghijklmnopqrstu"
+
+KEYS = {
+    "openai": [OPENAI, OPENAI_OLD],
+    "anthropic": [ANTHROPIC],
+    "aws": [AWS_ID, AWS_TEMP],
+    "github": [GITHUB, GITHUB_PAT, "gho_" + GITHUB[4:], "ghs_" + GITHUB[4:]],
+    "google": [GOOGLE],
+}
+
+
+@pytest.mark.parametrize(
+    ("kind", "key"), [(kind, key) for kind, keys in KEYS.items() for key in keys]
+)
+def test_each_format_is_found_in_text_and_bytes(kind, key):
+    for text in (key, f"api_key = '{key}'", f'{{"key": "{key}"}}', f"Bearer {key}\n"):
+        assert find_keys(text) == [kind], text
+        assert find_keys(text.encode()) == [kind], text
+        out, kinds = redact_keys(text)
+        assert kinds == [kind] and key not in out and f"[redacted {kind} key]" in out
+        out_b, kinds_b = redact_keys(text.encode())
+        assert kinds_b == [kind] and key.encode() not in out_b
+
+
+def test_anthropic_key_is_not_also_an_openai_key():
+    assert find_keys(ANTHROPIC) == ["anthropic"]
+
+
+def test_aws_secret_next_to_its_id_or_after_its_label():
+    creds = f"[default]\naws_access_key_id = {AWS_ID}\naws_secret_access_key = {AWS_SECRET}\n"
+    out, kinds = redact_keys(creds)
+    assert kinds == ["aws"] and AWS_ID not in out and AWS_SECRET not in out
+    labelled = f'{{"SecretAccessKey": "{AWS_SECRET}"}}'
+    assert AWS_SECRET not in redact_keys(labelled)[0]
+    # a lone 40-character run, with no id or label near it, is not taken for one
+    assert find_keys(f"value: {AWS_SECRET}") == []
+
+
+def test_keep_length_keeps_a_pickle_valid():
+    value = {"note": f"key {OPENAI} and {GITHUB}", "n": 3}
+    raw = pickle.dumps(value)
+    out, kinds = redact_keys(raw, keep_length=True)
+    assert kinds == ["github", "openai"] and len(out) == len(raw)
+    back = pickle.loads(out)
+    assert back["n"] == 3 and OPENAI not in back["note"] and GITHUB not in back["note"]
+    assert back["note"].startswith("key [redacted openai key]")
+
+
+def test_ordinary_data_does_not_fire():
+    rng = os.urandom
+    samples = [
+        hashlib.sha256(b"x").hexdigest(),
+        hashlib.sha1(b"x").hexdigest().upper(),
+        str(uuid.uuid4()),
+        uuid.uuid4().hex,
+        "The task-management-system-for-everyone ships 2024; sk-learn-is-not-a-key-at-all.",
+        "risk-0123456789abcdefghijklmnop and desk-1234567890abcdefghijkl",
+        "AKIA is a prefix; AKIAFOO is too short; MASKIAIOSFODNN7EXAMPLE is inside a word",
+        "ghp_short, github_pat_, AIza_short",
+    ]
+    # base64 of random bytes (an image's worth), plus runs that contain key
+    # prefixes by chance: inside a base64 run they are not keys
+    blob = base64.b64encode(rng(300_000)).decode()
+    samples.append(blob)
+    samples.append(blob[:1000] + AWS_ID + blob[1000:2000])
+    samples.append(blob[:1000] + "AIza" + GOOGLE[4:] + blob[1000:2000])
+    samples.append(base64.urlsafe_b64encode(rng(100_000)).decode()[:500] + "sk-" + OPENAI[3:] + "x")
+    samples.append("data:image/png;base64," + blob[:5000])
+    for sample in samples:
+        assert find_keys(sample) == [], sample[:80]
+        assert find_keys(sample.encode()) == [], sample[:80]
+        assert redact_keys(sample) == (sample, [])
+
+
+def test_environment_secrets_still_work_alongside():
+    secrets = {"MY_TOKEN": b"plain-secret-value-123"}
+    text, names = redact_text(f"token plain-secret-value-123 and {OPENAI}", secrets)
+    assert names == ["MY_TOKEN"] and "[redacted $MY_TOKEN]" in text
+    text, kinds = redact_keys(text)
+    assert kinds == ["openai"] and OPENAI not in text and "$MY_TOKEN" in text
