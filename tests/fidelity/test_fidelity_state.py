@@ -578,10 +578,6 @@ CASES = SHARING + MUTATION + PROCESS + ITERATORS + HISTORY + CLASSES + UNRESTORA
 #: Cases that fail against the library today, and what differs. A strict xfail:
 #: a fix that makes one pass must remove it from here.
 FAILS_TODAY: dict[str, str] = {
-    "generator-consumed-then-plain-cell": (
-        "a generator consumed by a replayed step is not advanced: the consuming step "
-        "must be not replayable (passed before the fingerprint and memory changes merged)"
-    ),
     "decimal-context": "decimal context precision set in a step is not re-applied",
     "recursion-limit": "sys.setrecursionlimit in a step is not re-applied",
     "underscore-after-replayed-result": "_ after a replayed result is not the result: print(_ + 1) raises",
