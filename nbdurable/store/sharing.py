@@ -177,17 +177,26 @@ def reduce_array(obj: Any) -> Any:
     np = sys.modules.get("numpy")
     if np is None or type(obj) is not np.ndarray or obj.dtype.hasobject:
         return None
-    base = obj.base
-    if type(base) is np.ndarray and not base.dtype.hasobject and _contiguous(base):
-        offset = obj.__array_interface__["data"][0] - base.__array_interface__["data"][0]
-        return _view, (base, obj.dtype, obj.shape, obj.strides, offset, obj.flags.writeable)
-    if obj.flags.c_contiguous:
-        buf, order = obj, "C"
-    elif obj.flags.f_contiguous:
-        buf, order = obj.T, "F"
-    else:
+    try:
+        base = obj.base
+        if type(base) is np.ndarray and not base.dtype.hasobject and _contiguous(base):
+            offset = obj.__array_interface__["data"][0] - base.__array_interface__["data"][0]
+            return _view, (base, obj.dtype, obj.shape, obj.strides, offset, obj.flags.writeable)
+        if not _contiguous(obj):
+            return None
+        order = "C" if obj.flags.c_contiguous else "F"
+        # As bytes: a buffer cannot carry every dtype (datetime64 is refused).
+        raw = pickle.PickleBuffer(_bytes_of(obj))
+        return _array, (raw, obj.dtype, obj.shape, order, obj.flags.writeable)
+    except Exception:  # numpy's own reduction copies, but never fails where this did
         return None
-    return _array, (pickle.PickleBuffer(buf), obj.dtype, obj.shape, order, obj.flags.writeable)
+
+
+def _bytes_of(a: Any) -> Any:
+    """The memory of a contiguous array as a flat uint8 view of it (no copy)."""
+    import numpy as np
+
+    return a.ravel(order="K").view(np.uint8)
 
 
 def _contiguous(a: Any) -> bool:
@@ -211,7 +220,9 @@ def _view(
 ) -> Any:
     import numpy as np
 
-    view = np.ndarray(shape, dtype, buffer=base, offset=off, strides=strides)
+    # Through bytes of the base (it may be of a dtype no buffer can carry); the
+    # view's base is still ``base``: numpy collapses the chain to it.
+    view = np.ndarray(shape, dtype, buffer=_bytes_of(base), offset=off, strides=strides)
     if not w:
         view.flags.writeable = False
     return view
