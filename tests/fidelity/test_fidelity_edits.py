@@ -536,7 +536,6 @@ FAILS_TODAY: dict[str, str] = {
     "dynamic-read-exec": "exec('y = x * 3') is not seen as a read of x",
     "dynamic-read-vars": "vars()['x'] is not seen as a read of x",
     "substep-fills-its-argument": "a sub-step that filled its argument replays only its return value",
-    "cascade-after-unsaved-value": "a step downstream of an unsaved value replays after an upstream change",
     "idempotency-key-after-input-change": "the idempotency key is unchanged after an input change: the send is dropped",
     "identical-unnamed-cells-nbformat-4.4": "the second identical unnamed cell replays the first's record on the first run",
     "identical-unnamed-cells": "without cell ids, the second identical unnamed cell replays the first's record",
