@@ -1,8 +1,11 @@
-"""Executing a ``%%step`` cell's body in the user's namespace, as IPython would.
+"""Executing a ``%%step`` body in the user's namespace when the magic is called from code.
 
-The body is compiled with the cell's own file name (tracebacks show its
-lines), a trailing expression is shown through the display hook, and a
-top-level ``await`` runs on a loop of its own (see :func:`run_coroutine`).
+A ``%%step`` cell is run by IPython itself (see :mod:`.cellstep`); only
+``get_ipython().run_cell_magic("step", ...)`` called from code comes here,
+where IPython is already running the calling cell. The body is compiled with
+the cell's own file name (tracebacks show its lines), a trailing expression
+is shown through the display hook, and a top-level ``await`` runs on a loop of
+its own (see :func:`run_coroutine`): the kernel's loop is busy with the caller.
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ from IPython.core.magic import Magics, line_cell_magic, magics_class
 from .. import commands, status
 from ..errors import LeaseHeld, StoreError, UsageProblem
 from ..identity import keys, locate
+from . import cellstep
 from .session import Session, get_session
 
 _SUBCOMMANDS = locate.STEP_COMMANDS
@@ -115,27 +116,69 @@ def _no_args(cmd: str, rest: list[str]) -> None:
 
 
 def load(ipython) -> None:  # noqa: ANN001
-    """Register the magics and the per-cell hooks."""
+    """Register the magics, the ``%%step`` cell transformers and the per-cell hooks."""
+    _remove_transformers(ipython)  # a %reload_ext must not add them twice
+    global _cell
+    _cell = cellstep.StepCell(ipython)
+    ipython.input_transformers_post.append(cellstep.StepCellTransformer(ipython))
+    ipython.ast_transformers.append(cellstep.StepCellAst())
+    _install_marker(ipython)
+    if tuple(ipython.custom_exceptions) in ((), cellstep.ONE_LINE):  # a user's own: kept
+        ipython.set_custom_exc(cellstep.ONE_LINE, cellstep.one_line_errors(_cell))
     ipython.register_magics(StepMagics)
     ipython.events.register("pre_run_cell", _pre_run_cell)
     ipython.events.register("post_run_cell", _post_run_cell)
 
 
 def unload(ipython) -> None:  # noqa: ANN001
-    """Unregister the per-cell hooks (magics are replaced on the next load)."""
+    """Unregister the per-cell hooks and transformers (magics are replaced on the next load)."""
+    global _cell
     for event, hook in (("pre_run_cell", _pre_run_cell), ("post_run_cell", _post_run_cell)):
         try:
             ipython.events.unregister(event, hook)
         except ValueError:
             pass
+    _remove_transformers(ipython)
+    if tuple(ipython.custom_exceptions) == cellstep.ONE_LINE:
+        ipython.set_custom_exc((), None)
+    if _cell is not None:
+        _cell.close(None, stale=True)
+        _cell = None
+    ipython.user_ns.pop(cellstep.MARKER, None)
+    ipython.user_ns_hidden.pop(cellstep.MARKER, None)
     get_session().new_cell(hooked=False)  # nothing marks cells any more
 
 
+_cell: cellstep.StepCell | None = None
+
+
+def _remove_transformers(ipython) -> None:  # noqa: ANN001
+    # By class name and module: after a reload the classes are new objects.
+    def ours(t: object) -> bool:
+        return type(t).__module__ == cellstep.__name__
+
+    ipython.input_transformers_post[:] = [t for t in ipython.input_transformers_post if not ours(t)]
+    ipython.ast_transformers[:] = [t for t in ipython.ast_transformers if not ours(t)]
+
+
+def _install_marker(ipython) -> None:  # noqa: ANN001
+    # Hidden from %who and from what steps record; put back if %reset removed it.
+    if _cell is not None and ipython.user_ns.get(cellstep.MARKER) is not _cell:
+        ipython.user_ns[cellstep.MARKER] = _cell
+        ipython.user_ns_hidden[cellstep.MARKER] = _cell
+
+
 def _pre_run_cell(info: object = None) -> None:
+    if _cell is not None:
+        # A silent execution (no post_run_cell) may have left a step open.
+        _cell.close(None, stale=True)
+        _install_marker(_cell.shell)
     get_session().new_cell()
 
 
 def _post_run_cell(result: object = None) -> None:
+    if _cell is not None:
+        _cell.close(result)
     # What the cell unbound is not kept alive by nbdurable (see recording.Origins).
     session = get_session()
     session.steps.origins.prune(session.user_ns)

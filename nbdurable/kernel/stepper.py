@@ -25,14 +25,16 @@ from ..identity import keys
 from ..store import values
 from ..store.records import StepRecord, StepState
 from . import recording
-from .capture import Capture, replay
+from .capture import WIDGET_VIEW_MIME, Capture, replay, strip_widget_views
 from .context import StepContext, warn
 from .execute import flush_streams, run_body
 
 if TYPE_CHECKING:
     from .session import Session
 
-_HIDDEN = re.compile(r"^(_+|_\d+|_i+|_i\d+|_ih|_oh|_dh|In|Out|get_ipython|exit|quit)$")
+_HIDDEN = re.compile(
+    r"^(_+|_\d+|_i+|_i\d+|_ih|_oh|_dh|In|Out|get_ipython|exit|quit|__nbdurable_step__)$"
+)
 
 
 @dataclass
@@ -67,7 +69,9 @@ class StepRunner:
         self.unsaved_known: dict[str, frozenset[str]] = {}
         # step key -> {name: why} of values its last replay could not load (kept unsaved)
         self.unloadable: dict[str, dict[str, str]] = {}
-        self.warned_process: set[str] = set()  # steps whose process changes were said unrestorable
+        # step key -> reasons its previous record's process changes could not be restored
+        # (warned when it was recorded; a rerun that finds the same says nothing)
+        self.process_known: dict[str, frozenset[str]] = {}
 
     def forget(self) -> None:
         """Forget what this kernel produced (the run changed)."""
@@ -91,7 +95,38 @@ class StepRunner:
             return StepState()
 
     def run_step(self, body: str, *, name: str | None = None, force: bool = False) -> None:
-        """Replay the ``%%step`` cell ``body`` if its record is valid; else execute and record."""
+        """Replay the ``%%step`` cell ``body`` if its record is valid; else execute and record.
+
+        The body runs here (:func:`execute.run_body`). A ``%%step`` cell typed
+        in a notebook does not come here: IPython runs its body itself between
+        :meth:`begin` and :meth:`finish` (see :mod:`.cellstep`).
+        """
+        __tracebackhide__ = True
+        started = self.begin(body, name=name, force=force, split=False)
+        if isinstance(started, Replayed):
+            self.finish_replay(started)
+            return
+        try:
+            run_body(self.session.shell, started.plan.py, started.plan.analysis.has_await)
+        except BaseException as exc:
+            self.finish(started, exc)
+            raise
+        self.finish(started, None)
+
+    def begin(
+        self, body: str, *, name: str | None = None, force: bool = False, split: bool = True
+    ) -> Replayed | Running:
+        """Decide: replay the step's record (done here) or start executing it.
+
+        On replay the variables are restored and the recorded outputs shown
+        (with ``split``, only those before the ``execute_result``: the caller
+        shows the result through IPython's display hook from
+        :attr:`Replayed.value`, then calls :meth:`finish_replay`). Otherwise the
+        run's lease is held, the step context is current and a
+        :class:`Capture` records the outputs until :meth:`finish`, which the
+        caller must call exactly once. Raises (UsageProblem, LeaseHeld,
+        StoreError) with nothing left open.
+        """
         __tracebackhide__ = True
         if self.session.current is not None:
             raise UsageProblem(
@@ -120,8 +155,9 @@ class StepRunner:
         state = self.load_state(key)
         reason = None if rec is None else _invalid_reason(rec, source_fp, inputs, state)
         if rec is not None and not force and (reason is None or state.pinned):
-            if rec.replayable and self._replay(rec, label, reason):
-                return
+            replayed = self._replay(rec, label, reason, split) if rec.replayable else None
+            if replayed is not None:
+                return replayed
         self.session.claim()
         if rec is not None and reason is not None and not force:
             self.session.status[key] = ("invalidated", reason)
@@ -129,7 +165,10 @@ class StepRunner:
         plan = Plan(key, label, position, py, source_fp, analysis, inputs, raw_fps, state)
         known = recording.unsaved_names(rec.variables if rec else ())
         self.unsaved_known[key] = known | set(self.unloadable.get(key, ()))  # _replay said it
-        self._execute(plan)
+        self.process_known[key] = frozenset(
+            procstate.replayable_reasons(rec.process if rec else None)
+        )
+        return self._start(plan)
 
     def _input_fp(self, name: str, value: Any, fp: str) -> str:
         """Fingerprint of an input; for a value a step saved, also its saved bytes.
@@ -145,8 +184,10 @@ class StepRunner:
             return fp
         return hashlib.sha256(f"{fp}:{sha}".encode()).hexdigest()[:32]
 
-    def _replay(self, rec: StepRecord, label: str, stale: str | None) -> bool:
-        """Restore a record into the namespace and show its outputs; False if it cannot be."""
+    def _replay(
+        self, rec: StepRecord, label: str, stale: str | None, split: bool
+    ) -> Replayed | None:
+        """Restore a record into the namespace and show its outputs; None if it cannot be."""
         ns = self.session.user_ns
         try:
             restored, pure = recording.load_variables(self.session.store, rec.variables, ns)
@@ -158,7 +199,12 @@ class StepRunner:
                 why = f"did not load back on replay ({type(exc).__name__}: {exc})"
                 self.unloadable[rec.key] = dict.fromkeys(failed.names, why)
             warn(f"step {label!r}: cannot restore its variables ({exc}); the step runs again.")
-            return False
+            return None
+        try:
+            result = self._load_result(rec, restored) if split else None
+        except Exception as exc:  # a damaged blob, a failing __setstate__
+            warn(f"step {label!r}: cannot restore its result ({exc}); the step runs again.")
+            return None
         try:  # the process state the step left: os.environ, RNGs, options...
             process = procstate.prepare(rec.process)  # resolved and checked, nothing changed yet
             for name in rec.deleted:
@@ -168,21 +214,51 @@ class StepRunner:
                 change()
         except Exception as exc:  # a directory or module gone, an option pandas refuses
             warn(f"step {label!r}: cannot restore its process state ({exc}); the step runs again.")
-            return False
+            return None
         for var in rec.variables:
             self.producers[var.name] = rec.key
             if var.kind in ("value", "shared"):
                 self.origins[var.name] = (restored[var.name], var.ref, pure[var.name])
-        replay(self.session.shell, list(rec.outputs))
+        outputs = list(rec.outputs)
+        cut = next(
+            (i for i, o in enumerate(outputs) if o.get("output_type") == "execute_result"), None
+        )
+        if not split or cut is None:
+            cut = len(outputs)
+        replay(self.session.shell, outputs[:cut])
         self.session.count_replayed(rec.duration, steps=1, calls=rec.substeps)
         state = "replayed" if stale is None else "pinned-stale"
         self.session.status[rec.key] = (state, stale or "")
         events.emit(
             "step-replayed", self.session.run_id, rec.key, label=label, record=rec, stale=stale
         )
+        shown = outputs[cut] if cut < len(outputs) else None
+        if result is None and shown is not None:  # no value recorded: show what it looked like
+            result = Shown(shown)
+        return Replayed(rec, label, stale, outputs[cut + 1 :], result, shown)
+
+    def _load_result(self, rec: StepRecord, restored: dict[str, Any]) -> Any:
+        """The value the step's last expression showed, as recorded (None: none recorded)."""
+        saved = rec.result
+        if not saved:
+            return None
+        if "var" in saved:  # the very object one of its variables holds (`x = f(); x`)
+            return restored[saved["var"]]
+        ns = self.session.user_ns
+        if "input" in saved:  # an input's object (`df.head` of a checked `df`: `df`)
+            if saved["input"] not in ns:
+                raise CorruptRecord(f"its result was {saved['input']!r}, which is not defined")
+            return ns[saved["input"]]
+        blob = self.session.store.get_blob(saved["ref"])
+        if blob is None:
+            raise CorruptRecord("the saved value of its result is missing")
+        return values.adopt(values.load_value(blob.stream, ns, blob.buffers)[0], ns)
+
+    def finish_replay(self, replayed: Replayed) -> None:
+        """After the replayed result was shown: the outputs recorded after it, then the note."""
+        replay(self.session.shell, replayed.after)
         if config.get().replay_note:
-            self._note(rec, label, stale)
-        return True
+            self._note(replayed.rec, replayed.label, replayed.stale)
 
     def _note(self, rec: StepRecord, label: str, stale: str | None) -> None:
         when = time.strftime("%Y-%m-%d %H:%M", time.localtime(rec.started + rec.duration))
@@ -197,28 +273,50 @@ class StepRunner:
             metadata={"nbdurable": {"note": "replayed", "step": rec.key}},
         )
 
-    def _execute(self, plan: Plan) -> None:
+    def _start(self, plan: Plan) -> Running:
         __tracebackhide__ = True
-        before = recording.Snapshot(self.session.user_ns)  # weak: a value the body drops is freed
+        ns = self.session.user_ns
+        before = recording.Snapshot(ns)  # weak: a value the body drops is freed
         # Process state before the body (os.environ, RNGs, options...); _record
         # compares it with after and records the difference with the step.
-        proc = procstate.snapshot(self.session.user_ns, procstate.assigned_attributes(plan.py))
+        proc = procstate.snapshot(ns, procstate.assigned_attributes(plan.py))
         ctx = StepContext(plan.key, plan.label)
-        self.session.status[plan.key] = ("running", "")
-        events.emit("step-start", self.session.run_id, plan.key, label=plan.label)
-        started = time.time()
-        t0 = time.perf_counter()
-        self.session.current = ctx
+        cap = Capture(self.session.shell)
+        cap.__enter__()  # left by finish()
         try:
-            with Capture(self.session.shell) as cap:
-                run_body(self.session.shell, plan.py, plan.analysis.has_await)
-        except BaseException as exc:
+            self.session.status[plan.key] = ("running", "")
+            self.session.current = ctx
+            events.emit("step-start", self.session.run_id, plan.key, label=plan.label)
+        except BaseException:  # nothing is left open when the step does not start
             self.session.current = None
-            self._record_failure(plan.key, plan.label, plan.position, plan.state, exc)
+            cap.__exit__(None, None, None)
             raise
+        return Running(plan, before, proc, ctx, cap, time.time(), time.perf_counter())
+
+    def finish(self, running: Running, error: BaseException | None, result: Any = None) -> None:
+        """End an executing step: stop its capture, record it (or its failure).
+
+        ``result`` is the value IPython's display hook showed for the body's
+        last expression (None: nothing shown); it is recorded with the step so
+        a replay shows it and sets ``_`` and ``Out`` as a plain run does.
+        """
+        plan = running.plan
+        duration = time.perf_counter() - running.t0
         self.session.current = None
-        self._record(plan, before, cap.outputs, started, time.perf_counter() - t0, ctx, proc)
-        if cap.unfaithful:  # outputs a replay cannot show as they looked
+        cap = running.cap
+        if error is None:
+            cap.__exit__(None, None, None)
+        else:
+            cap.__exit__(type(error), error, error.__traceback__)
+            self._record_failure(plan.key, plan.label, plan.position, plan.state, error)
+            return
+        rec = self._record(
+            plan, running.before, cap.outputs, running.started, duration, running.ctx,
+            running.proc, result,
+        )  # fmt: skip
+        # Outputs a replay cannot show as they looked; moot (and not said) when the
+        # step is not replayable: its body runs again and shows them live.
+        if cap.unfaithful and rec.replayable:
             warn(
                 f"step {plan.label!r}: some outputs cannot be replayed as they looked "
                 f"({'; '.join(cap.unfaithful)}); a replay shows their static text or image."
@@ -247,7 +345,8 @@ class StepRunner:
         duration: float,
         ctx: StepContext,
         proc: procstate.Snapshot,
-    ) -> None:
+        result: Any = None,
+    ) -> StepRecord:
         ns = self.session.user_ns
         key, label, position, py, state = plan.key, plan.label, plan.position, plan.py, plan.state
         changed = _changed_names(before, ns, plan.analysis)
@@ -269,6 +368,15 @@ class StepRunner:
                 checked=plan.inputs,
                 replace=before.class_patches(ns, changed),
             )
+            shown = _result_record(result, saved, ns, outputs, plan.inputs)
+            if shown is None and result is not None and _has_result(outputs):
+                extra = recording.save_variables(
+                    self.session.store, {_RESULT: result}, [_RESULT], set(), _fingerprint, secrets
+                )
+                var = extra.variables[0]
+                # An unsaved result is replayed as it looked (see Shown).
+                shown = {"ref": var.ref} if var.kind == "value" else None
+                saved.pending.update(extra.pending)
         except StoreError as exc:
             raise StoreError(f"step {label!r} ran but was NOT recorded: {exc}") from exc
         outputs, leaked = recording.scrub_outputs(outputs, secrets)
@@ -291,6 +399,7 @@ class StepRunner:
             substeps=ctx.subs_recorded + ctx.subs_replayed,
             substep_seconds=ctx.sub_seconds,
             process=process,
+            result=shown,
         )
         kept = StepState(pinned=state.pinned, name=label, position=position)
         puts = [(self.session.keys.step(key), rec.to_header(), b""), self.session.touch_run()]
@@ -312,11 +421,17 @@ class StepRunner:
         events.emit("step-recorded", self.session.run_id, key, label=label, record=rec)
         self._warn_recorded(key, label, saved, sorted(set(leaked) | set(in_source)))
         self._warn_process(key, label, procstate.replayable_reasons(process))
+        return rec
 
     def _warn_process(self, key: str, label: str, reasons: list[str]) -> None:
-        """One line, once per step in this kernel, when its process changes cannot be restored."""
-        if reasons and key not in self.warned_process:
-            self.warned_process.add(key)
+        """One line when a step's process changes cannot be restored, said once.
+
+        Said when first recorded so: a later rerun whose previous record had
+        the same reasons (rerunning the body is what the line announced) says nothing.
+        """
+        known = self.process_known.pop(key, frozenset())
+        reasons = [r for r in reasons if r not in known]
+        if reasons:
             warn(
                 f"step {label!r} was recorded, but its changes to the process cannot be "
                 f"restored: {'; '.join(reasons)}. On replay its body runs again (its "
@@ -352,6 +467,82 @@ class StepRunner:
                 f"(over warn_size_mb={config.get().warn_size_mb:g}). They are stored "
                 "once by content; clear old runs with `nbdurable gc` if space runs short."
             )
+
+
+_RESULT = "the result"  # the last expression's value, saved like a variable
+
+
+def _has_result(outputs: list[dict[str, Any]]) -> bool:
+    return any(o.get("output_type") == "execute_result" for o in outputs)
+
+
+def _result_record(
+    result: Any,
+    saved: recording.Saved,
+    ns: dict[str, Any],
+    outputs: list[dict[str, Any]],
+    inputs: dict[str, str],
+) -> dict[str, str] | None:
+    """The result as the very object a variable holds, so ``_ is x`` stays true; else None.
+
+    ``{"var": name}``: a variable the step saved. ``{"input": name}``: an input
+    of the step (its fingerprint is checked before a replay, so on replay
+    the name holds the same value).
+    """
+    if result is None or not _has_result(outputs):
+        return None
+    for var in saved.variables:
+        if var.kind == "value" and ns.get(var.name) is result:
+            return {"var": var.name}
+    for name in inputs:
+        if ns.get(name) is result:
+            return {"input": name}
+    return None
+
+
+@dataclass
+class Running:
+    """A step whose body is executing (see :meth:`StepRunner.begin`)."""
+
+    plan: Plan
+    before: recording.Snapshot
+    proc: procstate.Snapshot
+    ctx: StepContext
+    cap: Capture
+    started: float
+    t0: float
+
+
+@dataclass
+class Replayed:
+    """A step replayed up to its result (see :meth:`StepRunner.begin`)."""
+
+    rec: StepRecord
+    label: str
+    stale: str | None
+    after: list[dict[str, Any]]  # outputs recorded after the execute_result
+    value: Any  # the result to show (None: none)
+    shown: dict[str, Any] | None = None  # its recorded execute_result
+
+    def format_data(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The recorded result's ``(data, metadata)``, as :func:`capture.replay` shows them."""
+        out = self.shown or {}
+        data = strip_widget_views(out.get("data", {}))
+        metadata = {k: v for k, v in (out.get("metadata") or {}).items() if k != WIDGET_VIEW_MIME}
+        return data, metadata
+
+
+class Shown:
+    """A recorded result whose value could not be saved: shown as it looked."""
+
+    def __init__(self, output: dict[str, Any]) -> None:
+        self._output = output
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> tuple[dict, dict]:
+        return dict(self._output.get("data", {})), dict(self._output.get("metadata", {}))
+
+    def __repr__(self) -> str:
+        return str(self._output.get("data", {}).get("text/plain", ""))
 
 
 def _invalid_reason(

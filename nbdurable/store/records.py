@@ -70,6 +70,10 @@ class StepRecord:
     #: Process state the step changed (os.environ, sys.path, RNG states, options,
     #: user modules' data), as plain JSON data; see :mod:`nbdurable.procstate`.
     process: dict[str, Any] | None = None
+    #: The value the last expression showed: ``{"var": name}`` (the object that
+    #: saved variable holds), ``{"input": name}`` (the object that input holds)
+    #: or ``{"ref": sha}`` (a blob); None when none was saved.
+    result: dict[str, str] | None = None
     format: int = RECORD_FORMAT
 
     @property

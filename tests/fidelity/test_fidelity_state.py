@@ -580,10 +580,6 @@ CASES = SHARING + MUTATION + PROCESS + ITERATORS + HISTORY + CLASSES + UNRESTORA
 FAILS_TODAY: dict[str, str] = {
     "decimal-context": "decimal context precision set in a step is not re-applied",
     "recursion-limit": "sys.setrecursionlimit in a step is not re-applied",
-    "underscore-after-replayed-result": "_ after a replayed result is not the result: print(_ + 1) raises",
-    "double-underscore": "_ and __ after replayed results are empty",
-    "out-dict": "Out lacks the replayed result",
-    "numbered-output": "_N of a replayed result is not defined",
 }
 
 
