@@ -252,7 +252,8 @@ class StepRunner:
         blob = self.session.store.get_blob(saved["ref"])
         if blob is None:
             raise CorruptRecord("the saved value of its result is missing")
-        return values.adopt(values.load_value(blob.stream, ns, blob.buffers)[0], ns)
+        # One pickle, alone or as the only one of a shared blob (see values.dump_values).
+        return values.adopt(values.load_values(blob.stream, 1, ns, blob.buffers)[0][0], ns)
 
     def finish_replay(self, replayed: Replayed) -> None:
         """After the replayed result was shown: the outputs recorded after it, then the note."""
@@ -375,7 +376,7 @@ class StepRunner:
                 )
                 var = extra.variables[0]
                 # An unsaved result is replayed as it looked (see Shown).
-                shown = {"ref": var.ref} if var.kind == "value" else None
+                shown = {"ref": var.ref} if var.kind in ("value", "shared") else None
                 saved.pending.update(extra.pending)
         except StoreError as exc:
             raise StoreError(f"step {label!r} ran but was NOT recorded: {exc}") from exc
@@ -492,7 +493,7 @@ def _result_record(
     if result is None or not _has_result(outputs):
         return None
     for var in saved.variables:
-        if var.kind == "value" and ns.get(var.name) is result:
+        if var.kind in ("value", "shared") and ns.get(var.name) is result:
             return {"var": var.name}
     for name in inputs:
         if ns.get(name) is result:
