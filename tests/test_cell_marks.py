@@ -36,6 +36,7 @@ from kernel_util import REPO_ROOT, make_notebook, run_notebook
 from nbclient.exceptions import CellExecutionError
 from test_browser import CHROMIUM, CHROMIUM_ARGS, _free_port, _tail, _write_settings
 
+from nbdurable import commands
 from nbdurable import status as ops
 from nbdurable.store import Store
 
@@ -103,7 +104,7 @@ def _record(root: Path, store: Path) -> str:
     nbformat.write(second, path)
     _run_until_broken(second, root, env)
     with Store(store) as s:
-        ops.set_pin(s, RUN_ID, "name:pinme", True)
+        commands.set_pin(s, RUN_ID, "name:pinme", True)
     # The warning names a file of this checkout: not in the README's picture.
     second.cells[3].outputs = [o for o in second.cells[3].outputs if o.output_type != "stream"]
     second.cells[5].source = "%%step revise\ndraft = 'v2'"

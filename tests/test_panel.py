@@ -226,7 +226,7 @@ def test_live_updates_while_a_step_runs(session):
 
     def probe(text):
         # Runs inside the step's body: the timer thread must update the panel meanwhile.
-        wait_for(lambda: row_says(text))
+        wait_for(lambda: row_says(text), timeout=60)
         seen.append((p.rows["name:loop"].state, text))
 
     session.user_ns["probe"] = probe
@@ -235,14 +235,14 @@ def test_live_updates_while_a_step_runs(session):
         session.user_ns["WHAT"] = "recorded"
         session.run_step(body, name="loop")
         assert seen == [("running", f"{n} recorded") for n in range(1, 5)]
-        wait_for(lambda: p.rows["name:loop"].state == "recorded")
+        wait_for(lambda: p.rows["name:loop"].state == "recorded", timeout=60)
         assert row_says("4/4 recorded")
         # Run again (forced): the sub-steps replay, and the counter says so.
         seen.clear()
         session.user_ns["WHAT"] = "replayed"
         session.run_step(body, name="loop", force=True)
         assert seen == [("running", f"{n} replayed") for n in range(1, 5)]
-        wait_for(lambda: p.rows["name:loop"].state == "recorded")
+        wait_for(lambda: p.rows["name:loop"].state == "recorded", timeout=60)
         assert row_says("4/4 recorded") and not row_says("replayed")
     finally:
         p.close()

@@ -44,7 +44,7 @@ from IPython.core.error import UsageError
 
 from ..errors import LeaseHeld, NbdurableError, StoreError, UsageProblem
 from ..identity import keys, locate
-from .context import warn
+from .context import say, warn
 from .stepper import Replayed, Running
 
 MARKER = "__nbdurable_step__"
@@ -288,7 +288,9 @@ class StepCell:
                 value = None if error is not None else getattr(result, "result", None)
                 steps.finish(running, error, value)
         except NbdurableError as exc:
-            warn(keys.one_line(" ".join(str(exc).split())))
+            # Raised after the body ran (recording it failed): an end-of-cell hook
+            # cannot raise a UsageError, so the same one line goes to stderr.
+            say("nbdurable: " + keys.one_line(" ".join(str(exc).split())))
         except Exception as exc:  # never leave IPython with a broken hook
             warn(f"nbdurable could not finish the step: {type(exc).__name__}: {exc}")
 
