@@ -114,8 +114,10 @@ def test_deaths_on_every_attempt_leave_the_notebook_alone_and_count_replays(
     summary = json.loads(r.stdout)
     assert [a["outcome"] for a in summary["attempts"]] == ["kernel died", "completed"]
     assert summary["calls"] == {"made": 1, "replayed": 6}, summary["calls"]
+    # Each attempt replayed something (the seconds a replay saves can round to 0
+    # for steps this quick, so the count of replayed calls says it).
+    assert all(a["saved"]["calls"] > 0 for a in summary["attempts"]), summary["attempts"]
     per_attempt = [a["saved"]["seconds"] for a in summary["attempts"]]
-    assert all(s > 0 for s in per_attempt), per_attempt
     assert summary["seconds_saved"] == pytest.approx(sum(per_attempt), abs=0.002)
     assert calls_log(tmp_path) == ["0", "1", "2", "100"]
     assert nb.read_bytes() != before  # a run with results writes the notebook
