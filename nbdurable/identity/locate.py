@@ -283,13 +283,12 @@ class NotebookFile:
         fp = source_fingerprint(body)
         return [c for c, saved in zip(self.cells, self._fps, strict=True) if saved == fp]
 
-    def find(self, body: str, position: int | None = None, occurrence: int = 0) -> StepCell | None:
-        """The saved ``%%step`` cell whose body matches ``body``, if any.
+    def find(self, body: str, position: int | None = None) -> StepCell | None:
+        """The first saved ``%%step`` cell whose body matches ``body``, if any.
 
         With ``position`` (a runner said where the cell is), only the cell there.
-        Identical cells are told apart by ``occurrence``: the n-th execution of
-        that source in a run from the top is the n-th such cell (clients that
-        send no cell id execute each cell once, in order).
+        Identical cells are told apart by the session (``Session._find_saved``,
+        by occurrence, over :meth:`find_all`).
         """
         if self._fps is None:  # once per read of the file, not once per step
             self._fps = [source_fingerprint(c.body) for c in self.cells]
@@ -299,7 +298,7 @@ class NotebookFile:
             for c, saved in zip(self.cells, self._fps, strict=True)
             if (position is None or c.index == position) and saved == fp
         ]
-        return found[occurrence % len(found)] if found else None
+        return found[0] if found else None
 
 
 def step_cells(cells: list[dict[str, Any]], ids_persist: bool = True) -> list[StepCell]:
