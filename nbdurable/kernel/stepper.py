@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from .. import config, events, faults, procstate, redact
 from ..errors import CorruptRecord, NbdurableError, StoreError, UsageProblem
 from ..identity import keys
-from ..store import values
+from ..store import spill, values
 from ..store.records import StepRecord, StepState
 from . import envreads, fileio, recording
 from .capture import WIDGET_VIEW_MIME, Capture, replay, strip_widget_views
@@ -192,30 +192,22 @@ class StepRunner:
         self, rec: StepRecord, label: str, stale: str | None, split: bool
     ) -> Replayed | None:
         """Restore a record into the namespace and show its outputs; None if it cannot be."""
-        restored: dict[str, Any] = {}
-        pure: dict[str, bool] = {}  # plain data, remembered by id only (see recording.Origins)
         ns = self.session.user_ns
-        loading: str | None = None
         try:
-            for var in rec.variables:
-                loading = var.name
-                faults.point("replay")
-                if var.kind == "module":
-                    restored[var.name] = values.import_module(var.ref)
-                    continue
-                blob = self.session.store.get_blob(var.ref)
-                if blob is None:
-                    raise CorruptRecord(f"the saved value of {var.name!r} is missing")
-                value, pure[var.name] = values.load_value(blob.stream, ns, blob.buffers)
-                restored[var.name] = values.adopt(value, ns)
-            loading = None
-            result = self._load_result(rec, restored) if split else None
-        except Exception as exc:  # a damaged blob, a module gone, a failing __setstate__
-            if loading is not None and not isinstance(exc, NbdurableError):
+            restored, pure = recording.load_variables(self.session.store, rec.variables, ns)
+        except recording.LoadFailed as failed:
+            # A damaged blob, a module gone, a failing __setstate__, a shared object changed.
+            exc = failed.cause
+            if not isinstance(exc, NbdurableError):
                 # The value itself does not load (not its blob): record it as unsaved.
                 why = f"did not load back on replay ({type(exc).__name__}: {exc})"
-                self.unloadable[rec.key] = {loading: why}
+                self.unloadable[rec.key] = dict.fromkeys(failed.names, why)
             warn(f"step {label!r}: cannot restore its variables ({exc}); the step runs again.")
+            return None
+        try:
+            result = self._load_result(rec, restored) if split else None
+        except Exception as exc:  # a damaged blob, a failing __setstate__
+            warn(f"step {label!r}: cannot restore its result ({exc}); the step runs again.")
             return None
         try:  # the process state the step left: os.environ, RNGs, options...
             process = procstate.prepare(rec.process)  # resolved and checked, nothing changed yet
@@ -229,7 +221,7 @@ class StepRunner:
             return None
         for var in rec.variables:
             self.producers[var.name] = rec.key
-            if var.kind == "value":
+            if var.kind in ("value", "shared"):
                 self.origins[var.name] = (restored[var.name], var.ref, pure[var.name])
         outputs = list(rec.outputs)
         cut = next(
@@ -261,10 +253,11 @@ class StepRunner:
             if saved["input"] not in ns:
                 raise CorruptRecord(f"its result was {saved['input']!r}, which is not defined")
             return ns[saved["input"]]
-        blob = self.session.store.get_blob(saved["ref"])
+        blob = spill.get(self.session.store, saved["ref"], saved.get("spilled", ()))
         if blob is None:
             raise CorruptRecord("the saved value of its result is missing")
-        return values.adopt(values.load_value(blob.stream, ns, blob.buffers)[0], ns)
+        # One pickle, alone or as the only one of a shared blob (see values.dump_values).
+        return values.adopt(values.load_values(blob.stream, 1, ns, blob.buffers)[0][0], ns)
 
     def finish_replay(self, replayed: Replayed) -> None:
         """After the replayed result was shown: the outputs recorded after it, then the note."""
@@ -351,7 +344,7 @@ class StepRunner:
     def _record(
         self,
         plan: Plan,
-        before: dict[str, Any],
+        before: recording.Snapshot,
         outputs: list[dict[str, Any]],
         started: float,
         duration: float,
@@ -363,6 +356,7 @@ class StepRunner:
         key, label, position, py, state = plan.key, plan.label, plan.position, plan.py, plan.state
         changed = _changed_names(before, ns, plan.analysis)
         changed += _mutated_inputs(plan.raw_fps, before, ns, set(changed))
+        changed += before.mutated(ns, changed)  # by helpers, methods, closures: unnamed
         deleted = tuple(sorted(n for n in before if n not in ns and not _HIDDEN.match(n)))
         secrets = redact.secrets_in_env()
         process = procstate.delta(proc, procstate.snapshot(ns, proc.watch), secrets) or None
@@ -375,6 +369,9 @@ class StepRunner:
                 _fingerprint,
                 secrets,
                 unloadable=self.unloadable.pop(key, {}),
+                others=[n for n in ns if n not in changed and not _HIDDEN.match(n)],
+                checked=plan.inputs,
+                replace=before.class_patches(ns, changed),
             )
             shown = _result_record(result, saved, ns, outputs, plan.inputs)
             if shown is None and result is not None and _has_result(outputs):
@@ -383,7 +380,9 @@ class StepRunner:
                 )
                 var = extra.variables[0]
                 # An unsaved result is replayed as it looked (see Shown).
-                shown = {"ref": var.ref} if var.kind == "value" else None
+                shown = {"ref": var.ref} if var.kind in ("value", "shared") else None
+                if shown is not None and var.spilled:
+                    shown["spilled"] = [list(p) for p in var.spilled]
                 saved.pending.update(extra.pending)
         except StoreError as exc:
             raise StoreError(f"step {label!r} ran but was NOT recorded: {exc}") from exc
@@ -519,7 +518,7 @@ def _result_record(
     if result is None or not _has_result(outputs):
         return None
     for var in saved.variables:
-        if var.kind == "value" and ns.get(var.name) is result:
+        if var.kind in ("value", "shared") and ns.get(var.name) is result:
             return {"var": var.name}
     for name in inputs:
         if ns.get(name) is result:

@@ -113,7 +113,10 @@ def _read_runs(store: Store) -> dict[str, _Run]:
 
 
 def _blob_refs(header: dict[str, Any]) -> set[str]:
-    return {v["ref"] for v in header.get("variables", ()) if v.get("kind") == "value"}
+    return {v["ref"] for v in header.get("variables", ()) if v.get("kind") in _BLOB_KINDS}
+
+
+_BLOB_KINDS = ("value", "shared")  # variable kinds whose ref is a blob
 
 
 def list_runs(store: Store) -> list[RunInfo]:
@@ -214,7 +217,7 @@ def export_run(
                     "input_from": rec["input_from"],
                     "deleted": rec["deleted"],
                     "substep_calls": rec.get("substeps", 0),
-                    "variables": [_variable(store, v, with_values) for v in rec["variables"]],
+                    "variables": _variables(store, rec["variables"], with_values),
                     "outputs": len(rec["outputs"]),
                 }
             )
@@ -235,9 +238,40 @@ def export_run(
     }
 
 
+def _variables(
+    store: Store, variables: list[dict[str, Any]], with_values: bool
+) -> list[dict[str, Any]]:
+    out = [_variable(store, v, with_values) for v in variables]
+    if with_values:  # a step's shared variables: one blob, its pickles in the record's order
+        joint: dict[str, list[dict[str, Any]]] = {}
+        for var, row in zip(variables, out, strict=True):
+            if var.get("kind") == "shared":
+                joint.setdefault(var["ref"], []).append(row)
+        for sha, rows in joint.items():
+            for row, value in zip(rows, _load_shared(store, sha, len(rows)), strict=True):
+                row.update(value)
+    return out
+
+
+def _load_shared(store: Store, sha: str, count: int) -> list[dict[str, Any]]:
+    from . import values
+
+    try:
+        blob = store.get_blob(sha)
+    except CorruptRecord as exc:
+        return [{"error": str(exc)}] * count
+    if blob is None:
+        return [{"error": "its saved value is missing from the store"}] * count
+    try:
+        got = values.load_values(blob.stream, count, None, blob.buffers)
+    except Exception as exc:  # unpickling imports modules; they may be missing here
+        return [{"error": f"cannot load here: {type(exc).__name__}: {exc}"}] * count
+    return [{"value": _jsonable(value)} for value, _plain in got]
+
+
 def _variable(store: Store, var: dict[str, Any], with_values: bool) -> dict[str, Any]:
     out = {k: var.get(k) for k in ("name", "kind", "type", "size", "fp")}
-    if var.get("kind") == "value":
+    if var.get("kind") in _BLOB_KINDS:
         out["sha256"] = var["ref"]
     if with_values:
         if var.get("kind") == "module":

@@ -19,18 +19,26 @@ FORMAT_VERSION = 1
 #: Newest record format this version reads and writes. A step record of
 #: format 2 refers to format-2 blobs (see :mod:`nbdurable.store.blobs`), which
 #: nbdurable 0.1 cannot read: it refuses such a record as "newer, upgrade
-#: nbdurable" instead of finding its blobs damaged. Sub-step records are
-#: unchanged and still written as format 1.
-RECORD_FORMAT = 2
+#: nbdurable" instead of finding its blobs damaged. Format 3 adds variables of
+#: kind ``"shared"`` (a step's values pickled together into one blob, whose
+#: pickles a format-2 reader would take one for all); its blobs are still
+#: format 2. Formats 2 and 3 are both read. Sub-step records are unchanged
+#: and still written as format 1.
+RECORD_FORMAT = 3
 
 
 @dataclass(frozen=True)
 class VarRecord:
     """One variable a step bound or mutated.
 
-    ``kind`` is ``"value"`` (pickled into the blob ``ref``), ``"module"``
-    (re-imported by the module name ``ref`` on replay), or ``"unsaved"``
-    (could not be pickled; ``ref`` holds the reason).
+    ``kind`` is ``"shared"`` (pickled with the step's other shared variables
+    into the blob ``ref``: one pickle per variable, one after the other in the
+    order of the record's ``"shared"`` variables, with one memo, see
+    :func:`nbdurable.store.values.dump_values`; its large buffers are blobs
+    of their own, listed in ``spilled``), ``"value"`` (alone in the
+    blob ``ref``; records of format 2), ``"module"`` (re-imported by the
+    module name ``ref`` on replay), or ``"unsaved"`` (could not be pickled;
+    ``ref`` holds the reason).
     """
 
     name: str
@@ -39,6 +47,10 @@ class VarRecord:
     fp: str
     size: int = 0
     type: str = ""
+    #: for ``"shared"``: the large buffers of this variable's pickle kept as blobs
+    #: of their own, ``[position among the blob's buffers, sha]`` (see
+    #: :mod:`nbdurable.store.spill`)
+    spilled: tuple[tuple[int, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -65,8 +77,9 @@ class StepRecord:
     process: dict[str, Any] | None = None
     #: The value the last expression showed: ``{"var": name}`` (the object that
     #: saved variable holds), ``{"input": name}`` (the object that input holds)
-    #: or ``{"ref": sha}`` (a blob); None when none was saved.
-    result: dict[str, str] | None = None
+    #: or ``{"ref": sha}`` (a blob, with ``"spilled"`` buffers: see
+    #: :mod:`nbdurable.store.spill`); None when none was saved.
+    result: dict[str, Any] | None = None
     format: int = RECORD_FORMAT
     #: environment variables the step read: name -> SHA-256 digest of the value it
     #: saw (None: unset); never the value. See :mod:`nbdurable.kernel.envreads`.
