@@ -6,7 +6,10 @@ arrays, strings), a 100 MB float64 array, and (unless ``--no-gb``) a 1 GB
 DataFrame of 16 float64 columns. Measured per step, as the step runner pays
 it: the tokens taken before the body (:class:`nbdurable.kernel.changes.Tokens`)
 plus the comparison after it, once when nothing changed and once when one
-list and one element of the large array changed. Median of ``--repeat`` runs,
+list and one element of the large array changed; and the walk that finds
+which objects of a recorded step live elsewhere in the namespace
+(:func:`nbdurable.store.sharing.index`, run when a step has values to save).
+Median of ``--repeat`` runs,
 as wall time and as this process's CPU time (which other load on the
 machine inflates less).
 The goal: under 5% of a 1-second cell (50 ms).
@@ -21,6 +24,7 @@ import time
 import numpy as np
 
 from nbdurable.kernel import changes
+from nbdurable.store import sharing
 
 
 class Item:
@@ -77,6 +81,18 @@ def measure(ns: dict, change: bool) -> tuple[float, float, float]:
     return t1 - t0, t3 - t2, (c1 - c0) + (c3 - c2)
 
 
+def measure_index(ns: dict) -> tuple[float, float]:
+    """(wall, CPU) seconds to find three objects a step's pickle holds in the namespace."""
+    names = changes.user_names(ns)
+    wanted = {id(ns["v0"]), id(ns["v2"].values), id(ns["arr"])}
+    c0, t0 = time.process_time(), time.perf_counter()
+    found = sharing.index(ns, names, wanted)
+    t1, c1 = time.perf_counter(), time.process_time()
+    if set(found) != wanted:
+        raise SystemExit(f"index missed: found {sorted(p for p, _o in found.values())}")
+    return t1 - t0, c1 - c0
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--no-gb", action="store_true", help="leave out the 1 GB DataFrame")
@@ -99,6 +115,10 @@ def main() -> None:
             f"{after * 1000:.1f} ms = {total:.1f} ms wall ({total / 10:.1f}% of a 1 s cell), "
             f"{cpu:.1f} ms CPU ({cpu / 10:.1f}%)"
         )
+    runs = [measure_index(ns) for _ in range(args.repeat)]
+    wall = statistics.median(r[0] for r in runs) * 1000
+    cpu = statistics.median(r[1] for r in runs) * 1000
+    print(f"finding shared objects when saving: {wall:.1f} ms wall, {cpu:.1f} ms CPU")
 
 
 if __name__ == "__main__":

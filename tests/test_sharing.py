@@ -259,3 +259,17 @@ def test_a_value_that_fails_to_load_is_the_one_blamed(store):
 
 def _raise_on_load():
     raise ValueError("not here")
+
+
+def test_gc_keeps_the_spilled_blobs_a_record_names(store):
+    from nbdurable.store import admin, blobs
+    from nbdurable.store.records import StepRecord
+
+    big = np.ones(blobs.MAP_OVER // 8 + 1)
+    saved = save(store, {"big": big}, ["big"])
+    rec = StepRecord(
+        "run", "key", "s", 0, "", "", {}, {}, tuple(saved.variables), (), (), 0.0, 0.0
+    )
+    refs = admin._blob_refs(rec.to_header())
+    (var,) = saved.variables
+    assert refs == {var.ref, var.spilled[0][1]}

@@ -113,7 +113,16 @@ def _read_runs(store: Store) -> dict[str, _Run]:
 
 
 def _blob_refs(header: dict[str, Any]) -> set[str]:
-    return {v["ref"] for v in header.get("variables", ()) if v.get("kind") in _BLOB_KINDS}
+    refs = set()
+    for v in header.get("variables", ()):
+        if v.get("kind") in _BLOB_KINDS:
+            refs.add(v["ref"])
+            refs.update(sha for _pos, sha in v.get("spilled") or ())  # see spill
+    result = header.get("result") or {}
+    if "ref" in result:  # a result saved apart from the variables
+        refs.add(result["ref"])
+        refs.update(sha for _pos, sha in result.get("spilled") or ())
+    return refs
 
 
 _BLOB_KINDS = ("value", "shared")  # variable kinds whose ref is a blob
@@ -244,20 +253,23 @@ def _variables(
     out = [_variable(store, v, with_values) for v in variables]
     if with_values:  # a step's shared variables: one blob, its pickles in the record's order
         joint: dict[str, list[dict[str, Any]]] = {}
+        spilled: dict[str, list[Any]] = {}
         for var, row in zip(variables, out, strict=True):
             if var.get("kind") == "shared":
                 joint.setdefault(var["ref"], []).append(row)
+                spilled.setdefault(var["ref"], []).extend(var.get("spilled") or ())
         for sha, rows in joint.items():
-            for row, value in zip(rows, _load_shared(store, sha, len(rows)), strict=True):
+            got = _load_shared(store, sha, spilled[sha], len(rows))
+            for row, value in zip(rows, got, strict=True):
                 row.update(value)
     return out
 
 
-def _load_shared(store: Store, sha: str, count: int) -> list[dict[str, Any]]:
-    from . import values
+def _load_shared(store: Store, sha: str, spilled: list[Any], count: int) -> list[dict[str, Any]]:
+    from . import spill, values
 
     try:
-        blob = store.get_blob(sha)
+        blob = spill.get(store, sha, spilled)
     except CorruptRecord as exc:
         return [{"error": str(exc)}] * count
     if blob is None:
