@@ -267,9 +267,7 @@ def test_gc_keeps_the_spilled_blobs_a_record_names(store):
 
     big = np.ones(blobs.MAP_OVER // 8 + 1)
     saved = save(store, {"big": big}, ["big"])
-    rec = StepRecord(
-        "run", "key", "s", 0, "", "", {}, {}, tuple(saved.variables), (), (), 0.0, 0.0
-    )
+    rec = StepRecord("run", "key", "s", 0, "", "", {}, {}, tuple(saved.variables), (), (), 0.0, 0.0)
     refs = admin._blob_refs(rec.to_header())
     (var,) = saved.variables
     assert refs == {var.ref, var.spilled[0][1]}
