@@ -4,8 +4,10 @@ A step's syntax names what it binds and mutates (``x.append``); a helper
 that appends to a global, a method that sets an attribute, a closure's
 counter, ``setattr`` or ``Model.scale = 5`` are invisible to it. So before a
 step runs, :class:`Tokens` takes a cheap *token* of every object reachable
-from the user's variables, and after it, compares: a variable whose
-reachable objects changed is recorded with the step like one it bound.
+from the user's variables, folded with the object's id into one hash per
+variable (nothing is kept per object while the body runs, so a value the
+body drops is freed as in a plain run), and after it, compares: a variable
+whose reachable objects changed is recorded with the step like one it bound.
 
 A token is what can be read without hashing data:
 

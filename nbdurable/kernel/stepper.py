@@ -221,8 +221,11 @@ class StepRunner:
             return None
         for var in rec.variables:
             self.producers[var.name] = rec.key
-            if var.kind in ("value", "shared"):
+            if var.kind == "value":  # (records of format 2)
                 self.origins[var.name] = (restored[var.name], var.ref, pure[var.name])
+            elif var.kind == "shared":  # as recording.save_variables names it
+                digest = spill.digest(var.ref, var.spilled)
+                self.origins[var.name] = (restored[var.name], digest, pure[var.name])
         outputs = list(rec.outputs)
         cut = next(
             (i for i, o in enumerate(outputs) if o.get("output_type") == "execute_result"), None
