@@ -577,10 +577,7 @@ CASES = SHARING + MUTATION + PROCESS + ITERATORS + HISTORY + CLASSES + UNRESTORA
 
 #: Cases that fail against the library today, and what differs. A strict xfail:
 #: a fix that makes one pass must remove it from here.
-FAILS_TODAY: dict[str, str] = {
-    "decimal-context": "decimal context precision set in a step is not re-applied",
-    "recursion-limit": "sys.setrecursionlimit in a step is not re-applied",
-}
+FAILS_TODAY: dict[str, str] = {}
 
 
 @pytest.mark.parametrize("case", params(CASES, FAILS_TODAY))
