@@ -25,8 +25,9 @@ are looked for, and only if one is found is it written again with
 references), through lists, tuples, dicts and
 instance attributes, within :data:`BUDGET` objects and :data:`DEPTH` steps;
 classes, functions, arrays and DataFrames are leaves (referenced whole,
-never walked). An object beyond those bounds is not found, and is pickled
-by value like the step's own objects.
+never walked), and of an instance of a library class only its own
+attributes are looked at, not what lies below them. An object beyond those
+bounds is not found, and is pickled by value like the step's own objects.
 
 numpy. An array's pickle is its memory (out of band, see
 :mod:`nbdurable.store.blobs`) rebuilt with that memory as its base, and a
@@ -44,6 +45,7 @@ from collections.abc import Collection, Iterable, Mapping
 from typing import Any
 
 from ..errors import NbdurableError
+from ..identity import localcode
 
 #: The tag of a reference persistent id.
 TAG = "nbdurable.ref"
@@ -76,6 +78,7 @@ def index(
     """
     found: dict[int, tuple[Path, Any]] = {}
     seen: set[int] = set()
+    known: dict[str, bool] = {}
     todo: list[tuple[Path, Any]] = []
     for name in names:
         obj = ns[name]
@@ -91,6 +94,11 @@ def index(
         depth += 1
         nxt: list[tuple[Path, Any]] = []
         for path, obj in todo:
+            # A library object's own attributes can be referenced; what lies
+            # below them (a logger's handlers' streams, a client's pools: the
+            # kernel's whole object graph) is not walked, as changes.Tokens
+            # does not walk it either.
+            inside = not _library(obj, known)
             for step, child in _children(obj):
                 budget -= 1
                 if isinstance(child, (types.ModuleType, *_ATOMS)):
@@ -98,13 +106,30 @@ def index(
                 key = id(child)
                 if key in wanted and key not in found:
                     found[key] = (path + (step,), child)
-                if key not in seen and _holds(child):
+                if inside and key not in seen and _holds(child):
                     seen.add(key)
                     nxt.append((path + (step,), child))
             if budget <= 0:
                 break
         todo = nxt
     return found
+
+
+def _library(obj: Any, known: dict[str, bool]) -> bool:
+    """True for an instance of a class that is neither the notebook's nor a local module's.
+
+    ``known`` caches the answer by module name for one walk.
+    """
+    t = type(obj)
+    if t is list or t is tuple or t is dict:
+        return False
+    mod = getattr(t, "__module__", None) or ""
+    if mod not in known:
+        try:
+            known[mod] = not localcode.is_local_module_name(mod)
+        except Exception:  # no source to look at: not the user's
+            known[mod] = True
+    return known[mod]
 
 
 def _holds(obj: Any) -> bool:
