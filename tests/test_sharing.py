@@ -271,3 +271,14 @@ def test_gc_keeps_the_spilled_blobs_a_record_names(store):
     refs = admin._blob_refs(rec.to_header())
     (var,) = saved.variables
     assert refs == {var.ref, var.spilled[0][1]}
+
+
+def test_a_library_object_is_indexed_by_its_own_attributes_only():
+    import logging
+
+    handler = logging.StreamHandler()
+    log = logging.Logger("indexed")
+    log.addHandler(handler)
+    wanted = {id(log.handlers), id(handler), id(handler.stream)}
+    found = sharing.index({"log": log}, ["log"], wanted)
+    assert {path for path, _obj in found.values()} == {("log", ("a", "handlers"))}
