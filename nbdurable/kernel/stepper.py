@@ -358,11 +358,16 @@ class StepRunner:
         ns = self.session.user_ns
         key, label, position, py, state = plan.key, plan.label, plan.position, plan.py, plan.state
         changed = _changed_names(before, ns, plan.analysis)
-        changed += _mutated_inputs(plan.raw_fps, before, ns, set(changed))
-        changed += before.mutated(ns, changed)  # by helpers, methods, closures: unnamed
-        deleted = tuple(sorted(n for n in before if n not in ns and not _HIDDEN.match(n)))
         secrets = redact.secrets_in_env()
         process = procstate.delta(proc, procstate.snapshot(ns, proc.watch), secrets) or None
+        # Changed in place: unless the object is a user module's data that the
+        # process delta updates in place on replay (`from helpers import REGISTRY`
+        # then `helpers.REGISTRY.append(..)`), which keeps the name bound to it.
+        kept = procstate.updated_in_place(process)
+        in_place = _mutated_inputs(plan.raw_fps, before, ns, set(changed))
+        in_place += before.mutated(ns, changed + in_place)  # by helpers, methods: unnamed
+        changed += [n for n in in_place if not any(ns[n] is obj for obj in kept)]
+        deleted = tuple(sorted(n for n in before if n not in ns and not _HIDDEN.match(n)))
         try:
             saved = recording.save_variables(
                 self.session.store,

@@ -56,7 +56,7 @@ literal name counts).
 """
 
 from .core import Snapshot, apply, delta, describe_filter, prepare, replayable_reasons, snapshot
-from .modules import assigned_attributes, is_user_module
+from .modules import assigned_attributes, is_user_module, updated_in_place
 from .plain import MAX_VALUE_CHARS, NotPlain, decode, encode
 
 __all__ = [
@@ -73,4 +73,5 @@ __all__ = [
     "prepare",
     "replayable_reasons",
     "snapshot",
+    "updated_in_place",
 ]

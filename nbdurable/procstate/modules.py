@@ -234,6 +234,18 @@ def modules_delta(before: Any, after: Any, out: dict, why: list[str]) -> None:
         out["modules"] = changes
 
 
+def updated_in_place(process: Mapping[str, Any] | None) -> list[Any]:
+    """The live objects of user modules that ``process`` (a delta) updates in place."""
+    out = []
+    for mod, change in ((process or {}).get("modules") or {}).items():
+        module = sys.modules.get(mod)
+        for attr in change.get("update") or ():
+            obj = getattr(module, attr, ABSENT) if module is not None else ABSENT
+            if obj is not ABSENT:
+                out.append(obj)
+    return out
+
+
 def fresh_module(
     mod: str,
     now: dict[str, tuple[Any, str | None]],
