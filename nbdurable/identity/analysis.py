@@ -490,6 +490,31 @@ def analyse(source: str) -> CellAnalysis:
     return CellAnalysis(frozenset(reads), frozenset(binds), frozenset(mutates), _has_await(tree))
 
 
+def imported_modules(source: str) -> frozenset[str]:
+    """Every module an ``import`` of ``source`` names, wherever it is, with its packages.
+
+    ``import a.b`` gives ``a`` and ``a.b``; ``from a.b import c`` gives ``a``,
+    ``a.b`` and ``a.b.c`` (``c`` may be a submodule). Relative imports name
+    nothing (a notebook is no package). An unparsable source names nothing.
+    """
+    try:
+        tree = _parse(source)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return frozenset()
+    dotted: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            dotted.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            dotted.update(f"{node.module}.{a.name}" for a in node.names if a.name != "*")
+            dotted.add(node.module)
+    out: set[str] = set()
+    for name in dotted:
+        parts = name.split(".")
+        out.update(".".join(parts[: i + 1]) for i in range(len(parts)))
+    return frozenset(out)
+
+
 def _identifiers(source: str) -> set[str]:
     """Every NAME token of ``source`` (no parsing, so no recursion)."""
     import io

@@ -11,6 +11,10 @@ file runs the step again, naming the file.
 
 Outside a step the hook returns after one test. Opens by nbdurable itself,
 by the import system and by the kernel's machinery are not the step's.
+The source files of local modules the step imports (``import helpers``
+inside the step: an import opens nothing when the module is loaded already)
+are noted when the step is recorded (:func:`note_imports`), with the local
+modules those use, so an edit of ``helpers.py`` runs the step again.
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ import sys
 import threading
 from collections.abc import Callable
 from typing import Any
+
+from ..identity import analysis, localcode
 
 _current: Callable[[], Any] | None = None  # the running StepContext, or None
 _installed = False
@@ -88,13 +94,25 @@ def _hook(event: str, args: tuple) -> None:
         return
     if full in ctx.file_reads or not _by_the_step():
         return
+    note(ctx.file_reads, full)
+
+
+def note(reads: dict[str, list], path: str) -> None:
+    """Note the regular file at the absolute ``path`` in ``reads``, unless it is noted."""
+    if path in reads:
+        return
     try:
-        st = os.stat(full)
+        st = os.stat(path)
     except OSError:
         return
-    if not stat.S_ISREG(st.st_mode):
-        return
-    ctx.file_reads[full] = [st.st_size, st.st_mtime_ns, content_digest(full)]
+    if stat.S_ISREG(st.st_mode):
+        reads[path] = [st.st_size, st.st_mtime_ns, content_digest(path)]
+
+
+def note_imports(reads: dict[str, list], source: str) -> None:
+    """Note the source files of the local modules ``source`` imports, and of those they use."""
+    for path in localcode.local_module_files(analysis.imported_modules(source)):
+        note(reads, path)
 
 
 def _by_the_step() -> bool:

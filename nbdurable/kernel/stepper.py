@@ -181,7 +181,9 @@ class StepRunner:
         plain classes, e.g. a model's response object). When the value is the
         very object a step recorded or restored, the sha of its pickle tells
         one recording from another, so a dependant of a re-executed step does
-        not replay a result computed from the old value.
+        not replay a result computed from the old value. For the very object
+        a step made but could not save (a generator), the version of that
+        step stands in for the sha (see :meth:`_record`).
         """
         sha = self.origins.sha_for(name, value)
         if sha is None:
@@ -390,6 +392,7 @@ class StepRunner:
         outputs, leaked = recording.scrub_outputs(outputs, secrets)
         source, in_source = redact.redact_text(py, secrets)
         input_from = {n: self.producers[n] for n in plan.inputs if n in self.producers}
+        fileio.note_imports(ctx.file_reads, py)  # `import helpers` in the step: helpers.py
         rec = StepRecord(
             run=self.session.run_id,
             key=key,
@@ -427,6 +430,11 @@ class StepRunner:
             self.producers[name] = key
             self.origins.pop(name, None)
         self.origins.update(saved.origins)
+        # A value that could not be saved is told apart by the step version that
+        # made it: a dependant reruns when its maker ran on other code or inputs.
+        for var in saved.variables:
+            if var.kind == "unsaved" and var.name in ns:
+                self.origins[var.name] = (ns[var.name], f"made by {ctx.version}")
         self.session.status[key] = ("recorded", "")
         events.emit("step-recorded", self.session.run_id, key, label=label, record=rec)
         self._warn_recorded(key, label, saved, sorted(set(leaked) | set(in_source)))

@@ -513,10 +513,7 @@ EDITS = CODE + MODULES + FILES + VALUES + FLOW + FIRST_RUN
 
 #: Cases that fail against the library today, and what differs. A strict xfail:
 #: a fix that makes one pass must remove it from here.
-FAILS_TODAY: dict[str, str] = {
-    "import-inside-the-step": "an edit of a module the step imports is missed",
-    "cascade-after-unsaved-value": "a step downstream of an unsaved value replays after an upstream change",
-}
+FAILS_TODAY: dict[str, str] = {}
 
 
 @pytest.mark.parametrize("case", params(EDITS, FAILS_TODAY))
