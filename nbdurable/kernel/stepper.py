@@ -52,6 +52,7 @@ class Plan:
     raw_fps: dict[str, str]  # name -> plain content fingerprint, to spot in-place mutation
     state: StepState
     reason: str | None = None  # why its record was not replayed (it was invalidated)
+    declared: dict[str, list[str]] | None = None  # --inputs patterns -> the files they match
 
 
 class StepRunner:
@@ -98,7 +99,14 @@ class StepRunner:
             warn(f"step state for {key!r} is unreadable ({exc}); treating it as unpinned.")
             return StepState()
 
-    def run_step(self, body: str, *, name: str | None = None, force: bool = False) -> None:
+    def run_step(
+        self,
+        body: str,
+        *,
+        name: str | None = None,
+        force: bool = False,
+        input_patterns: tuple[str, ...] = (),
+    ) -> None:
         """Replay the ``%%step`` cell ``body`` if its record is valid; else execute and record.
 
         The body runs here (:func:`execute.run_body`). A ``%%step`` cell typed
@@ -106,7 +114,9 @@ class StepRunner:
         :meth:`begin` and :meth:`finish` (see :mod:`.cellstep`).
         """
         __tracebackhide__ = True
-        started = self.begin(body, name=name, force=force, split=False)
+        started = self.begin(
+            body, name=name, force=force, split=False, input_patterns=input_patterns
+        )
         if isinstance(started, Replayed):
             self.finish_replay(started)
             return
@@ -118,7 +128,13 @@ class StepRunner:
         self.finish(started, None)
 
     def begin(
-        self, body: str, *, name: str | None = None, force: bool = False, split: bool = True
+        self,
+        body: str,
+        *,
+        name: str | None = None,
+        force: bool = False,
+        split: bool = True,
+        input_patterns: tuple[str, ...] = (),
     ) -> Replayed | Running:
         """Decide: replay the step's record (done here) or start executing it.
 
@@ -128,7 +144,8 @@ class StepRunner:
         :attr:`Replayed.value`, then calls :meth:`finish_replay`). Otherwise the
         run's lease is held, the step context is current and a
         :class:`Capture` records the outputs until :meth:`finish`, which the
-        caller must call exactly once. Raises (UsageProblem, LeaseHeld,
+        caller must call exactly once. ``input_patterns``: the ``--inputs``
+        globs (see :mod:`.fileio`). Raises (UsageProblem, LeaseHeld,
         StoreError) with nothing left open.
         """
         __tracebackhide__ = True
@@ -152,12 +169,13 @@ class StepRunner:
             if n in ns and not _HIDDEN.match(n) and self.producers.get(n) != key
         }
         inputs = {n: self._input_fp(n, ns[n], fp) for n, fp in raw_fps.items()}
+        declared = fileio.declared(input_patterns)
         rec = self.load_record(key, label)
         # Whatever nbdurable printed so far (warnings) reaches the frontend before
         # the step's own outputs: ipykernel buffers stdout and stderr apart.
         flush_streams()
         state = self.load_state(key)
-        reason = None if rec is None else _invalid_reason(rec, source_fp, inputs, state)
+        reason = None if rec is None else _invalid_reason(rec, source_fp, inputs, state, declared)
         if rec is not None and not force and (reason is None or state.pinned):
             replayed = self._replay(rec, label, reason, split) if rec.replayable else None
             if replayed is not None:
@@ -166,7 +184,9 @@ class StepRunner:
         if rec is not None and reason is not None and not force:
             self.session.status[key] = ("invalidated", reason)
             events.emit("step-invalidated", self.session.run_id, key, reason=reason, label=label)
-        plan = Plan(key, label, position, py, source_fp, analysis, inputs, raw_fps, state, reason)
+        plan = Plan(
+            key, label, position, py, source_fp, analysis, inputs, raw_fps, state, reason, declared
+        )
         known = recording.unsaved_names(rec.variables if rec else ())
         self.unsaved_known[key] = known | set(self.unloadable.get(key, ()))  # _replay said it
         self.process_known[key] = frozenset(
@@ -295,6 +315,9 @@ class StepRunner:
         # compares it with after and records the difference with the step.
         proc = procstate.snapshot(ns, procstate.assigned_attributes(plan.py))
         ctx = StepContext(plan.key, plan.label, step_version(plan.source_fp, plan.inputs))
+        for paths in (plan.declared or {}).values():  # as they are when the body starts
+            for path in paths:
+                fileio.note(ctx.file_reads, path)
         cap = Capture(self.session.shell)
         cap.__enter__()  # left by finish()
         try:
@@ -413,6 +436,7 @@ class StepRunner:
             result=shown,
             env=dict(ctx.env_reads),
             files=dict(ctx.file_reads),
+            declared=dict(plan.declared or {}),
         )
         kept = StepState(pinned=state.pinned, name=label, position=position)
         puts = [(self.session.keys.step(key), rec.to_header(), b""), self.session.touch_run()]
@@ -581,13 +605,20 @@ class Shown:
 
 
 def _invalid_reason(
-    rec: StepRecord, source_fp: str, inputs: dict[str, str], state: StepState
+    rec: StepRecord,
+    source_fp: str,
+    inputs: dict[str, str],
+    state: StepState,
+    declared: dict[str, list[str]],
 ) -> str | None:
     """Why a record cannot be replayed, or None if it can."""
     if rec.source_fp != source_fp:
         return "its code changed"
     if state.stale:
         return state.stale
+    matched = fileio.declared_changes(rec.declared, declared)
+    if matched:
+        return matched
     files = fileio.changed(rec.files)
     if files:
         listed = ", ".join(repr(os.path.basename(p)) for p in files[:5])

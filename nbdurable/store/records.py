@@ -74,6 +74,9 @@ class StepRecord:
     #: files the step read: absolute path -> [size, mtime_ns, SHA-256 of the content];
     #: see :mod:`nbdurable.kernel.fileio`
     files: dict[str, list[Any]] = field(default_factory=dict)
+    #: ``%%step --inputs`` patterns, made absolute -> the files each matched (sorted);
+    #: those files are in ``files`` too
+    declared: dict[str, list[str]] = field(default_factory=dict)
 
     @property
     def replayable(self) -> bool:
