@@ -36,6 +36,7 @@ from hypothesis import strategies as st
 from kernel_util import make_notebook, run_notebook, stream_text
 
 import nbdurable
+from nbdurable.identity.analysis import imported_modules
 from nbdurable.identity.callables import callable_fingerprint, first_change
 from nbdurable.identity.fingerprint import (
     FINGERPRINT_VERSION,
@@ -44,6 +45,7 @@ from nbdurable.identity.fingerprint import (
     fingerprint_info,
 )
 from nbdurable.identity.keys import normalize_source, source_fingerprint
+from nbdurable.identity.localcode import local_module_files
 
 ROOT = pathlib.Path(nbdurable.__file__).resolve().parents[1]
 
@@ -614,6 +616,24 @@ def test_local_modules_are_followed_transitively(local_module):
     assert callable_fingerprint(ns["top"]) == before
     _write(path, "RATE = 1  # edited\n")
     assert callable_fingerprint(ns["top"]) != before
+
+
+def test_the_files_of_modules_a_step_imports_and_of_those_they_import(local_module, tmp_path):
+    consts, _ = local_module("nbd_imp_consts", "VALUE = 1\n")
+    funcs, _ = local_module("nbd_imp_funcs", "def g():\n    return 2\n")
+    other, _ = local_module("nbd_imp_other", "X = 3\n")
+    top, _ = local_module(
+        "nbd_imp_top",
+        "import json\nfrom nbd_imp_consts import VALUE\n"
+        "def _late():\n    import nbd_imp_other\n"
+        "from nbd_imp_funcs import g\nimport nbd_imp_top\n",  # imports itself: a cycle
+    )
+    step = "import nbd_imp_top, numpy\nfrom nbd_imp_missing import x"
+    names = imported_modules(step)
+    assert {"nbd_imp_top", "numpy", "nbd_imp_missing", "nbd_imp_missing.x"} <= names
+    found = local_module_files(names)
+    assert found == sorted(str(p) for p in (consts, funcs, other, top))  # no json, no numpy
+    assert local_module_files(imported_modules("import json")) == []
 
 
 def test_modules_as_values(local_module):

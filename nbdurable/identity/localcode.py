@@ -35,6 +35,8 @@ import types
 from collections.abc import Iterable
 from typing import Any
 
+from . import analysis
+
 _PACKAGE_DIRS = frozenset({"site-packages", "dist-packages"})
 
 
@@ -156,10 +158,11 @@ def names_read(code: types.CodeType) -> tuple[tuple[str, ...], tuple[str, ...]]:
 def local_module_files(names: Iterable[str]) -> list[str]:
     """The source files of the loaded local modules among ``names``, and of those they use.
 
-    A module uses another local module when its namespace holds it
-    (``import helpers2``) or holds a function or class defined there
-    (``from helpers2 import g``). Names not loaded (a failed import) or not
-    local are skipped. Sorted, each file once; cycles end.
+    A module uses another local module when its source imports it (``import
+    helpers2``, ``from helpers2 import VALUE``, relative imports in a
+    package), or its namespace holds it or a function or class defined
+    there. Names not loaded (a failed import) or not local are skipped.
+    Sorted, each file once; cycles end.
     """
     todo = [sys.modules.get(n) for n in names]
     seen: set[int] = set()
@@ -174,6 +177,10 @@ def local_module_files(names: Iterable[str]) -> list[str]:
             continue
         files.add(os.path.abspath(file))
         namespace = vars(module)
+        package = namespace.get("__package__")
+        todo.extend(
+            map(sys.modules.get, _imports_of(file, package if isinstance(package, str) else ""))
+        )
         for value in list(namespace.values()):
             if isinstance(value, types.ModuleType):
                 todo.append(value)
@@ -182,3 +189,22 @@ def local_module_files(names: Iterable[str]) -> list[str]:
                 if isinstance(owner, str) and owner != namespace["__name__"]:
                     todo.append(sys.modules.get(owner))
     return sorted(files)
+
+
+def _imports_of(path: str, package: str) -> frozenset[str]:
+    """The modules a source file imports (see :func:`analysis.imported_modules`); cached."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return frozenset()
+    return _imports_cached(path, st.st_mtime_ns, st.st_size, package)
+
+
+@functools.lru_cache(maxsize=1024)
+def _imports_cached(path: str, _mtime: int, _size: int, package: str) -> frozenset[str]:
+    try:
+        with open(path, "rb") as fh:
+            source = fh.read().decode("utf-8", "replace")
+    except OSError:
+        return frozenset()
+    return analysis.imported_modules(source, package)
