@@ -43,9 +43,17 @@ class StepInfo:
     #: how many other versions of the step keep their records (see store.versions)
     versions: int = 0
 
+    @property
+    def cell(self) -> int | None:
+        """The step's cell as frontends number cells: from 1 (None: not known)."""
+        return None if self.position is None else self.position + 1
+
     def to_json(self) -> dict[str, Any]:
-        """A JSON-able dict of this row."""
-        return dict(self.__dict__)
+        """A JSON-able dict of this row; its cell numbered from 1 (``cell``), as shown."""
+        d = dict(self.__dict__)
+        del d["position"]
+        d["cell"] = self.cell
+        return d
 
 
 @functools.lru_cache(maxsize=512)
@@ -215,7 +223,7 @@ def format_table(infos: list[StepInfo]) -> str:
         when = "-"
         if i.recorded_at:
             when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(i.recorded_at))
-        pos = "-" if i.position is None else str(i.position + 1)
+        pos = "-" if i.cell is None else str(i.cell)
         state = i.state + (" (stale)" if i.stale else "")
         version = (i.version or "-") + (f" +{i.versions}" if i.versions else "")
         rows.append(

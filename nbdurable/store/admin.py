@@ -30,7 +30,7 @@ from .versions import KEEP_VERSIONS, excess
 from .view import RunView, read_header
 
 #: Version of the export document. Increment on a breaking change of its fields.
-EXPORT_FORMAT = 1
+EXPORT_FORMAT = 2  # 2: a step's "cell" counts from 1 (was "position", from 0)
 
 
 @dataclass
@@ -206,7 +206,7 @@ def export_run(
             "label": info.label,
             "state": info.state,
             "detail": info.detail,
-            "position": info.position,
+            "cell": info.cell,  # from 1, as `status` and frontends number cells
             "pinned": info.pinned,
             "size": info.size,
         }
