@@ -25,8 +25,8 @@ KEY = "name:plan"
 @pytest.fixture(params=["directory", "postgresql"])
 def any_store(request, tmp_path):
     """A fresh store of each engine."""
-    target = tmp_path / "store" if request.param == "directory" else request.getfixturevalue("pg_url")
-    s = open_store(target)
+    pg = request.param == "postgresql"
+    s = open_store(request.getfixturevalue("pg_url") if pg else tmp_path / "store")
     yield s
     s.close()
 
