@@ -13,6 +13,7 @@ import pytest
 
 from nbdurable import commands, status
 from nbdurable.identity.keys import source_fingerprint, step_version
+from nbdurable.kernel.rows import row_html
 from nbdurable.store import RunKeys, Store, admin, open_store, versions
 from nbdurable.store.copy import copy_run
 from nbdurable.store.records import StepRecord, StepState, SubRecord, VarRecord
@@ -129,6 +130,8 @@ def test_status_shows_the_current_version_and_how_many_others_are_kept(any_store
     assert (row.version, row.versions) == (version("dogs")[:8], 1)
     table = status.format_table([row])
     assert f"{version('dogs')[:8]} +1" in table, table
+    html = row_html(row)  # the panel's row
+    assert f"v&nbsp;{version('dogs')[:8]}&nbsp;(+1&nbsp;kept)" in html, html
 
 
 def _blob(store: Store, text: str) -> str:
