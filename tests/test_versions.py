@@ -122,7 +122,7 @@ def test_clear_removes_every_version(any_store):
     assert any_store.scan(RK.base) == []
 
 
-def test_status_shows_the_current_version_and_how_many_others_are_kept(any_store):
+def test_status_export_and_panel_show_the_current_version_and_how_many_others_are_kept(any_store):
     cats = put_version(any_store, "cats", 1.0, {})
     versions.switch(any_store, RK, KEY, cats, version("dogs"), keep=10)
     put_version(any_store, "dogs", 2.0, {})
@@ -130,6 +130,8 @@ def test_status_shows_the_current_version_and_how_many_others_are_kept(any_store
     assert (row.version, row.versions) == (version("dogs")[:8], 1)
     table = status.format_table([row])
     assert f"{version('dogs')[:8]} +1" in table, table
+    exported = admin.export_run(any_store, RUN, [row])["steps"][0]
+    assert (exported["version"], exported["versions"]) == (version("dogs")[:8], 1)
     html = row_html(row)  # the panel's row
     assert f"v&nbsp;{version('dogs')[:8]}&nbsp;(+1&nbsp;kept)" in html, html
 

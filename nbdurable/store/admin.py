@@ -209,6 +209,8 @@ def export_run(
             "cell": info.cell,  # from 1, as `status` and frontends number cells
             "pinned": info.pinned,
             "size": info.size,
+            "version": info.version,  # the current record's; others kept: "versions"
+            "versions": info.versions,
         }
         if rec is not None:
             step.update(
