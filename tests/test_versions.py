@@ -173,3 +173,97 @@ def test_copy_carries_every_version_and_its_saved_variables(tmp_path, pg_url):
     finally:
         src.close()
         dst.close()
+
+
+# -- the step runner's side, on an in-process shell ------------------------------------------
+
+
+@pytest.fixture
+def shell(tmp_path, monkeypatch):
+    from IPython.core.interactiveshell import InteractiveShell
+
+    import nbdurable
+    from nbdurable.kernel import session as engine
+
+    monkeypatch.setenv("NBDURABLE_DIR", str(tmp_path / "store"))
+    monkeypatch.setenv("NBDURABLE_NOTEBOOK", str(tmp_path / "v.ipynb"))
+    sh = InteractiveShell.instance()
+    engine.reset_session()
+    nbdurable.load_ipython_extension(sh)
+    log = tmp_path / "calls.log"
+    setup = (
+        "from nbdurable import step\n"
+        "def fetch(topic):\n"
+        f"    with open({str(log)!r}, 'a') as fh:\n"
+        "        fh.write(topic + '\\n')\n"
+        "    return topic.upper()"
+    )
+    assert sh.run_cell(setup).success
+    yield sh, log
+    nbdurable.configure(keep_versions=versions.KEEP_VERSIONS)
+    nbdurable.unload_ipython_extension(sh)
+    engine.reset_session()
+    sh.reset(new_session=False)
+
+
+STEP = "%%step fetch\nresult = step('fetch', fetch, topic)"
+
+
+def _run(sh, topic: str) -> str:
+    assert sh.run_cell(f"topic = {topic!r}").success
+    assert sh.run_cell(STEP).success
+    assert sh.user_ns["result"] == topic.upper()
+    from nbdurable.kernel import session as engine
+
+    return engine.get_session().status["name:fetch"][0]
+
+
+def _calls(log) -> list[str]:
+    return log.read_text().split() if log.exists() else []
+
+
+def test_a_pinned_step_keeps_its_version_whatever_its_inputs(shell):
+    sh, log = shell
+    assert _run(sh, "cats") == "recorded"
+    assert sh.run_cell("%step pin fetch").success
+    assert sh.run_cell("topic = 'dogs'").success
+    assert sh.run_cell(STEP).success
+    assert sh.user_ns["result"] == "CATS"  # pinned: the current version, stale
+    from nbdurable.kernel import session as engine
+
+    s = engine.get_session()
+    assert versions.kept(s.store, s.keys, "name:fetch") == []  # nothing switched
+    assert sh.run_cell("%step unpin fetch").success
+    assert [_run(sh, t) for t in ("dogs", "cats", "dogs")] == ["recorded", "replayed", "replayed"]
+    assert _calls(log) == ["cats", "dogs"]
+
+
+def test_keep_versions_bounds_what_a_step_keeps(shell):
+    import nbdurable
+
+    sh, log = shell
+    nbdurable.configure(keep_versions=2)
+    for topic in ("a", "b", "c"):
+        assert _run(sh, topic) == "recorded"
+    assert _run(sh, "b") == "replayed"  # one other version kept
+    assert _run(sh, "a") == "recorded"  # removed when c ran: made again
+    assert _calls(log) == ["a", "b", "c", "a"]
+    with pytest.raises(Exception, match="keep_versions must be a whole number"):
+        nbdurable.configure(keep_versions=0)
+
+
+def test_an_unreadable_kept_version_runs_again_in_one_line_and_is_replaced(shell, recwarn):
+    sh, log = shell
+    _run(sh, "cats")
+    _run(sh, "dogs")
+    from nbdurable.kernel import session as engine
+
+    s = engine.get_session()
+    (kept,) = versions.kept(s.store, s.keys, "name:fetch")
+    key = s.keys.version("name:fetch", kept)
+    s.store.write({key: s.store.read(key)[:-3] + b"xyz"})  # a damaged record
+    assert _run(sh, "cats") == "recorded"
+    lines = [str(w.message) for w in recwarn if "cannot be used" in str(w.message)]
+    assert len(lines) == 1 and "\n" not in lines[0], lines
+    assert _run(sh, "dogs") == "replayed" and _run(sh, "cats") == "replayed"
+    assert _calls(log) == ["cats", "dogs", "cats"]

@@ -155,7 +155,8 @@ class StepRunner:
         rec = self.load_record(key, label)
         state = self.load_state(key)
         version = keys.step_version(source_fp, inputs)
-        if rec is not None and not state.pinned and _version(rec) != version:
+        tried = rec is not None and not state.pinned and _version(rec) != version
+        if tried:
             rec = self._bring_back(key, label, rec, version)
         # Whatever nbdurable printed so far (warnings) reaches the frontend before
         # the step's own outputs: ipykernel buffers stdout and stderr apart.
@@ -167,8 +168,9 @@ class StepRunner:
                 return replayed
         self.session.claim()
         if rec is not None and _version(rec) != version:
-            # The version about to run replaces the current one: keep that one first.
-            self._switch(key, label, rec, version)
+            # The version about to run replaces the current one: keep that one first
+            # (and bring back this version's sub-steps, unless that was tried above).
+            self._switch(key, label, rec, version, restore=not tried)
         if rec is not None and reason is not None and not force:
             self.session.status[key] = ("invalidated", reason)
             events.emit("step-invalidated", self.session.run_id, key, reason=reason, label=label)
@@ -194,12 +196,17 @@ class StepRunner:
             return rec
         return self.load_record(key, label)
 
-    def _switch(self, key: str, label: str, rec: StepRecord, version: str) -> bool:
+    def _switch(
+        self, key: str, label: str, rec: StepRecord, version: str, restore: bool = True
+    ) -> bool:
         """Archive the current version, bring ``version`` back if kept (see store.versions)."""
         view = self.session.view
         keep = config.get().keep_versions
+        current = _version(rec)
         try:
-            return versions.switch(view.store, view.keys, key, _version(rec), version, keep)
+            return versions.switch(
+                view.store, view.keys, key, current, version, keep, restore=restore
+            )
         except CorruptRecord as exc:
             warn(
                 f"step {label!r}: its record of these inputs cannot be used ({exc}); "

@@ -77,13 +77,22 @@ def _subs(store: Store, prefix: str) -> list[tuple[str, dict[str, Any], bytes]]:
 
 
 def switch(
-    store: Store, rk: RunKeys, key: str, current: str | None, wanted: str, keep: int
+    store: Store,
+    rk: RunKeys,
+    key: str,
+    current: str | None,
+    wanted: str,
+    keep: int,
+    *,
+    restore: bool = True,
 ) -> bool:
     """Archive the current version, bring ``wanted`` back if archived; True if it was.
 
     ``current`` is the current record's version (None: no current record).
     Raises :class:`CorruptRecord` (changing nothing) if the archived record
-    of ``wanted`` fails its check.
+    of ``wanted`` fails its check. With ``restore=False`` an archived
+    ``wanted`` is not brought back but removed: the step is about to run
+    that version and record it as the current one.
     """
     puts: list[tuple[str, dict[str, Any], bytes]] = []
     deletes: list[str] = []
@@ -99,7 +108,10 @@ def switch(
                 (rk.version_subs(key, current) + sub, h, b)
                 for sub, h, b in _subs(store, subs_prefix)
             ]
-    back = store.get(rk.version(key, wanted))
+    back = store.get(rk.version(key, wanted)) if restore else None
+    if not restore and store.has(rk.version(key, wanted)):
+        deletes.append(rk.version(key, wanted))
+        deletes += store.scan(rk.version_subs(key, wanted))
     if back is not None:
         old_subs = rk.version_subs(key, wanted)
         back_subs = _subs(store, old_subs)
@@ -110,6 +122,8 @@ def switch(
         deletes.append(rk.version(key, wanted))
         deletes += store.scan(old_subs)
     if not puts:
+        if deletes:
+            store.apply(deletes=deletes)
         return False
     pruned = excess(store, rk, key, keep, exclude={wanted}, adding=adding)
     if current in adding and rk.version(key, current) in pruned:  # archived and dropped at once
