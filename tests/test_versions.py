@@ -267,3 +267,23 @@ def test_an_unreadable_kept_version_runs_again_in_one_line_and_is_replaced(shell
     assert len(lines) == 1 and "\n" not in lines[0], lines
     assert _run(sh, "dogs") == "replayed" and _run(sh, "cats") == "replayed"
     assert _calls(log) == ["cats", "dogs", "cats"]
+
+
+def test_gc_keep_versions_from_the_command_line(tmp_path, capsys):
+    from nbdurable import cli
+
+    directory = tmp_path / "store"
+    with open_store(directory) as s:
+        previous = None
+        for i, topic in enumerate("abc"):
+            if previous is not None:
+                versions.switch(s, RK, KEY, previous, version(topic), keep=10)
+            previous = put_version(s, topic, time.time() + i, {"call": b"x"})
+    with pytest.raises(SystemExit) as bad:  # argparse's way out: one line, exit 2
+        cli.main(["gc", "--store", str(directory), "--keep-versions", "0"])
+    assert bad.value.code == 2
+    assert "expected a whole number 1 or more" in capsys.readouterr().err
+    assert cli.main(["gc", "--store", str(directory), "--keep-versions", "2"]) == 0
+    assert "removed 1 earlier versions of steps (beyond 2 per step)" in capsys.readouterr().out
+    with open_store(directory) as s:
+        assert versions.kept(s, RK, KEY) == [version("b")]
