@@ -87,6 +87,9 @@ class StepRecord:
     #: files the step read: absolute path -> [size, mtime_ns, SHA-256 of the content];
     #: see :mod:`nbdurable.kernel.fileio`
     files: dict[str, list[Any]] = field(default_factory=dict)
+    #: ``%%step --inputs`` patterns, made absolute -> the files each matched (sorted);
+    #: those files are in ``files`` too
+    declared: dict[str, list[str]] = field(default_factory=dict)
 
     @property
     def replayable(self) -> bool:
@@ -153,6 +156,27 @@ class SubRecord:
         d = dict(d)
         d.pop("kind", None)
         return cls(**d)
+
+
+#: Variable kinds whose ``ref`` is a blob.
+BLOB_KINDS = ("value", "shared")
+
+
+def blob_refs(header: dict[str, Any]) -> list[str]:
+    """The blobs a step record's header refers to: its saved variables' and its result's.
+
+    Spilled buffers (see :mod:`nbdurable.store.spill`) are blobs too.
+    """
+    refs = []
+    for v in header.get("variables", ()):
+        if v.get("kind") in BLOB_KINDS:
+            refs.append(v["ref"])
+            refs += [sha for _pos, sha in v.get("spilled") or ()]
+    result = header.get("result")
+    if isinstance(result, dict) and isinstance(result.get("ref"), str):
+        refs.append(result["ref"])
+        refs += [sha for _pos, sha in result.get("spilled") or ()]
+    return refs
 
 
 _SUB_FIELDS = tuple(f.name for f in dataclasses.fields(SubRecord))
