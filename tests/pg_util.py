@@ -108,8 +108,10 @@ class PrivateServer:
 
 def _bindir() -> Path:
     env = os.environ.get("NBDURABLE_TEST_PG_BIN")
-    found = [Path(env)] if env else sorted(
-        Path("/usr/lib/postgresql").glob("*/bin"), key=lambda p: int(p.parent.name)
+    found = (
+        [Path(env)]
+        if env
+        else sorted(Path("/usr/lib/postgresql").glob("*/bin"), key=lambda p: int(p.parent.name))
     )
     if not found or not (found[-1] / "initdb").exists():
         raise RuntimeError(
