@@ -416,8 +416,11 @@ class Dbos(Peer):
 class LangGraph(Peer):
     name = "LangGraph (SqliteSaver)"
 
-    def __init__(self) -> None:
+    def __init__(self, durability: str | None = None) -> None:
         self._state: dict[str, Any] = {}
+        #: ``invoke(durability=...)``; None: LangGraph's default ("async": a
+        #: task's write is saved while the next task runs)
+        self.durability = durability
 
     def check(self) -> None:
         _require("langgraph")
@@ -453,8 +456,9 @@ class LangGraph(Peer):
         entry, conn = self._entrypoint(d)
         t1 = perf_ns()
         config = {"configurable": {"thread_id": "bench-thread"}}
+        extra = {"durability": self.durability} if self.durability else {}
         try:
-            entry.invoke({"n": n} if crash else None, config)
+            entry.invoke({"n": n} if crash else None, config, **extra)
         except _Stop:
             pass
         t2 = perf_ns()

@@ -62,3 +62,24 @@ def pg_url(pg_server, monkeypatch, request):
     yield f"{pg_server}{sep}namespace={namespace}"
     with psycopg.connect(pg_server, autocommit=True) as conn:
         conn.execute(f'DROP SCHEMA IF EXISTS "{namespace}" CASCADE')
+
+
+@pytest.fixture
+def private_pg(monkeypatch):
+    """A PostgreSQL server of the test's own, which it may stop and restart.
+
+    See ``pg_util.PrivateServer``; the shared server of ``pg_server`` is never
+    stopped. Fails, never skips, where no PostgreSQL binaries are installed.
+    """
+    from pg_util import PrivateServer
+
+    monkeypatch.setenv("NBDURABLE_KEY", "test-team-key-" + "k" * 16)
+    problem = None
+    try:
+        server = PrivateServer()
+    except RuntimeError as exc:
+        problem = str(exc).splitlines()[0]
+    if problem is not None:  # outside the except: one line, no chained traceback
+        pytest.fail(problem, pytrace=False)
+    yield server
+    server.close()

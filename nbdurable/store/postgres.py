@@ -41,6 +41,7 @@ The medium cannot be deleted from under an open store as a directory can:
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import tempfile
 import threading
@@ -64,6 +65,13 @@ try:
 except ImportError:  # pragma: no cover - the error is raised on open
     psycopg = None  # type: ignore[assignment]
     psycopg_pool = None  # type: ignore[assignment]
+else:
+    # The pool warns as it drops a connection the server ended ("discarding
+    # closed connection"); with no logging configured, Python prints that to
+    # stderr, which is a notebook cell's output. Reconnecting is this module's
+    # business and a failure is its one-line StoreError: the warnings go to
+    # logging only (a configured root logger still receives them).
+    logging.getLogger("psycopg.pool").addHandler(logging.NullHandler())
 
 
 class PgStore(Store):
