@@ -85,7 +85,7 @@ def test_a_notebook_recorded_on_postgres_resumes_and_replays_in_fresh_kernels(
     assert {s["state"] for s in status["steps"]} == {"recorded"}, status["steps"]
 
 
-def test_cli_status_and_export_through_a_url(tmp_path, pg_url, capsys):
+def test_cli_status_export_pin_and_clear_through_a_url(tmp_path, pg_url, capsys):
     env = _machine(tmp_path, "a", pg_url)
     cells = CELLS[:2]
     nbformat.write(make_notebook(cells), tmp_path / "a" / "story.ipynb")
@@ -99,6 +99,22 @@ def test_cli_status_and_export_through_a_url(tmp_path, pg_url, capsys):
     assert main(["export", notebook, "--store", pg_url, "--format", "json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["run"] == "story.ipynb" and [s["label"] for s in doc["steps"]] == ["plan"]
+
+    # pin, unpin and clear: the same commands, through the URL.
+    def state() -> str:
+        capsys.readouterr()
+        assert main(["status", notebook, "--store", pg_url, "--json"]) == 0
+        (step,) = json.loads(capsys.readouterr().out)["steps"]
+        return step["state"]
+
+    assert main(["pin", notebook, "plan", "--store", pg_url]) == 0
+    assert state() == "pinned"
+    assert main(["unpin", notebook, "plan", "--store", pg_url]) == 0
+    assert state() == "recorded"
+    assert main(["clear", notebook, "plan", "--store", pg_url]) == 0
+    assert state() == "pending"
+    with Store(pg_url) as store:
+        assert store.scan("r/story.ipynb/") == [], "the step and its sub-steps are gone"
 
 
 def test_two_machines_share_a_run_one_at_a_time(tmp_path, pg_url):
