@@ -367,11 +367,14 @@ def main(argv: list[str] | None = None) -> int:
     steps = [int(s) for s in args.steps.split(",") if s]
     with tempfile.TemporaryDirectory(prefix="nbdurable-bench-pg-") as tmp:
         started = time.monotonic()
-        for table in (
-            per_step(args.url, steps, args.size, Path(tmp)),
-            concurrent(args.url, args.writers, args.writer_steps, args.size),
-        ):
-            print(table.text(), flush=True)
+        # Each table is printed as soon as it is measured: a later section that
+        # fails does not take an earlier one's figures with it.
+        sections = (
+            lambda: per_step(args.url, steps, args.size, Path(tmp)),
+            lambda: concurrent(args.url, args.writers, args.writer_steps, args.size),
+        )
+        for section in sections:
+            print(section().text(), flush=True)
             print()
         print(f"({time.monotonic() - started:.0f} s)")
     return 0
