@@ -298,3 +298,31 @@ def test_a_server_restarted_mid_step_loses_nothing_and_repeats_nothing(fault, tm
     again = run_notebook(make_notebook(MID_STEP), cwd=tmp_path, env=env)
     assert outputs_of(again, 1)[0]["text"] == "[0, 1, 4, 9, 16, 25]\n"
     assert (sync / "ledger").read_text().split() == ["0", "1", "2", "3", "4", "5"]
+
+
+def test_the_magics_and_the_panel_on_the_team_store(tmp_path, pg_url):
+    cells = [
+        "%load_ext nbdurable",
+        "%%step greet\nword = 'hi'",
+        "%step pin greet",
+        "%step list",
+        "%step unpin greet",
+        "%step panel",
+        "%step clear greet",
+        "%step list",
+    ]
+    nbformat.write(make_notebook(cells), tmp_path / "nb.ipynb")
+    env = {"NBDURABLE_STORE": pg_url, "NBDURABLE_NOTEBOOK": str(tmp_path / "nb.ipynb")}
+    out = run_notebook(make_notebook(cells), cwd=tmp_path, env=env)
+    pinned = outputs_of(out, 3)[0]["text"]
+    assert pinned.startswith(f"run 'nb.ipynb' in {display(pg_url)}\n"), pinned
+    assert pinned.splitlines()[2].split()[1:3] == ["greet", "pinned"], pinned
+    (panel,) = outputs_of(out, 5)
+    assert panel["output_type"] == "display_data"
+    assert panel["data"]["text/plain"].splitlines()[0] == (
+        f"nbdurable run 'nb.ipynb' in {display(pg_url)}"
+    )
+    after = outputs_of(out, 7)[0]["text"].splitlines()
+    assert after[2].split()[1:3] == ["greet", "pending"], after
+    with Store(pg_url) as store:
+        assert store.scan("r/nb.ipynb/s/") == [], "cleared in the team store"
