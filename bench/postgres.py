@@ -273,9 +273,10 @@ def per_step(url: str, steps: list[int], size: int, root: Path) -> Table:
             if hasattr(system, "cleanup"):
                 system.cleanup()
     t.notes.append(
-        "LangGraph (PostgresSaver) runs with its default durability ('async'): a task's "
-        "write is committed while the next task runs, so its record time does not include "
-        "the commit that nbdurable and DBOS wait for; 'sync' waits for it, as they do"
+        "LangGraph (PostgresSaver) saves a task's write on a background thread, so its record "
+        "time does not include the commit that nbdurable and DBOS wait for; durability='sync' "
+        "waits only for the checkpoint between supersteps, not for a task's write (LangGraph "
+        "has no setting that does): compare commits and WAL flushes per step instead"
     )
     t.notes.append(
         "commits and WAL flushes per recorded step are the server's own counts over the "
