@@ -6,9 +6,12 @@
 1. **Per step, record and replay**, at each ``--steps`` (is it flat?):
    nbdurable's ``step()`` inside a ``%%step`` on the PostgreSQL store, the same
    on the embedded store for reference, DBOS with its system database on the
-   same server, and LangGraph with ``PostgresSaver`` on the same server (each
-   driven exactly as in ``bench/peers.py``; a peer not installed is reported
-   as such, ``pip install -e '.[bench]' langgraph-checkpoint-postgres``).
+   same server, and LangGraph with ``PostgresSaver`` on the same server, with
+   its default durability and with ``durability="sync"`` (each driven exactly
+   as in ``bench/peers.py``; a peer not installed is reported as such,
+   ``pip install -e '.[bench]'``). With each row, the server's own count of
+   transactions committed and WAL flushes per recorded step: the work each
+   system asks of the server, whatever the load on the machine.
 2. **Concurrent kernels**: ``--writers`` processes, each recording its own run
    into ONE namespace at once: throughput in steps/s over all of them, and
    the per-step median and p99.
