@@ -398,6 +398,12 @@ def test_cli_ls_gc_check_and_copy_with_a_url(pg_url, tmp_path, capsys):
     assert [r["run"] for r in runs] == ["nb.ipynb"]
     assert main(["check", "--store", pg_url]) == 0
     assert "sound" in capsys.readouterr().out
+    # ... and back to a directory, verified on the way.
+    assert main(["copy", "nb.ipynb", "--from", pg_url, "--to", str(tmp_path / "back")]) == 0
+    assert "copied run 'nb.ipynb': 3 records and 1 saved variables" in capsys.readouterr().out
+    with Store(tmp_path / "back") as back, Store(tmp_path / "disk") as disk:
+        rk = RunKeys("nb.ipynb")
+        assert back.scan(rk.base) == disk.scan(rk.base)
     assert main(["check", "--store", str(tmp_path / "disk")]) == 0
     assert "sound" in capsys.readouterr().out
     assert main(["gc", "--store", pg_url, "--older-than", "0s"]) == 0
