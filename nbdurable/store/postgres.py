@@ -24,7 +24,10 @@ open: an unsigned shared store would let anyone with write access to the
 database plant a pickle that every kernel replaying it unpickles.
 
 Faults: a lost connection (server restarted, backend terminated) is retried
-on a fresh connection from the pool, for at most :data:`RETRIES` attempts.
+on a fresh connection from the pool, for at most :data:`RETRIES` attempts,
+each waiting up to ``connect_timeout`` + 5 s for the pool to reconnect (a
+server that restarts, or crashes and is started again, within that time
+costs a running step nothing but the wait).
 Every write is an idempotent upsert of signed bytes under a fixed key, so a
 transaction whose COMMIT was lost in flight and is then retried records the
 same row once; the lease's compare-and-set (:meth:`PgStore.swap`) runs under
