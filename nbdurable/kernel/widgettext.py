@@ -38,12 +38,7 @@ def model_id_of(data: Any) -> str | None:
 def find_widget(model_id: str) -> Any | None:
     """The live ipywidgets ``Widget`` with this model id, or None."""
     module = sys.modules.get("ipywidgets.widgets.widget")
-    if module is None:
-        return None
-    instances = getattr(module, "_instances", None)
-    if not isinstance(instances, dict):
-        # ipywidgets before 8.0.4 keep the live widgets on the class instead.
-        instances = getattr(getattr(module, "Widget", None), "_active_widgets", None)
+    instances = getattr(module, "_instances", None) if module is not None else None
     if not isinstance(instances, dict):
         return None
     return instances.get(model_id)
