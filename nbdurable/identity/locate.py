@@ -93,7 +93,7 @@ def find_by_cells(executed: list[str], cwd: Path | None = None) -> tuple[Path | 
 def _named_on_command_line() -> list[Path]:
     """``.ipynb`` files named on the command lines of the processes that started this one."""
     try:
-        import psutil  # an ipykernel dependency
+        import psutil  # ipykernel requires it
     except ImportError:  # pragma: no cover
         return []
     out: list[Path] = []
