@@ -126,6 +126,10 @@ class SubRecord:
     #: labels (``#0``, a keyword) of the arguments the call changed in place; the
     #: body is then the pickle of ``(result, {label: the argument after the call})``
     mutated: list[str] = field(default_factory=list)
+    #: how the call handed its value over, when not plainly: ``awaitable``,
+    #: ``stream``, ``async_iter``, ``iter``, or ``awaitable:`` one of the last
+    #: three (an awaited stream); replay hands back the same shape
+    returns: str = ""
 
     def to_header(self) -> dict[str, Any]:
         """Encode as a JSON-able dict."""
