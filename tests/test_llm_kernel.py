@@ -220,3 +220,34 @@ def test_streams_replay_as_streams_after_a_kill_mid_stream(tmp_path, server, kil
     # the stream abandoned half way is never recorded: it is the only request made again
     assert server.total == total + 1 and sc.asked()["abandon"] == abandoned + 1
     assert stream_text(outputs_of(again, 2)) == stream_text(outputs_of(nb, 2))
+
+
+def test_litellm_and_langchain_streams_replay(tmp_path, server):
+    pytest.importorskip("litellm")
+    pytest.importorskip("langchain_openai")
+    o = server.openai_base_url
+    cells = [
+        HEAD + "\nimport os, threading, litellm\nfrom langchain_openai import ChatOpenAI\n"
+        "os.environ['LITELLM_LOCAL_MODEL_COST_MAP'] = 'True'",
+        f"chat = ChatOpenAI(model='m', base_url={o!r}, api_key='sk-test')",
+        "%%step lc\nholder = threading.Lock()\n"
+        "for c in step('lc', chat.stream, 'langchain words', stream_usage=True):\n"
+        "    print(c.content, end='')\nprint()\n"
+        "s = step('lite', litellm.completion, model='openai/m', api_base="
+        f"{o!r}, api_key='sk-test',\n"
+        "         messages=[{'role': 'user', 'content': 'litellm words'}], stream=True)\n"
+        "for c in s:\n"
+        "    print(c.choices[0].delta.content or '', end='')\nprint()",
+    ]
+    sc = Scenario(tmp_path, server, cells)
+    first = sc.run()
+    assert first is not None and server.total == 2
+    numbers = sc.numbers()
+    text = stream_text(outputs_of(first, 2))
+    assert text.splitlines() == [
+        f"answer #{numbers['langchain words']} to: langchain words",
+        f"answer #{numbers['litellm words']} to: litellm words",
+    ]
+    again = sc.run()  # `holder` cannot be saved: the body runs again, its streams replay
+    assert server.total == 2
+    assert stream_text(outputs_of(again, 2)) == text

@@ -271,7 +271,9 @@ class _Call:
         if streams.stream_kind(result) is not None:
             return streams.record_stream(result, save_as("stream"))
         kind = awaitables.result_kind(result)
-        if kind == "async_iter":
+        # litellm's stream wrapper iterates both ways: awaited, it is read with
+        # `async for`; returned at once, with `for`.
+        if kind == "async_iter" and (outer or not _chunk_iterator(result)):
             return awaitables.record_async_iter(result, save_as("async_iter"))
         if _chunk_iterator(result):
             return streams.record_iter(result, save_as("iter"))
