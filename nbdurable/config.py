@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
+from typing import Any
 
+from .clients.usage import check_prices
 from .errors import UsageProblem
 
 _DIVERGENCE = ("warn", "error", "rerun", "replay")
@@ -28,6 +30,10 @@ class Settings:
       ``postgresql://`` URL for a team store (see ``nbdurable.store.engine``);
       None (default): ``NBDURABLE_STORE``, else ``NBDURABLE_DIR``, else
       ``.nbdurable/`` beside the notebook. Takes effect when the store is next opened.
+    - ``prices``: what tokens cost, ``{"model": (input per 1k, output per 1k)}``
+      (a reply's dated model name takes the price of the longest name it starts
+      with); with it, the tokens replay saved are also shown as money. None
+      (default): tokens only. nbdurable never fetches prices.
     """
 
     on_divergence: str = "warn"
@@ -35,6 +41,7 @@ class Settings:
     durability: str = "crash"
     warn_size_mb: float = 100.0
     store: str | None = None
+    prices: dict[str, tuple[float, float]] | None = None
 
 
 _settings = Settings()
@@ -71,5 +78,14 @@ def configure(**changes: object) -> Settings:
     size = changes.get("warn_size_mb", 1)
     if isinstance(size, bool) or not isinstance(size, (int, float)) or size <= 0:
         raise UsageProblem(f"warn_size_mb must be a positive number (got {size!r})")
+    if changes.get("prices") is not None:
+        changes["prices"] = _prices(changes["prices"])
     _settings = replace(_settings, **changes)  # type: ignore[arg-type]
     return _settings
+
+
+def _prices(prices: Any) -> dict[str, tuple[float, float]]:
+    try:
+        return check_prices(prices)
+    except ValueError as exc:
+        raise UsageProblem(str(exc)) from None

@@ -15,6 +15,7 @@ from typing import Any
 
 from . import procstate
 from ._text import human_size
+from .clients.usage import Tally
 from .identity import locate
 from .identity.keys import source_fingerprint
 from .store import RUN_SCOPE, RunView, Store
@@ -38,6 +39,8 @@ class StepInfo:
     stale: bool = False
     replayable: bool = True
     calls: int = 0
+    #: tokens the step's model replies reported (input + output): what its replay saves
+    tokens: int = 0
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-able dict of this row."""
@@ -161,6 +164,7 @@ def _info(
         stale=state == "pinned" and bool(detail),
         replayable=rec.replayable if rec else True,
         calls=rec.substeps if rec else subs,
+        tokens=Tally.from_json(rec.tokens).total.total if rec else 0,
     )
 
 
@@ -202,8 +206,15 @@ def _state_of(
 
 
 def format_table(infos: list[StepInfo]) -> str:
-    """The plain-text table shown by ``%step list`` and ``nbdurable status``."""
+    """The plain-text table shown by ``%step list`` and ``nbdurable status``.
+
+    A ``tokens`` column (what each step's model replies reported, so what its
+    replay saves) is there when some step's replies reported tokens.
+    """
+    with_tokens = any(i.tokens for i in infos)
     head = ("#", "step", "state", "recorded", "sub-steps", "size", "detail")
+    if with_tokens:
+        head = (*head[:5], "tokens", *head[5:])
     rows = [head]
     for i in infos:
         when = "-"
@@ -211,7 +222,10 @@ def format_table(infos: list[StepInfo]) -> str:
             when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(i.recorded_at))
         pos = "-" if i.position is None else str(i.position + 1)
         state = i.state + (" (stale)" if i.stale else "")
-        rows.append((pos, i.label, state, when, str(i.substeps), human_size(i.size), i.detail))
+        row = (pos, i.label, state, when, str(i.substeps), human_size(i.size), i.detail)
+        if with_tokens:
+            row = (*row[:5], f"{i.tokens:,}" if i.tokens else "-", *row[5:])
+        rows.append(row)
     widths = [max(len(r[c]) for r in rows) for c in range(len(head) - 1)]
     lines = [
         "  ".join(c.ljust(w) for c, w in zip(r[:-1], widths, strict=True)) + "  " + r[-1]

@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from html import escape
 from typing import TYPE_CHECKING, Any
 
-from .. import config, events, faults, procstate, redact
+from .. import _text, config, events, faults, procstate, redact
+from ..clients.usage import Tally
 from ..errors import CorruptRecord, NbdurableError, StoreError, UsageProblem
 from ..identity import keys
 from ..store import values
@@ -238,7 +239,9 @@ class StepRunner:
         if not split or cut is None:
             cut = len(outputs)
         replay(self.session.shell, outputs[:cut])
-        self.session.count_replayed(rec.duration, steps=1, calls=rec.substeps)
+        self.session.count_replayed(
+            rec.duration, steps=1, calls=rec.substeps, tokens=Tally.from_json(rec.tokens)
+        )
         state = "replayed" if stale is None else "pinned-stale"
         self.session.status[rec.key] = (state, stale or "")
         events.emit(
@@ -275,6 +278,9 @@ class StepRunner:
     def _note(self, rec: StepRecord, label: str, stale: str | None) -> None:
         when = time.strftime("%Y-%m-%d %H:%M", time.localtime(rec.started + rec.duration))
         calls = f", {rec.substeps} call{'s' if rec.substeps != 1 else ''}" if rec.substeps else ""
+        used = Tally.from_json(rec.tokens).total.total
+        if used:
+            calls += f", {_text.tokens(used)}"
         saved = f"saved {rec.duration:.1f} s{calls}"
         text = f"↻ nbdurable: replayed step {label!r} (recorded {when}; {saved})"
         if stale:
@@ -406,6 +412,7 @@ class StepRunner:
             duration=duration,
             substeps=ctx.subs_recorded + ctx.subs_replayed,
             substep_seconds=ctx.sub_seconds,
+            tokens=ctx.tokens.to_json(),
             process=process,
             result=shown,
             env=dict(ctx.env_reads),

@@ -54,7 +54,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from .. import config, events, faults, redact
-from ..clients import awaitables, streams
+from ..clients import awaitables, streams, usage
 from ..errors import CorruptRecord, DivergenceError, StoreError, UsageProblem
 from ..identity import keys
 from ..identity.callables import CallableFingerprint, callable_fingerprint, first_change
@@ -348,8 +348,17 @@ class _Call:
         except Exception as exc:
             warn(f"{where}: its recorded value cannot be loaded ({exc!r}); calling again.")
             return _ENOVAL
-        session.count_replayed(duration)
+        tokens = usage.Tally.from_json(header.get("tokens"))
+        session.count_replayed(duration, tokens=tokens)
+        self.count_tokens(tokens)
         return value
+
+    def count_tokens(self, tokens: usage.Tally) -> None:
+        """Add a reply's tokens to its step's (made or replayed, a step's record holds all)."""
+        ctx = self.ctx
+        if ctx is not None and tokens:
+            with ctx.lock:
+                ctx.tokens = ctx.tokens + tokens
 
     def put_back(self, loaded: Any, labels: list[str]) -> Any:
         """Restore the recorded state of the arguments the call changed; its result.
@@ -429,6 +438,8 @@ class _Call:
                 "data (e.g. the text or a dict) from the function given to step()."
             )
             return
+        tokens = usage.Tally()
+        tokens.add(result.chunks if isinstance(result, streams.StreamRecord) else result)
         faults.point("sub-returned")
         found = redact.find_secrets(body, redact.secrets_in_env())
         if found:
@@ -460,6 +471,7 @@ class _Call:
             "type": values.type_name(result),
             "format": FORMAT_VERSION,
             "returns": returns,
+            "tokens": tokens.to_json(),
             "kind": "sub",
         }
         try:
@@ -475,6 +487,7 @@ class _Call:
             with ctx.lock:
                 ctx.subs_recorded += 1
                 ctx.sub_seconds += duration
+        self.count_tokens(tokens)
         events.emit(
             "sub-recorded", self.session.run_id, self.scope, id=self.sub_id, duration=duration
         )

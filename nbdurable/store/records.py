@@ -74,6 +74,9 @@ class StepRecord:
     #: files the step read: absolute path -> [size, mtime_ns, SHA-256 of the content];
     #: see :mod:`nbdurable.kernel.fileio`
     files: dict[str, list[Any]] = field(default_factory=dict)
+    #: tokens the step's sub-steps' model replies reported, per model, as
+    #: ``nbdurable.clients.usage.Tally.to_json`` gives them: what a replay saves
+    tokens: list[list[Any]] = field(default_factory=list)
 
     @property
     def replayable(self) -> bool:
@@ -130,6 +133,8 @@ class SubRecord:
     #: ``stream``, ``async_iter``, ``iter``, or ``awaitable:`` one of the last
     #: three (an awaited stream); replay hands back the same shape
     returns: str = ""
+    #: tokens the reply reported (``Tally.to_json``: ``[[model, input, output, replies]]``)
+    tokens: list[list[Any]] = field(default_factory=list)
 
     def to_header(self) -> dict[str, Any]:
         """Encode as a JSON-able dict."""
