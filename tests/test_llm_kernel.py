@@ -251,3 +251,78 @@ def test_litellm_and_langchain_streams_replay(tmp_path, server):
     again = sc.run()  # `holder` cannot be saved: the body runs again, its streams replay
     assert server.total == 2
     assert stream_text(outputs_of(again, 2)) == text
+
+
+def test_a_method_call_on_a_client_is_not_a_change(tmp_path, server):
+    # `client` cannot be saved; calling its method used to count as changing it,
+    # which made the step not replayable and re-sent the request on every run.
+    cells = [
+        HEAD,
+        clients_cell(server),
+        f"%%step direct\nc = client.chat.completions.create({ask('direct')})\n"
+        f"m = claude.messages.create(max_tokens=20, {ask('direct claude')})\n"
+        "print(c.choices[0].message.content, '|', m.content[0].text)",
+        "print(type(c).__name__, type(m).__name__)",
+    ]
+    sc = Scenario(tmp_path, server, cells)
+    first = sc.run()
+    assert first is not None and server.total == 2
+    assert "cannot be saved" not in stream_text(outputs_of(first, 2), "stderr")
+    second = sc.run()
+    assert server.total == 2, "the step sent its requests again"
+    assert stream_text(outputs_of(second, 2)) == stream_text(outputs_of(first, 2))
+    assert stream_text(outputs_of(second, 3)) == "ChatCompletion Message\n"
+
+
+def divergence_cells(server: LLMServer, prompt: str) -> list[str]:
+    o = server.openai_base_url
+    return [
+        HEAD + "\nimport pydantic\nfrom langchain_openai import ChatOpenAI\n"
+        "from langchain_core.messages import HumanMessage",
+        clients_cell(server) + f"\nchat = ChatOpenAI(model='m', base_url={o!r}, api_key='sk-test')",
+        f"class Task(pydantic.BaseModel):\n    prompt: str\ntask = Task(prompt={prompt!r})",
+        # a pydantic input
+        "%%step direct\n"
+        "r = client.chat.completions.create(model='m',\n"
+        "    messages=[{'role': 'user', 'content': 'direct ' + task.prompt}])\n"
+        "print(r.choices[0].message.content)",
+        # LangChain messages, and an SDK reply object in a history, as sub-step arguments
+        "%%step history\n"
+        "first = step('first', client.chat.completions.create, model='m',\n"
+        "             messages=[{'role': 'user', 'content': 'start'}])\n"
+        "reply = first.choices[0].message\n"
+        "if task.prompt == 'beta':\n"
+        "    reply = reply.model_copy(update={'content': reply.content + ' (edited)'})\n"
+        "second = step('second', client.chat.completions.create, model='m', messages=[\n"
+        "    {'role': 'user', 'content': 'start'}, reply, {'role': 'user', 'content': 'more'}])\n"
+        "lc = step('lc', chat.invoke, [HumanMessage('lc ' + task.prompt)])\n"
+        "print(second.choices[0].message.content, '|', lc.content)",
+    ]
+
+
+def test_changed_data_objects_are_divergences_not_stale_answers(tmp_path, server):
+    pytest.importorskip("langchain_openai")
+    sc = Scenario(tmp_path, server, divergence_cells(server, "alpha"))
+    first = sc.run()
+    assert first is not None and server.total == 4
+    sc.cells = divergence_cells(server, "alpha")
+    same = sc.run()
+    assert server.total == 4, "nothing changed, yet requests were sent"
+    for i in (3, 4):
+        assert stream_text(outputs_of(same, i)) == stream_text(outputs_of(first, i))
+    sc.cells = divergence_cells(server, "beta")
+    changed = sc.run()
+    # the pydantic input, the edited SDK reply in the history and the LangChain
+    # message are each a new question; the unchanged 'first' call replays
+    asked = sc.asked()
+    assert server.total == 7 and asked["start"] == 1
+    assert asked["direct beta"] == 1 and asked["lc beta"] == 1 and asked["more"] == 2
+    numbers = sc.numbers()
+    assert (
+        stream_text(outputs_of(changed, 3)) == f"answer #{numbers['direct beta']} to: direct beta\n"
+    )
+    assert stream_text(outputs_of(changed, 4)).startswith(
+        f"answer #{numbers['more']} to: more | answer #{numbers['lc beta']} to: lc beta"
+    )
+    said = " ".join(stream_text(outputs_of(changed, 4), "stderr").split())
+    assert "step 'history'" in said and "2 of 3 recorded calls made again" in said, said

@@ -49,6 +49,18 @@ class Saved:
     pending: dict[str, bytes] = field(default_factory=dict)
     unsaved_names: list[str] = field(default_factory=list)  # the names of ``unsaved``
 
+    def drop_unsaved(self, names: set[str]) -> None:
+        """Leave out of the record the variables of ``names`` that could not be saved."""
+        gone = {n for n in self.unsaved_names if n in names}
+        if not gone:
+            return
+        self.variables = [v for v in self.variables if not (v.kind == "unsaved" and v.name in gone)]
+        kept = [
+            (u, n) for u, n in zip(self.unsaved, self.unsaved_names, strict=True) if n not in gone
+        ]
+        self.unsaved = [u for u, _ in kept]
+        self.unsaved_names = [n for _, n in kept]
+
     def unsaved_beyond(self, known: frozenset[str]) -> list[str]:
         """The ``unsaved`` entries of names not in ``known``."""
         return [u for u, n in zip(self.unsaved, self.unsaved_names, strict=True) if n not in known]
@@ -99,8 +111,8 @@ def save_variables(
             # Searched for secrets in the very copy that is hashed and written.
             sha, _written = store.put_blob(stream, buffers, defer=out.pending, secrets=secrets)
         except blobs.SecretFound as exc:
-            out.secrets.append(f"{name} (${', $'.join(exc.names)})")
-            why = "holds the value of $" + ", $".join(exc.names)
+            out.secrets.append(f"{name} ({redact.said(exc.names)})")
+            why = "holds " + redact.said(exc.names)
             out.variables.append(
                 VarRecord(name, "unsaved", why, fingerprint(value, name), 0, tname)
             )
@@ -252,15 +264,19 @@ class Snapshot(Mapping[str, Any]):
 def scrub_outputs(
     outputs: list[dict[str, Any]], secrets: dict[str, bytes]
 ) -> tuple[list[dict[str, Any]], list[str]]:
-    """Outputs with every secret replaced by ``[redacted $NAME]``; and the names found."""
-    if not secrets:
-        return outputs, []
+    """Outputs with secrets replaced, and the names found (see :func:`nbdurable.redact.said`).
+
+    An environment secret becomes ``[redacted $NAME]``, a well-known key
+    ``[redacted openai key]``.
+    """
     found: set[str] = set()
 
     def scrub(value: Any) -> Any:
         if isinstance(value, str):
             text, names = redact.redact_text(value, secrets)
+            text, kinds = redact.redact_keys(text)
             found.update(names)
+            found.update(f"{kind} key" for kind in kinds)
             return text
         if isinstance(value, list):
             return [scrub(v) for v in value]

@@ -382,6 +382,9 @@ class StepRunner:
                 secrets,
                 unloadable=self.unloadable.pop(key, {}),
             )
+            # A method called on an object that cannot be saved (a model client) is
+            # not by itself a change: left out when nothing of it that can be seen changed.
+            saved.drop_unsaved(_untouched(plan, before, ns))
             shown = _result_record(result, saved, ns, outputs, plan.inputs)
             if shown is None and result is not None and _has_result(outputs):
                 extra = recording.save_variables(
@@ -395,6 +398,8 @@ class StepRunner:
             raise StoreError(f"step {label!r} ran but was NOT recorded: {exc}") from exc
         outputs, leaked = recording.scrub_outputs(outputs, secrets)
         source, in_source = redact.redact_text(py, secrets)
+        source, kinds = redact.redact_keys(source)
+        in_source += [f"{kind} key" for kind in kinds]
         input_from = {n: self.producers[n] for n in plan.inputs if n in self.producers}
         rec = StepRecord(
             run=self.session.run_id,
@@ -472,14 +477,14 @@ class StepRunner:
             )
         if saved.secrets:
             warn(
-                f"step {label!r}: these variables hold a secret from the environment and "
+                f"step {label!r}: these variables hold a secret and "
                 f"were NOT written to the store: {'; '.join(saved.secrets)}. On replay "
                 "this step's body runs again (its sub-steps still replay)."
             )
         if leaked:
             warn(
-                f"step {label!r}: its outputs or source showed the value of "
-                f"${', $'.join(leaked)}; it was recorded as [redacted] instead."
+                f"step {label!r}: its outputs or source showed "
+                f"{redact.said(leaked)}; it was recorded as [redacted] instead."
             )
         if saved.large:
             warn(
@@ -620,6 +625,23 @@ def _changed_names(
                 continue
             out.add(name)
     return sorted(out)
+
+
+def _untouched(plan: Plan, before: dict[str, Any], after: dict[str, Any]) -> set[str]:
+    """Names the step's syntax may have mutated (a method call) whose object did not change.
+
+    The same object, not rebound, with the content fingerprint it had before
+    the step (see :func:`_mutated_inputs`).
+    """
+    analysis = plan.analysis
+    out = set()
+    for name in analysis.mutates - analysis.binds:
+        fp = plan.raw_fps.get(name)
+        if fp is None or name not in after or after[name] is not before.get(name):
+            continue
+        if _fingerprint(after[name], name) == fp:
+            out.add(name)
+    return out
 
 
 def _mutated_inputs(

@@ -441,10 +441,11 @@ class _Call:
         tokens = usage.Tally()
         tokens.add(result.chunks if isinstance(result, streams.StreamRecord) else result)
         faults.point("sub-returned")
-        found = redact.find_secrets(body, redact.secrets_in_env())
+        # An environment secret is named by its variable, even when it is a key too.
+        found = redact.find_secrets(body, redact.secrets_in_env()) or redact.key_names(body)
         if found:
             warn(
-                f"{where} returned a value holding the value of ${', $'.join(found)}; secrets "
+                f"{where} returned a value holding {redact.said(found)}; secrets "
                 "are never written to the store, so it was NOT recorded and will be called "
                 "again on the next run."
             )
