@@ -30,6 +30,9 @@ class Settings:
       ``postgresql://`` URL for a team store (see ``nbdurable.store.engine``);
       None (default): ``NBDURABLE_STORE``, else ``NBDURABLE_DIR``, else
       ``.nbdurable/`` beside the notebook. Takes effect when the store is next opened.
+    - ``http``: record every step as ``%%step NAME --http`` does (every HTTP
+      request its body makes through httpx or requests, replayed from the
+      record when the body runs again).
     - ``prices``: what tokens cost, ``{"model": (input per 1k, output per 1k)}``
       (a reply's dated model name takes the price of the longest name it starts
       with); with it, the tokens replay saved are also shown as money. None
@@ -42,6 +45,7 @@ class Settings:
     warn_size_mb: float = 100.0
     store: str | None = None
     prices: dict[str, tuple[float, float]] | None = None
+    http: bool = False
 
 
 _settings = Settings()
@@ -70,6 +74,8 @@ def configure(**changes: object) -> Settings:
         raise UsageProblem(
             f"durability must be one of {', '.join(_DURABILITY)} (got {changes['durability']!r})"
         )
+    if "http" in changes and not isinstance(changes["http"], bool):
+        raise UsageProblem(f"http must be True or False (got {changes['http']!r})")
     if "replay_note" in changes and not isinstance(changes["replay_note"], bool):
         raise UsageProblem(f"replay_note must be True or False (got {changes['replay_note']!r})")
     store = changes.get("store")

@@ -326,3 +326,45 @@ def test_changed_data_objects_are_divergences_not_stale_answers(tmp_path, server
     )
     said = " ".join(stream_text(outputs_of(changed, 4), "stderr").split())
     assert "step 'history'" in said and "2 of 3 recorded calls made again" in said, said
+
+
+HTTP_CELL = (
+    "%%step direct --http\n"
+    "import threading\n"
+    "holder = threading.Lock()  # cannot be saved: the body runs on every run\n"
+    "for i in range(3):\n"
+    "    r = client.chat.completions.create(model='m',\n"
+    "        messages=[{'role': 'user', 'content': f'h{i}'}])\n"
+    "    print(r.choices[0].message.content)\n"
+    "s = client.chat.completions.create(model='m', stream=True,\n"
+    "    messages=[{'role': 'user', 'content': 'h-stream'}])\n"
+    "print(''.join(c.choices[0].delta.content or '' for c in s))\n"
+    "with claude.messages.stream(model='c', max_tokens=20,\n"
+    "        messages=[{'role': 'user', 'content': 'h-claude'}]) as st:\n"
+    "    print(''.join(st.text_stream))\n"
+    "m = claude.messages.create(model='c', max_tokens=20,\n"
+    "    messages=[{'role': 'user', 'content': 'h-last'}])\n"
+    "print(type(r).__name__, type(m).__name__, m.content[0].text)"
+)
+
+
+def test_http_mode_replays_direct_sdk_calls_after_a_kill(tmp_path, server):
+    sc = Scenario(tmp_path, server, [HEAD, clients_cell(server), HTTP_CELL])
+    assert sc.run(fault="http-written:2") is None
+    assert sc.recorded() == {"http:1", "http:2"}
+    nb = sc.run()
+    assert nb is not None
+    asked, numbers = sc.asked(), sc.numbers()
+    assert asked["h0"] == 1 and asked["h1"] == 1, "a recorded exchange was sent again"
+    questions = ["h0", "h1", "h2", "h-stream", "h-claude"]
+    text = stream_text(outputs_of(nb, 2))
+    assert text.splitlines() == [
+        *(f"answer #{numbers[q]} to: {q}" for q in questions),
+        f"ChatCompletion Message answer #{numbers['h-last']} to: h-last",
+    ]
+    total = server.total
+    again = sc.run()  # the body runs again: every request is answered from the record
+    assert server.total == total
+    assert stream_text(outputs_of(again, 2)) == text
+    data = b"".join(p.read_bytes() for p in (tmp_path / "store").rglob("*") if p.is_file())
+    assert b"sk-test" not in data and b"sk-ant-test" not in data, "a credential was stored"

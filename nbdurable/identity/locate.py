@@ -194,6 +194,14 @@ def run_id_for(notebook: Path | None, store: Path) -> str:
         return nb.as_posix()
 
 
+def step_line_http(line: str) -> bool:
+    """Whether the text after ``%%step`` asks for ``--http`` (see :func:`parse_step_line`)."""
+    try:
+        return "--http" in shlex.split(line)
+    except ValueError:
+        return False
+
+
 def parse_step_line(line: str) -> tuple[str | None, bool]:
     """``(name, force)`` from the text after ``%%step``.
 
@@ -205,11 +213,12 @@ def parse_step_line(line: str) -> tuple[str | None, bool]:
     except ValueError as exc:
         raise UsageProblem(f"%%step: cannot parse arguments ({exc})") from None
     force = any(a in ("--force", "-f") for a in args)
-    rest = [a for a in args if a not in ("--force", "-f")]
+    # --http is read by the kernel side (step_line_http); here it is only allowed.
+    rest = [a for a in args if a not in ("--force", "-f", "--http")]
     bad = [a for a in rest if a.startswith("-")]
     if bad:
         raise UsageProblem(
-            f"%%step: unknown option {_shown(bad[0])}; usage: %%step [NAME] [--force]"
+            f"%%step: unknown option {_shown(bad[0])}; usage: %%step [NAME] [--force] [--http]"
         )
     if len(rest) > 1:
         raise UsageProblem(f"%%step takes one NAME, got {len(rest)}: {_shown(' '.join(rest))}")

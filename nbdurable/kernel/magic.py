@@ -47,6 +47,11 @@ class StepMagics(Magics):
     def _cell(self, line: str, cell: str) -> None:
         __tracebackhide__ = True
         name, force = locate.parse_step_line(line)
+        if locate.step_line_http(line):
+            raise UsageProblem(
+                "%%step --http records the HTTP of a cell's body; it cannot be used "
+                "from run_cell_magic: run the step as a cell, or wrap calls in step()"
+            )
         get_session(self.shell).run_step(cell, name=name, force=force)
 
     def _line(self, line: str) -> None:
