@@ -211,8 +211,10 @@ class StepCell:
         cell_file = sys._getframe(1).f_code.co_filename
         _show_header(cell_file, line)
         try:
-            name, force = locate.parse_step_line(line)
-            started = get_session(self.shell).steps.begin(body, name=name, force=force)
+            args = locate.parse_step_line(line)
+            started = get_session(self.shell).steps.begin(
+                body, name=args.name, force=args.force, input_patterns=args.inputs
+            )
         except (UsageProblem, StoreError, LeaseHeld) as exc:
             # One line, no traceback, as the magic says it.
             raise UsageError(keys.one_line(" ".join(str(exc).split()))) from None
@@ -222,7 +224,7 @@ class StepCell:
             self._replayed = started
             return False
         self._running = started
-        if httpsteps.wanted(line):
+        if httpsteps.wanted(args.http):
             self._http = httpsteps.StepHTTP(get_session(self.shell), started.ctx)
             try:
                 self._http.start()

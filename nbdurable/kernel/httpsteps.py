@@ -46,11 +46,9 @@ if TYPE_CHECKING:
 PREFIX = "http:"
 
 
-def wanted(line: str) -> bool:
-    """Whether a ``%%step`` line (or the ``http`` setting) asks for HTTP recording."""
-    from ..identity import locate
-
-    return config.get().http or locate.step_line_http(line)
+def wanted(asked: bool) -> bool:
+    """Whether a step's HTTP is recorded: its ``--http`` (``asked``), or the ``http`` setting."""
+    return asked or config.get().http
 
 
 class StepHTTP:

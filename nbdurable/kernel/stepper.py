@@ -53,6 +53,7 @@ class Plan:
     raw_fps: dict[str, str]  # name -> plain content fingerprint, to spot in-place mutation
     state: StepState
     reason: str | None = None  # why its record was not replayed (it was invalidated)
+    declared: dict[str, list[str]] | None = None  # --inputs patterns -> the files they match
 
 
 class StepRunner:
@@ -99,7 +100,14 @@ class StepRunner:
             warn(f"step state for {key!r} is unreadable ({exc}); treating it as unpinned.")
             return StepState()
 
-    def run_step(self, body: str, *, name: str | None = None, force: bool = False) -> None:
+    def run_step(
+        self,
+        body: str,
+        *,
+        name: str | None = None,
+        force: bool = False,
+        input_patterns: tuple[str, ...] = (),
+    ) -> None:
         """Replay the ``%%step`` cell ``body`` if its record is valid; else execute and record.
 
         The body runs here (:func:`execute.run_body`). A ``%%step`` cell typed
@@ -107,7 +115,9 @@ class StepRunner:
         :meth:`begin` and :meth:`finish` (see :mod:`.cellstep`).
         """
         __tracebackhide__ = True
-        started = self.begin(body, name=name, force=force, split=False)
+        started = self.begin(
+            body, name=name, force=force, split=False, input_patterns=input_patterns
+        )
         if isinstance(started, Replayed):
             self.finish_replay(started)
             return
@@ -119,7 +129,13 @@ class StepRunner:
         self.finish(started, None)
 
     def begin(
-        self, body: str, *, name: str | None = None, force: bool = False, split: bool = True
+        self,
+        body: str,
+        *,
+        name: str | None = None,
+        force: bool = False,
+        split: bool = True,
+        input_patterns: tuple[str, ...] = (),
     ) -> Replayed | Running:
         """Decide: replay the step's record (done here) or start executing it.
 
@@ -129,7 +145,8 @@ class StepRunner:
         :attr:`Replayed.value`, then calls :meth:`finish_replay`). Otherwise the
         run's lease is held, the step context is current and a
         :class:`Capture` records the outputs until :meth:`finish`, which the
-        caller must call exactly once. Raises (UsageProblem, LeaseHeld,
+        caller must call exactly once. ``input_patterns``: the ``--inputs``
+        globs (see :mod:`.fileio`). Raises (UsageProblem, LeaseHeld,
         StoreError) with nothing left open.
         """
         __tracebackhide__ = True
@@ -153,12 +170,13 @@ class StepRunner:
             if n in ns and not _HIDDEN.match(n) and self.producers.get(n) != key
         }
         inputs = {n: self._input_fp(n, ns[n], fp) for n, fp in raw_fps.items()}
+        declared = fileio.declared(input_patterns)
         rec = self.load_record(key, label)
         # Whatever nbdurable printed so far (warnings) reaches the frontend before
         # the step's own outputs: ipykernel buffers stdout and stderr apart.
         flush_streams()
         state = self.load_state(key)
-        reason = None if rec is None else _invalid_reason(rec, source_fp, inputs, state)
+        reason = None if rec is None else _invalid_reason(rec, source_fp, inputs, state, declared)
         if rec is not None and not force and (reason is None or state.pinned):
             replayed = self._replay(rec, label, reason, split) if rec.replayable else None
             if replayed is not None:
@@ -167,7 +185,9 @@ class StepRunner:
         if rec is not None and reason is not None and not force:
             self.session.status[key] = ("invalidated", reason)
             events.emit("step-invalidated", self.session.run_id, key, reason=reason, label=label)
-        plan = Plan(key, label, position, py, source_fp, analysis, inputs, raw_fps, state, reason)
+        plan = Plan(
+            key, label, position, py, source_fp, analysis, inputs, raw_fps, state, reason, declared
+        )
         known = recording.unsaved_names(rec.variables if rec else ())
         self.unsaved_known[key] = known | set(self.unloadable.get(key, ()))  # _replay said it
         self.process_known[key] = frozenset(
@@ -182,7 +202,9 @@ class StepRunner:
         plain classes, e.g. a model's response object). When the value is the
         very object a step recorded or restored, the sha of its pickle tells
         one recording from another, so a dependant of a re-executed step does
-        not replay a result computed from the old value.
+        not replay a result computed from the old value. For the very object
+        a step made but could not save (a generator), the version of that
+        step stands in for the sha (see :meth:`_record`).
         """
         sha = self.origins.sha_for(name, value)
         if sha is None:
@@ -299,6 +321,9 @@ class StepRunner:
         # compares it with after and records the difference with the step.
         proc = procstate.snapshot(ns, procstate.assigned_attributes(plan.py))
         ctx = StepContext(plan.key, plan.label, step_version(plan.source_fp, plan.inputs))
+        for paths in (plan.declared or {}).values():  # as they are when the body starts
+            for path in paths:
+                fileio.note(ctx.file_reads, path)
         cap = Capture(self.session.shell)
         cap.__enter__()  # left by finish()
         try:
@@ -401,6 +426,7 @@ class StepRunner:
         source, kinds = redact.redact_keys(source)
         in_source += [f"{kind} key" for kind in kinds]
         input_from = {n: self.producers[n] for n in plan.inputs if n in self.producers}
+        fileio.note_imports(ctx.file_reads, py)  # `import helpers` in the step: helpers.py
         rec = StepRecord(
             run=self.session.run_id,
             key=key,
@@ -422,6 +448,7 @@ class StepRunner:
             result=shown,
             env=dict(ctx.env_reads),
             files=dict(ctx.file_reads),
+            declared=dict(plan.declared or {}),
         )
         kept = StepState(pinned=state.pinned, name=label, position=position)
         puts = [(self.session.keys.step(key), rec.to_header(), b""), self.session.touch_run()]
@@ -439,6 +466,11 @@ class StepRunner:
             self.producers[name] = key
             self.origins.pop(name, None)
         self.origins.update(saved.origins)
+        # A value that could not be saved is told apart by the step version that
+        # made it: a dependant reruns when its maker ran on other code or inputs.
+        for var in saved.variables:
+            if var.kind == "unsaved" and var.name in ns:
+                self.origins[var.name] = (ns[var.name], f"made by {ctx.version}")
         self.session.status[key] = ("recorded", "")
         events.emit("step-recorded", self.session.run_id, key, label=label, record=rec)
         self._warn_recorded(key, label, saved, sorted(set(leaked) | set(in_source)))
@@ -585,13 +617,20 @@ class Shown:
 
 
 def _invalid_reason(
-    rec: StepRecord, source_fp: str, inputs: dict[str, str], state: StepState
+    rec: StepRecord,
+    source_fp: str,
+    inputs: dict[str, str],
+    state: StepState,
+    declared: dict[str, list[str]],
 ) -> str | None:
     """Why a record cannot be replayed, or None if it can."""
     if rec.source_fp != source_fp:
         return "its code changed"
     if state.stale:
         return state.stale
+    matched = fileio.declared_changes(rec.declared, declared)
+    if matched:
+        return matched
     files = fileio.changed(rec.files)
     if files:
         listed = ", ".join(repr(os.path.basename(p)) for p in files[:5])

@@ -77,6 +77,9 @@ class StepRecord:
     #: tokens the step's sub-steps' model replies reported, per model, as
     #: ``nbdurable.clients.usage.Tally.to_json`` gives them: what a replay saves
     tokens: list[list[Any]] = field(default_factory=list)
+    #: ``%%step --inputs`` patterns, made absolute -> the files each matched (sorted);
+    #: those files are in ``files`` too
+    declared: dict[str, list[str]] = field(default_factory=dict)
 
     @property
     def replayable(self) -> bool:
