@@ -263,11 +263,18 @@ def test_a_method_call_on_a_client_is_not_a_change(tmp_path, server):
         f"m = claude.messages.create(max_tokens=20, {ask('direct claude')})\n"
         "print(c.choices[0].message.content, '|', m.content[0].text)",
         "print(type(c).__name__, type(m).__name__)",
+        # a real change of the client: still a change (it cannot be saved, so the body reruns)
+        "%%step retarget\nclient.max_retries = 7",
+        "import sqlite3\ndb = sqlite3.connect(':memory:')\ndb.execute('create table t (x)');",
+        # a connection shows no state of its own: a method call on it stays a change
+        "%%step insert\ndb.execute('insert into t values (1)');",
     ]
     sc = Scenario(tmp_path, server, cells)
     first = sc.run()
     assert first is not None and server.total == 2
     assert "cannot be saved" not in stream_text(outputs_of(first, 2), "stderr")
+    assert "cannot be saved: client" in stream_text(outputs_of(first, 4), "stderr")
+    assert "cannot be saved: db" in stream_text(outputs_of(first, 6), "stderr")
     second = sc.run()
     assert server.total == 2, "the step sent its requests again"
     assert stream_text(outputs_of(second, 2)) == stream_text(outputs_of(first, 2))

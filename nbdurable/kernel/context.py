@@ -115,6 +115,10 @@ class StepContext:
     subs_recorded: int = 0
     subs_replayed: int = 0
     sub_seconds: float = 0.0
+    #: objects the step's syntax may mutate by a method call: name -> the ids of the
+    #: objects in their attributes when the body began, -1 for an attribute that held
+    #: nothing yet (see stepper._untouched)
+    attrs: dict[str, dict[str, int]] = field(default_factory=dict)
     #: tokens the step's sub-step replies reported, made or replayed (the step record's)
     tokens: Tally = field(default_factory=Tally)
     #: recorded calls made again (their function or arguments changed), and why the first was

@@ -321,6 +321,7 @@ class StepRunner:
         # compares it with after and records the difference with the step.
         proc = procstate.snapshot(ns, procstate.assigned_attributes(plan.py))
         ctx = StepContext(plan.key, plan.label, step_version(plan.source_fp, plan.inputs))
+        ctx.attrs = _attributes(plan, ns)
         for paths in (plan.declared or {}).values():  # as they are when the body starts
             for path in paths:
                 fileio.note(ctx.file_reads, path)
@@ -409,7 +410,7 @@ class StepRunner:
             )
             # A method called on an object that cannot be saved (a model client) is
             # not by itself a change: left out when nothing of it that can be seen changed.
-            saved.drop_unsaved(_untouched(plan, before, ns))
+            saved.drop_unsaved(_untouched(plan, before, ns, ctx.attrs))
             shown = _result_record(result, saved, ns, outputs, plan.inputs)
             if shown is None and result is not None and _has_result(outputs):
                 extra = recording.save_variables(
@@ -666,17 +667,45 @@ def _changed_names(
     return sorted(out)
 
 
-def _untouched(plan: Plan, before: dict[str, Any], after: dict[str, Any]) -> set[str]:
+def _attributes(plan: Plan, ns: dict[str, Any]) -> dict[str, dict[str, int]]:
+    """For each name the step's syntax may mutate (not bind): the ids its attributes hold.
+
+    Only objects with attributes: one without (a database connection, a
+    generator) shows nothing of its state, so a method call on it stays a change.
+    """
+    out = {}
+    for name in plan.analysis.mutates - plan.analysis.binds:
+        attrs = getattr(ns.get(name), "__dict__", None)
+        if isinstance(attrs, dict) and attrs and not values.is_module(ns[name]):
+            # An attribute that held nothing yet (None, an SDK's NOT_GIVEN) is left
+            # out: filling it is a lazy cache, not a change (-1 never matches an id).
+            out[name] = {k: -1 if _unset(v) else id(v) for k, v in attrs.items()}
+    return out
+
+
+def _unset(value: Any) -> bool:
+    return value is None or type(value).__name__ in ("NotGiven", "Omit", "_NotGiven")
+
+
+def _untouched(
+    plan: Plan, before: dict[str, Any], after: dict[str, Any], attrs: dict[str, dict[str, int]]
+) -> set[str]:
     """Names the step's syntax may have mutated (a method call) whose object did not change.
 
     The same object, not rebound, with the content fingerprint it had before
-    the step (see :func:`_mutated_inputs`).
+    the step (see :func:`_mutated_inputs`), every attribute it had then still
+    holding the same object (attributes added since are lazily made parts,
+    such as an SDK client's ``chat``, and so are attributes that held nothing).
     """
-    analysis = plan.analysis
     out = set()
-    for name in analysis.mutates - analysis.binds:
+    for name, ids in attrs.items():
         fp = plan.raw_fps.get(name)
         if fp is None or name not in after or after[name] is not before.get(name):
+            continue
+        now = getattr(after[name], "__dict__", None)
+        if not isinstance(now, dict) or any(
+            i != -1 and id(now.get(k)) != i for k, i in ids.items()
+        ):
             continue
         if _fingerprint(after[name], name) == fp:
             out.add(name)
