@@ -7,6 +7,7 @@ from typing import Any
 
 from .clients.usage import check_prices
 from .errors import UsageProblem
+from .store.versions import KEEP_VERSIONS
 
 _DIVERGENCE = ("warn", "error", "rerun", "replay")
 _DURABILITY = ("crash", "power")
@@ -37,6 +38,10 @@ class Settings:
       (a reply's dated model name takes the price of the longest name it starts
       with); with it, the tokens replay saved are also shown as money. None
       (default): tokens only. nbdurable never fetches prices.
+    - ``keep_versions``: how many versions (code and inputs) of each step keep
+      their records, the current one included (default 10,
+      ``store.versions.KEEP_VERSIONS``); a step set back
+      to a kept version replays it. See ``nbdurable.store.versions``.
     """
 
     on_divergence: str = "warn"
@@ -46,6 +51,7 @@ class Settings:
     store: str | None = None
     prices: dict[str, tuple[float, float]] | None = None
     http: bool = False
+    keep_versions: int = KEEP_VERSIONS
 
 
 _settings = Settings()
@@ -86,6 +92,9 @@ def configure(**changes: object) -> Settings:
         raise UsageProblem(f"warn_size_mb must be a positive number (got {size!r})")
     if changes.get("prices") is not None:
         changes["prices"] = _prices(changes["prices"])
+    keep = changes.get("keep_versions", 1)
+    if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
+        raise UsageProblem(f"keep_versions must be a whole number of at least 1 (got {keep!r})")
     _settings = replace(_settings, **changes)  # type: ignore[arg-type]
     return _settings
 

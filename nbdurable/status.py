@@ -17,8 +17,8 @@ from . import procstate
 from ._text import human_size
 from .clients.usage import Tally
 from .identity import locate
-from .identity.keys import source_fingerprint
-from .store import RUN_SCOPE, RunView, Store
+from .identity.keys import source_fingerprint, step_version
+from .store import RUN_SCOPE, RunView, Store, versions
 from .store.records import StepRecord, StepState
 
 
@@ -41,10 +41,22 @@ class StepInfo:
     calls: int = 0
     #: tokens the step's model replies reported (input + output): what its replay saves
     tokens: int = 0
+    #: the current record's version (8 hex of its code and inputs' digest; "" if none)
+    version: str = ""
+    #: how many other versions of the step keep their records (see store.versions)
+    versions: int = 0
+
+    @property
+    def cell(self) -> int | None:
+        """The step's cell as frontends number cells: from 1 (None: not known)."""
+        return None if self.position is None else self.position + 1
 
     def to_json(self) -> dict[str, Any]:
-        """A JSON-able dict of this row."""
-        return dict(self.__dict__)
+        """A JSON-able dict of this row; its cell numbered from 1 (``cell``), as shown."""
+        d = dict(self.__dict__)
+        del d["position"]
+        d["cell"] = self.cell
+        return d
 
 
 @functools.lru_cache(maxsize=512)
@@ -165,6 +177,8 @@ def _info(
         replayable=rec.replayable if rec else True,
         calls=rec.substeps if rec else subs,
         tokens=Tally.from_json(rec.tokens).total.total if rec else 0,
+        version=step_version(rec.source_fp, rec.inputs)[:8] if rec else "",
+        versions=len(versions.kept(view.store, view.keys, key)),
     )
 
 
@@ -212,19 +226,20 @@ def format_table(infos: list[StepInfo]) -> str:
     replay saves) is there when some step's replies reported tokens.
     """
     with_tokens = any(i.tokens for i in infos)
-    head = ("#", "step", "state", "recorded", "sub-steps", "size", "detail")
+    head = ("#", "step", "state", "recorded", "version", "sub-steps", "size", "detail")
     if with_tokens:
-        head = (*head[:5], "tokens", *head[5:])
+        head = (*head[:6], "tokens", *head[6:])
     rows = [head]
     for i in infos:
         when = "-"
         if i.recorded_at:
             when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(i.recorded_at))
-        pos = "-" if i.position is None else str(i.position + 1)
+        pos = "-" if i.cell is None else str(i.cell)
         state = i.state + (" (stale)" if i.stale else "")
-        row = (pos, i.label, state, when, str(i.substeps), human_size(i.size), i.detail)
+        version = (i.version or "-") + (f" +{i.versions}" if i.versions else "")
+        row = (pos, i.label, state, when, version, str(i.substeps), human_size(i.size), i.detail)
         if with_tokens:
-            row = (*row[:5], f"{i.tokens:,}" if i.tokens else "-", *row[5:])
+            row = (*row[:6], f"{i.tokens:,}" if i.tokens else "-", *row[6:])
         rows.append(row)
     widths = [max(len(r[c]) for r in rows) for c in range(len(head) - 1)]
     lines = [

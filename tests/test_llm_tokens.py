@@ -118,8 +118,8 @@ def test_tokens_saved_equal_the_servers_usage(tmp_path):
         listing = texts[3].splitlines()
         assert f"{total:,} tokens" in listing[0]
         head = re.split(r"\s{2,}", listing[1])
-        assert head[5] == "tokens"
-        by_step = {re.split(r"\s{2,}", r)[1]: re.split(r"\s{2,}", r)[5] for r in listing[2:]}
+        assert head[6] == "tokens"
+        by_step = {re.split(r"\s{2,}", r)[1]: re.split(r"\s{2,}", r)[6] for r in listing[2:]}
         step_tokens = [sum(i + o for _, i, o in lines) for lines in per_cell[1:3]]
         assert by_step == {"plain": f"{step_tokens[0]:,}", "streamed": f"{step_tokens[1]:,}"}
         notes = [
