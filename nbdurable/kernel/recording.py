@@ -54,6 +54,18 @@ class Saved:
     pending: dict[str, bytes] = field(default_factory=dict)
     unsaved_names: list[str] = field(default_factory=list)  # the names of ``unsaved``
 
+    def drop_unsaved(self, names: set[str]) -> None:
+        """Leave out of the record the variables of ``names`` that could not be saved."""
+        gone = {n for n in self.unsaved_names if n in names}
+        if not gone:
+            return
+        self.variables = [v for v in self.variables if not (v.kind == "unsaved" and v.name in gone)]
+        kept = [
+            (u, n) for u, n in zip(self.unsaved, self.unsaved_names, strict=True) if n not in gone
+        ]
+        self.unsaved = [u for u, _ in kept]
+        self.unsaved_names = [n for _, n in kept]
+
     def unsaved_beyond(self, known: frozenset[str]) -> list[str]:
         """The ``unsaved`` entries of names not in ``known``."""
         return [u for u, n in zip(self.unsaved, self.unsaved_names, strict=True) if n not in known]
@@ -187,8 +199,8 @@ def _save_joint(
             holders = _secret_holders(joint, pending, secrets)
             for name, found_names in holders:
                 pending.remove(name)
-                out.secrets.append(f"{name} (${', $'.join(found_names)})")
-                why = "holds the value of $" + ", $".join(found_names)
+                out.secrets.append(f"{name} ({redact.said(found_names)})")
+                why = "holds " + redact.said(found_names)
                 tname = values.type_name(ns[name])
                 out.variables.append(
                     VarRecord(name, "unsaved", why, fingerprint(ns[name], name), 0, tname)
@@ -244,14 +256,19 @@ def _secret_holders(
     start, first = 0, 0
     for i, name in enumerate(pending):
         end, last, _plain, _nb = joint.parts[i]
-        found: set[str] = set(blobs.scan(joint.stream[start:end], secrets))
+        part = joint.stream[start:end]
+        # As the store searches (see its put_blob): environment secrets everywhere,
+        # well-known keys typed literally in the pickle stream only.
+        found: set[str] = set(blobs.scan(part, secrets) or redact.key_names(part))
         for buf in joint.buffers[first:last]:
             found.update(blobs.scan(buf, secrets))
         start, first = end, last
         if found:
             holders.append((name, sorted(found)))
     if not holders:  # a secret split across two parts: none can be written alone
-        every = sorted(blobs.scan(joint.stream, secrets)) or sorted(secrets)
+        every = sorted(
+            blobs.scan(joint.stream, secrets) or redact.key_names(joint.stream)
+        ) or sorted(secrets)
         holders = [(name, every) for name in pending]
     return holders
 
@@ -462,15 +479,19 @@ class Snapshot(Mapping[str, Any]):
 def scrub_outputs(
     outputs: list[dict[str, Any]], secrets: dict[str, bytes]
 ) -> tuple[list[dict[str, Any]], list[str]]:
-    """Outputs with every secret replaced by ``[redacted $NAME]``; and the names found."""
-    if not secrets:
-        return outputs, []
+    """Outputs with secrets replaced, and the names found (see :func:`nbdurable.redact.said`).
+
+    An environment secret becomes ``[redacted $NAME]``, a well-known key
+    ``[redacted openai key]``.
+    """
     found: set[str] = set()
 
     def scrub(value: Any) -> Any:
         if isinstance(value, str):
             text, names = redact.redact_text(value, secrets)
+            text, kinds = redact.redact_keys(text)
             found.update(names)
+            found.update(f"{kind} key" for kind in kinds)
             return text
         if isinstance(value, list):
             return [scrub(v) for v in value]

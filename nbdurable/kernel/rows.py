@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import ipywidgets as widgets
 
-from .._text import human_size, seconds
+from .._text import human_size, seconds, tokens
 from ..status import StepInfo
 from ..store.layout import RUN_SCOPE
 
@@ -186,6 +186,8 @@ def _facts(info: StepInfo, new: int, replayed: int) -> str:
         full = time.strftime("%Y-%m-%d %H:%M:%S", when)
         parts.append(f'<span title="recorded {full}">at {short}</span>')
     calls = f", {info.calls} call{'s' if info.calls != 1 else ''}" if info.calls else ""
+    if info.tokens:
+        calls += f", {tokens(info.tokens)}"
     if recorded and info.state == "replayed":
         parts.append(f"saved {seconds(info.duration)}{calls}")
     elif recorded and info.state in ("recorded", "pinned", "orphaned"):

@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from html import escape
 from typing import TYPE_CHECKING, Any
 
-from .. import config, events, faults, procstate, redact
+from .. import _text, config, events, faults, procstate, redact
+from ..clients.usage import Tally
 from ..errors import CorruptRecord, NbdurableError, StoreError, UsageProblem
 from ..identity import keys
 from ..store import spill, values, versions
@@ -295,7 +296,9 @@ class StepRunner:
         if not split or cut is None:
             cut = len(outputs)
         replay(self.session.shell, outputs[:cut])
-        self.session.count_replayed(rec.duration, steps=1, calls=rec.substeps)
+        self.session.count_replayed(
+            rec.duration, steps=1, calls=rec.substeps, tokens=Tally.from_json(rec.tokens)
+        )
         state = "replayed" if stale is None else "pinned-stale"
         self.session.status[rec.key] = (state, stale or "")
         events.emit(
@@ -333,6 +336,9 @@ class StepRunner:
     def _note(self, rec: StepRecord, label: str, stale: str | None) -> None:
         when = time.strftime("%Y-%m-%d %H:%M", time.localtime(rec.started + rec.duration))
         calls = f", {rec.substeps} call{'s' if rec.substeps != 1 else ''}" if rec.substeps else ""
+        used = Tally.from_json(rec.tokens).total.total
+        if used:
+            calls += f", {_text.tokens(used)}"
         saved = f"saved {rec.duration:.1f} s{calls}"
         text = f"↻ nbdurable: replayed step {label!r} (recorded {when}; {saved})"
         if stale:
@@ -351,6 +357,7 @@ class StepRunner:
         # compares it with after and records the difference with the step.
         proc = procstate.snapshot(ns, procstate.assigned_attributes(plan.py))
         ctx = StepContext(plan.key, plan.label, keys.step_version(plan.source_fp, plan.inputs))
+        ctx.attrs = _attributes(plan, ns)
         for paths in (plan.declared or {}).values():  # as they are when the body starts
             for path in paths:
                 fileio.note(ctx.file_reads, path)
@@ -446,6 +453,9 @@ class StepRunner:
                 checked=plan.inputs,
                 replace=before.class_patches(ns, changed),
             )
+            # A method called on an object that cannot be saved (a model client) is
+            # not by itself a change: left out when nothing of it that can be seen changed.
+            saved.drop_unsaved(_untouched(plan, before, ns, ctx.attrs))
             shown = _result_record(result, saved, ns, outputs, plan.inputs)
             if shown is None and result is not None and _has_result(outputs):
                 extra = recording.save_variables(
@@ -461,6 +471,8 @@ class StepRunner:
             raise StoreError(f"step {label!r} ran but was NOT recorded: {exc}") from exc
         outputs, leaked = recording.scrub_outputs(outputs, secrets)
         source, in_source = redact.redact_text(py, secrets)
+        source, kinds = redact.redact_keys(source)
+        in_source += [f"{kind} key" for kind in kinds]
         input_from = {n: self.producers[n] for n in plan.inputs if n in self.producers}
         fileio.note_imports(ctx.file_reads, py)  # `import helpers` in the step: helpers.py
         rec = StepRecord(
@@ -479,6 +491,7 @@ class StepRunner:
             duration=duration,
             substeps=ctx.subs_recorded + ctx.subs_replayed,
             substep_seconds=ctx.sub_seconds,
+            tokens=ctx.tokens.to_json(),
             process=process,
             result=shown,
             env=dict(ctx.env_reads),
@@ -544,14 +557,14 @@ class StepRunner:
             )
         if saved.secrets:
             warn(
-                f"step {label!r}: these variables hold a secret from the environment and "
+                f"step {label!r}: these variables hold a secret and "
                 f"were NOT written to the store: {'; '.join(saved.secrets)}. On replay "
                 "this step's body runs again (its sub-steps still replay)."
             )
         if leaked:
             warn(
-                f"step {label!r}: its outputs or source showed the value of "
-                f"${', $'.join(leaked)}; it was recorded as [redacted] instead."
+                f"step {label!r}: its outputs or source showed "
+                f"{redact.said(leaked)}; it was recorded as [redacted] instead."
             )
         if saved.large:
             warn(
@@ -704,6 +717,51 @@ def _changed_names(
                 continue
             out.add(name)
     return sorted(out)
+
+
+def _attributes(plan: Plan, ns: dict[str, Any]) -> dict[str, dict[str, int]]:
+    """For each name the step's syntax may mutate (not bind): the ids its attributes hold.
+
+    Only objects with attributes: one without (a database connection, a
+    generator) shows nothing of its state, so a method call on it stays a change.
+    """
+    out = {}
+    for name in plan.analysis.mutates - plan.analysis.binds:
+        attrs = getattr(ns.get(name), "__dict__", None)
+        if isinstance(attrs, dict) and attrs and not values.is_module(ns[name]):
+            # An attribute that held nothing yet (None, an SDK's NOT_GIVEN) is left
+            # out: filling it is a lazy cache, not a change (-1 never matches an id).
+            out[name] = {k: -1 if _unset(v) else id(v) for k, v in attrs.items()}
+    return out
+
+
+def _unset(value: Any) -> bool:
+    return value is None or type(value).__name__ in ("NotGiven", "Omit", "_NotGiven")
+
+
+def _untouched(
+    plan: Plan, before: dict[str, Any], after: dict[str, Any], attrs: dict[str, dict[str, int]]
+) -> set[str]:
+    """Names the step's syntax may have mutated (a method call) whose object did not change.
+
+    The same object, not rebound, with the content fingerprint it had before
+    the step (see :func:`_mutated_inputs`), every attribute it had then still
+    holding the same object (attributes added since are lazily made parts,
+    such as an SDK client's ``chat``, and so are attributes that held nothing).
+    """
+    out = set()
+    for name, ids in attrs.items():
+        fp = plan.raw_fps.get(name)
+        if fp is None or name not in after or after[name] is not before.get(name):
+            continue
+        now = getattr(after[name], "__dict__", None)
+        if not isinstance(now, dict) or any(
+            i != -1 and id(now.get(k)) != i for k, i in ids.items()
+        ):
+            continue
+        if _fingerprint(after[name], name) == fp:
+            out.add(name)
+    return out
 
 
 def _mutated_inputs(

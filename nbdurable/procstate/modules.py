@@ -95,7 +95,9 @@ def user_modules() -> dict[str, dict[str, tuple[Any, str | None]]]:
     """``{module name: {global: (object, fingerprint or None)}}`` of every user module."""
     cache = _user
     out = {}
-    for name, mod in list(sys.modules.items()):
+    # dict.copy runs without releasing the GIL: list(items()) could meet an import
+    # made meanwhile by another thread ("dictionary changed size during iteration").
+    for name, mod in sys.modules.copy().items():
         known = cache.get(name)
         mine = known[1] if known is not None and known[0] is mod else is_user_module(name, mod)
         if mine:

@@ -87,6 +87,9 @@ class StepRecord:
     #: files the step read: absolute path -> [size, mtime_ns, SHA-256 of the content];
     #: see :mod:`nbdurable.kernel.fileio`
     files: dict[str, list[Any]] = field(default_factory=dict)
+    #: tokens the step's sub-steps' model replies reported, per model, as
+    #: ``nbdurable.clients.usage.Tally.to_json`` gives them: what a replay saves
+    tokens: list[list[Any]] = field(default_factory=list)
     #: ``%%step --inputs`` patterns, made absolute -> the files each matched (sorted);
     #: those files are in ``files`` too
     declared: dict[str, list[str]] = field(default_factory=dict)
@@ -142,6 +145,12 @@ class SubRecord:
     #: labels (``#0``, a keyword) of the arguments the call changed in place; the
     #: body is then the pickle of ``(result, {label: the argument after the call})``
     mutated: list[str] = field(default_factory=list)
+    #: how the call handed its value over, when not plainly: ``awaitable``,
+    #: ``stream``, ``async_iter``, ``iter``, or ``awaitable:`` one of the last
+    #: three (an awaited stream); replay hands back the same shape
+    returns: str = ""
+    #: tokens the reply reported (``Tally.to_json``: ``[[model, input, output, replies]]``)
+    tokens: list[list[Any]] = field(default_factory=list)
 
     def to_header(self) -> dict[str, Any]:
         """Encode as a JSON-able dict."""
