@@ -159,7 +159,7 @@ def test_a_secret_in_one_value_keeps_only_that_one_out(store, monkeypatch):
     saved = recording.save_variables(store, ns, ["token", "a", "b"], set(), _fp, secrets, others=[])
     kinds = {v.name: v.kind for v in saved.variables}
     assert kinds == {"token": "unsaved", "a": "shared", "b": "shared"}
-    assert saved.secrets == ["token ($API_KEY)"]
+    assert saved.secrets == ["token (the value of $API_KEY)"]
 
 
 def test_an_old_record_of_one_value_per_blob_still_loads(store):
@@ -282,3 +282,13 @@ def test_a_library_object_is_indexed_by_its_own_attributes_only():
     wanted = {id(log.handlers), id(handler), id(handler.stream)}
     found = sharing.index({"log": log}, ["log"], wanted)
     assert {path for path, _obj in found.values()} == {("log", ("a", "handlers"))}
+
+
+def test_a_literal_key_in_one_value_keeps_only_that_one_out(store):
+    key = "sk-proj-" + "Ab3x" * 12
+    ns = {"cfg": {"api_key": key}, "a": [1], "b": None}
+    ns["b"] = ns["a"]
+    saved = recording.save_variables(store, ns, ["cfg", "a", "b"], set(), _fp, {}, others=[])
+    kinds = {v.name: v.kind for v in saved.variables}
+    assert kinds == {"cfg": "unsaved", "a": "shared", "b": "shared"}
+    assert saved.secrets == ["cfg (a literal openai key)"]
