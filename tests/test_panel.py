@@ -7,6 +7,7 @@ last test checks ``%step panel`` in a real kernel.
 
 from __future__ import annotations
 
+import queue
 import time
 
 import ipywidgets
@@ -218,7 +219,9 @@ def test_live_updates_while_a_step_runs(session):
     """The row switches to running and its counter moves while the cell is still running."""
     session.notebook.write_text("{}")  # no cells saved yet: the row comes from events
     p = StepPanel(session, interval=0.05)
-    seen = []
+    # What probe saw: in a queue, fingerprinted by its type only, so filling it does not
+    # change probe's fingerprint (a list would: the step's input 'probe' changed).
+    seen_q: queue.SimpleQueue = queue.SimpleQueue()
 
     def row_says(text):
         row = p.rows.get("name:loop")
@@ -227,21 +230,26 @@ def test_live_updates_while_a_step_runs(session):
     def probe(text):
         # Runs inside the step's body: the timer thread must update the panel meanwhile.
         wait_for(lambda: row_says(text), timeout=60)
-        seen.append((p.rows["name:loop"].state, text))
+        seen_q.put((p.rows["name:loop"].state, text))
+
+    def seen():
+        out = []
+        while not seen_q.empty():
+            out.append(seen_q.get())
+        return out
 
     session.user_ns["probe"] = probe
     body = "for i in range(4):\n    step(f's:{i}', str, i)\n    probe(f'{i + 1} {WHAT}')"
     try:
         session.user_ns["WHAT"] = "recorded"
         session.run_step(body, name="loop")
-        assert seen == [("running", f"{n} recorded") for n in range(1, 5)]
+        assert seen() == [("running", f"{n} recorded") for n in range(1, 5)]
         wait_for(lambda: p.rows["name:loop"].state == "recorded", timeout=60)
         assert row_says("4/4 recorded")
         # Run again (forced): the sub-steps replay, and the counter says so.
-        seen.clear()
         session.user_ns["WHAT"] = "replayed"
         session.run_step(body, name="loop", force=True)
-        assert seen == [("running", f"{n} replayed") for n in range(1, 5)]
+        assert seen() == [("running", f"{n} replayed") for n in range(1, 5)]
         wait_for(lambda: p.rows["name:loop"].state == "recorded", timeout=60)
         assert row_says("4/4 recorded") and not row_says("replayed")
     finally:
@@ -264,7 +272,10 @@ def test_thousands_of_substeps_are_batched(session, monkeypatch):
     """A loop of 3000 real sub-steps: a handful of flushes, and no store reads per sub-step."""
     session.notebook.write_text("{}")
     p = StepPanel(session, interval=0.2)
-    loads, sent, changes, mid = [], [], [], []
+    loads, sent = [], []
+    # Queues, fingerprinted by type only: filling them leaves the step's input 'middle' as it was.
+    changes: queue.SimpleQueue = queue.SimpleQueue()
+    mid: queue.SimpleQueue = queue.SimpleQueue()
     real_load = p._load
     monkeypatch.setattr(p, "_load", lambda: loads.append(1) or real_load())
     real_send = ipywidgets.Widget._send
@@ -285,8 +296,8 @@ def test_thousands_of_substeps_are_batched(session, monkeypatch):
 
         wait_for(live, timeout=30, msg=lambda: repr(p.rows.get("name:big")))
         row = p.rows["name:big"]
-        mid.append(row.html.value)
-        row.html.observe(lambda ch: changes.append(ch["new"]), "value")
+        mid.put(row.html.value)
+        row.html.observe(lambda ch: changes.put(ch["new"]), "value")
 
     session.user_ns["middle"] = middle
     t0 = time.monotonic()
@@ -298,12 +309,13 @@ def test_thousands_of_substeps_are_batched(session, monkeypatch):
         wait_for(lambda: p.rows["name:big"].state == "recorded")
         elapsed = time.monotonic() - t0
         assert f"{n}/{n} recorded" in p.rows["name:big"].html.value
-        assert "running" in mid[0] and " recorded" in mid[0]  # live mid-loop
+        first = mid.get_nowait()
+        assert "running" in first and " recorded" in first  # live mid-loop
         # Flushes are throttled to one per interval (plus the leading and trailing
         # ones), and the store is read at step boundaries only, never per sub-step.
         bound = elapsed / p.interval + 3
         assert p.flushes <= bound, (p.flushes, elapsed)
-        assert len(changes) <= bound, (len(changes), elapsed)
+        assert changes.qsize() <= bound, (changes.qsize(), elapsed)
         assert len(sent) <= 6 * bound, (len(sent), elapsed)
         assert len(loads) <= 3, len(loads)
     finally:

@@ -63,7 +63,11 @@ class StepMagics(Magics):
         if cmd == "list":
             _no_args(cmd, rest)
             infos = status.step_infos(
-                session.store, session.run_id, session.notebook, session.status
+                session.store,
+                session.run_id,
+                session.notebook,
+                session.status,
+                session.steps.current_inputs,
             )
             print(f"run {session.run_id!r} in {session.store.path}")
             print(status.format_table(infos) if infos else "no steps recorded yet")
