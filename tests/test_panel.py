@@ -7,6 +7,7 @@ last test checks ``%step panel`` in a real kernel.
 
 from __future__ import annotations
 
+import dataclasses
 import queue
 import time
 
@@ -419,3 +420,16 @@ def test_readme_explains_every_state():
     assert "docs/panel.png" in section
     for state, help_line in STATE_HELP.items():  # one line per state, as the panel's tooltips
         assert f"**{state}** — {help_line}\n" in section, state
+
+
+def test_time_saved_is_claimed_only_when_the_record_took_time():
+    # A record made while its 10 calls replayed (after a Clear of the step) took ~0 s.
+    quick = status.StepInfo(
+        "name:a", "a", "recorded", recorded_at=time.time(), duration=0.01, substeps=10, calls=10
+    )
+    assert "replay saves 10 calls" in row_html(quick), row_html(quick)
+    assert "0.0" not in row_html(quick)
+    slow = dataclasses.replace(quick, duration=12.0)
+    assert "replay saves 12.0 s, 10 calls" in row_html(slow), row_html(slow)
+    no_calls = dataclasses.replace(quick, calls=0, substeps=0)
+    assert "replay saves 0.01 s" in row_html(no_calls), row_html(no_calls)

@@ -49,6 +49,9 @@ STATE_HELP: dict[str, str] = {
     "orphaned": "recorded in the store, but no longer in the notebook",
 }
 
+#: Below this, a record's duration is not shown as time saved when it made calls.
+_MEASURABLE = 0.05
+
 _BUTTON = widgets.Layout(width="5.5em", min_width="5.5em", margin="0 0 0 4px")
 _HIDDEN_BUTTON = widgets.Layout(
     width="5.5em", min_width="5.5em", margin="0 0 0 4px", visibility="hidden"
@@ -185,11 +188,16 @@ def _facts(info: StepInfo, new: int, replayed: int) -> str:
         short = time.strftime("%H:%M" if today else "%b %d %H:%M", when)
         full = time.strftime("%Y-%m-%d %H:%M:%S", when)
         parts.append(f'<span title="recorded {full}">at {short}</span>')
-    calls = f", {info.calls} call{'s' if info.calls != 1 else ''}" if info.calls else ""
+    calls = f"{info.calls} call{'s' if info.calls != 1 else ''}" if info.calls else ""
+    # A record made while its calls replayed took next to no time: its duration says
+    # nothing of what replay saves, so only the calls are named ("0.0 s, 10 calls" read
+    # as a contradiction).
+    spent = seconds(info.duration) if info.duration >= _MEASURABLE or not calls else ""
+    saving = ", ".join(p for p in (spent, calls) if p)
     if recorded and info.state == "replayed":
-        parts.append(f"saved {seconds(info.duration)}{calls}")
+        parts.append(f"saved {saving}")
     elif recorded and info.state in ("recorded", "pinned", "orphaned"):
-        parts.append(f"replay saves {seconds(info.duration)}{calls}")
+        parts.append(f"replay saves {saving}")
     elif recorded and info.state == "not replayable" and info.calls:
         parts.append(f"replay saves {info.calls} call{'s' if info.calls != 1 else ''}")
     if info.size:
