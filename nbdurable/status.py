@@ -20,8 +20,8 @@ from typing import Any
 from . import procstate
 from ._text import human_size
 from .identity import locate, verdict
-from .identity.keys import source_fingerprint
-from .store import RUN_SCOPE, RunView, Store
+from .identity.keys import source_fingerprint, step_version
+from .store import RUN_SCOPE, RunView, Store, versions
 from .store.records import StepRecord, StepState
 
 
@@ -42,10 +42,22 @@ class StepInfo:
     stale: bool = False
     replayable: bool = True
     calls: int = 0
+    #: the current record's version (8 hex of its code and inputs' digest; "" if none)
+    version: str = ""
+    #: how many other versions of the step keep their records (see store.versions)
+    versions: int = 0
+
+    @property
+    def cell(self) -> int | None:
+        """The step's cell as frontends number cells: from 1 (None: not known)."""
+        return None if self.position is None else self.position + 1
 
     def to_json(self) -> dict[str, Any]:
-        """A JSON-able dict of this row."""
-        return dict(self.__dict__)
+        """A JSON-able dict of this row; its cell numbered from 1 (``cell``), as shown."""
+        d = dict(self.__dict__)
+        del d["position"]
+        d["cell"] = self.cell
+        return d
 
 
 @functools.lru_cache(maxsize=512)
@@ -71,10 +83,10 @@ def step_infos(
     ``current``: in a kernel, a record's inputs as the namespace holds them
     (known fingerprints, names it lacks); see :func:`nbdurable.identity.verdict.invalid_reason`.
     """
-    judge = _Judge(records_of=None, current=current)
+    judge = _Judge(records_of=None, current=current, view=None)
     view = RunView(store, run_id)
     records, states, live = view.records(), view.states(), live or {}
-    judge.records_of = records
+    judge.records_of, judge.view = records, view
     cells: list[locate.StepCell] = []
     if notebook is not None:
         nbf = locate.NotebookFile(notebook)
@@ -175,6 +187,8 @@ def _info(
         stale=state == "pinned" and bool(detail),
         replayable=rec.replayable if rec else True,
         calls=rec.substeps if rec else subs,
+        version=step_version(rec.source_fp, rec.inputs)[:8] if rec else "",
+        versions=len(versions.kept(view.store, view.keys, key)),
     )
 
 
@@ -184,21 +198,36 @@ class _Judge:
 
     records_of: dict[str, StepRecord] | None
     current: Callable[[StepRecord], tuple[dict[str, str], frozenset[str]]] | None
+    view: RunView | None
 
     def reason(self, rec: StepRecord, st: StepState, body: str | None) -> str | None:
         if self.current is not None:
             inputs, unknown = self.current(rec)
         else:  # no kernel: no namespace to compare with
             inputs, unknown = {}, frozenset(rec.inputs)
-        return verdict.invalid_reason(
+        source_fp = None if body is None else _python_source_fp(body)
+        why = verdict.invalid_reason(
             rec,
             st,
-            source_fp=None if body is None else _python_source_fp(body),
+            source_fp=source_fp,
             inputs=inputs,
             unknown=unknown,
             upstream=self.records_of,
             environment=self.current is not None,
         )
+        if why is None or st.pinned or unknown or source_fp not in (None, rec.source_fp):
+            return why
+        # The step runner first brings back a kept record of the version it is about
+        # to run (store.versions): that one replays. Only where the version is known:
+        # the same code (so the same input names) and every input seen in the kernel.
+        view = self.view
+        if (
+            self.current is not None
+            and view is not None
+            and versions.has(view.store, view.keys, rec.key, step_version(rec.source_fp, inputs))
+        ):
+            return None
+        return why
 
 
 def _state_of(
@@ -239,15 +268,18 @@ def _state_of(
 
 def format_table(infos: list[StepInfo]) -> str:
     """The plain-text table shown by ``%step list`` and ``nbdurable status``."""
-    head = ("#", "step", "state", "recorded", "sub-steps", "size", "detail")
+    head = ("#", "step", "state", "recorded", "version", "sub-steps", "size", "detail")
     rows = [head]
     for i in infos:
         when = "-"
         if i.recorded_at:
             when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(i.recorded_at))
-        pos = "-" if i.position is None else str(i.position + 1)
+        pos = "-" if i.cell is None else str(i.cell)
         state = i.state + (" (stale)" if i.stale else "")
-        rows.append((pos, i.label, state, when, str(i.substeps), human_size(i.size), i.detail))
+        version = (i.version or "-") + (f" +{i.versions}" if i.versions else "")
+        rows.append(
+            (pos, i.label, state, when, version, str(i.substeps), human_size(i.size), i.detail)
+        )
     widths = [max(len(r[c]) for r in rows) for c in range(len(head) - 1)]
     lines = [
         "  ".join(c.ljust(w) for c, w in zip(r[:-1], widths, strict=True)) + "  " + r[-1]

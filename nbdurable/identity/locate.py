@@ -142,11 +142,11 @@ def _best_match(candidates: list[Path], executed: list[str]) -> list[Path]:
         meta[path] = read[1]
     if not scored:
         return []
-    top = max(scored.values())
-    best = [p for p, n in scored.items() if n == top]
-    inputs = {p for p in best}
+    # Copies give way before scoring: papermill's output holds the injected
+    # parameters cell, so it would hold more of the executed cells than its input.
+    inputs = set(scored)
     copies = set()
-    for p in best:
+    for p in scored:
         pm = meta[p].get("papermill")
         src = pm.get("input_path") if isinstance(pm, dict) else None
         if isinstance(src, str):  # as papermill was given it: from its cwd, or ours
@@ -158,7 +158,9 @@ def _best_match(candidates: list[Path], executed: list[str]) -> list[Path]:
         if p.name.endswith(".nbconvert.ipynb"):
             if p.with_name(p.name.removesuffix(".nbconvert.ipynb") + ".ipynb") in inputs:
                 copies.add(p)
-    return [p for p in best if p not in copies]
+    kept = {p: n for p, n in scored.items() if p not in copies} or scored  # copies of each other
+    top = max(kept.values())
+    return [p for p, n in kept.items() if n == top]
 
 
 def _resolve(raw: str) -> Path:

@@ -22,11 +22,11 @@ from typing import TYPE_CHECKING, Any
 from .. import config, events, faults, procstate, redact
 from ..errors import CorruptRecord, NbdurableError, StoreError, UsageProblem
 from ..identity import keys, verdict
-from ..store import values
+from ..store import values, versions
 from ..store.records import StepRecord, StepState
 from . import envreads, fileio, recording
 from .capture import WIDGET_VIEW_MIME, Capture, replay, strip_widget_views
-from .context import StepContext, remade_summary, step_version, warn
+from .context import StepContext, remade_summary, warn
 from .execute import flush_streams, run_body
 
 if TYPE_CHECKING:
@@ -170,10 +170,14 @@ class StepRunner:
         inputs = {n: self._input_fp(n, ns[n], fp) for n, fp in raw_fps.items()}
         declared = fileio.declared(input_patterns)
         rec = self.load_record(key, label)
+        state = self.load_state(key)
+        version = keys.step_version(source_fp, inputs)
+        tried = rec is not None and not state.pinned and _version(rec) != version
+        if tried:
+            rec = self._bring_back(key, label, rec, version)
         # Whatever nbdurable printed so far (warnings) reaches the frontend before
         # the step's own outputs: ipykernel buffers stdout and stderr apart.
         flush_streams()
-        state = self.load_state(key)
         reason = (
             None
             if rec is None
@@ -186,6 +190,10 @@ class StepRunner:
             if replayed is not None:
                 return replayed
         self.session.claim()
+        if rec is not None and _version(rec) != version:
+            # The version about to run replaces the current one: keep that one first
+            # (and bring back this version's sub-steps, unless that was tried above).
+            self._switch(key, label, rec, version, restore=not tried)
         if rec is not None and reason is not None and not force:
             self.session.status[key] = ("invalidated", reason)
             events.emit("step-invalidated", self.session.run_id, key, reason=reason, label=label)
@@ -198,6 +206,38 @@ class StepRunner:
             procstate.replayable_reasons(rec.process if rec else None)
         )
         return self._start(plan)
+
+    def _bring_back(self, key: str, label: str, rec: StepRecord, version: str) -> StepRecord | None:
+        """The step's record of ``version`` made current, if kept (else ``rec``, unchanged).
+
+        Swapping versions writes to the run, so the lease is held first, as
+        for an execution (which is what the step would do otherwise).
+        """
+        view = self.session.view
+        if not versions.has(view.store, view.keys, key, version):
+            return rec
+        self.session.claim()
+        if not self._switch(key, label, rec, version):
+            return rec
+        return self.load_record(key, label)
+
+    def _switch(
+        self, key: str, label: str, rec: StepRecord, version: str, restore: bool = True
+    ) -> bool:
+        """Archive the current version, bring ``version`` back if kept (see store.versions)."""
+        view = self.session.view
+        keep = config.get().keep_versions
+        current = _version(rec)
+        try:
+            return versions.switch(
+                view.store, view.keys, key, current, version, keep, restore=restore
+            )
+        except CorruptRecord as exc:
+            warn(
+                f"step {label!r}: its record of these inputs cannot be used ({exc}); "
+                "the step runs again."
+            )
+            return False
 
     def _input_fp(self, name: str, value: Any, fp: str) -> str:
         """Fingerprint of an input; for a value a step saved, also its saved bytes.
@@ -343,7 +383,7 @@ class StepRunner:
         # Process state before the body (os.environ, RNGs, options...); _record
         # compares it with after and records the difference with the step.
         proc = procstate.snapshot(ns, procstate.assigned_attributes(plan.py))
-        ctx = StepContext(plan.key, plan.label, step_version(plan.source_fp, plan.inputs))
+        ctx = StepContext(plan.key, plan.label, keys.step_version(plan.source_fp, plan.inputs))
         for paths in (plan.declared or {}).values():  # as they are when the body starts
             for path in paths:
                 fileio.note(ctx.file_reads, path)
@@ -631,6 +671,11 @@ class Shown:
 
     def __repr__(self) -> str:
         return str(self._output.get("data", {}).get("text/plain", ""))
+
+
+def _version(rec: StepRecord) -> str:
+    """The version of a record: its code and the inputs it was recorded with."""
+    return keys.step_version(rec.source_fp, rec.inputs)
 
 
 def _changed_names(

@@ -145,6 +145,15 @@ class SubRecord:
         return cls(**d)
 
 
+def blob_refs(header: dict[str, Any]) -> list[str]:
+    """The blobs a step record's header refers to: its saved variables' and its result's."""
+    refs = [v["ref"] for v in header.get("variables", ()) if v.get("kind") == "value"]
+    result = header.get("result")
+    if isinstance(result, dict) and isinstance(result.get("ref"), str):
+        refs.append(result["ref"])
+    return refs
+
+
 _SUB_FIELDS = tuple(f.name for f in dataclasses.fields(SubRecord))
 _STEP_FIELDS = tuple(f.name for f in dataclasses.fields(StepRecord))
 _VAR_FIELDS = tuple(f.name for f in dataclasses.fields(VarRecord))
