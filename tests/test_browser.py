@@ -270,6 +270,8 @@ def _check_panel(lab):
             )
             expect(header).to_contain_text("replay saved")
 
+            _check_layout(page, "light")
+            page.set_viewport_size({"width": 1280, "height": 1000})
             panel = page.locator(".nbd-panel")
             panel.scroll_into_view_if_needed()
             page.mouse.move(0, 0)  # no hover highlight in the picture
@@ -332,8 +334,80 @@ def _check_panel(lab):
             page.wait_for_function(
                 "() => document.body.dataset.jpThemeLight === 'false'", timeout=20_000
             )
-            page.wait_for_timeout(500)
+            _check_layout(page, "dark")
+            page.set_viewport_size({"width": 1280, "height": 1000})
+            panel.scroll_into_view_if_needed()
+            page.mouse.move(0, 0)
             panel.screenshot(path=str(ARTIFACTS / f"{shot}panel-dark.png"))
         finally:
             page.screenshot(path=str(ARTIFACTS / f"browser-{shot}final.png"), full_page=True)
             browser.close()
+
+
+#: Browser widths the panel must read well at: a phone, JupyterLab at ~950 px with the
+#: file browser open (a 520 px panel), a laptop, a wide screen.
+WIDTHS = (360, 520, 800, 1280)
+
+# Every problem of the panel's layout, as text: a value drawn under a button, a value
+# cut by its row's box, a value split across lines. Values are the name, the badge and
+# each fact; the detail line may wrap (it is prose) but must stay clear of the buttons.
+_LAYOUT_PROBLEMS = """() => {
+    const problems = [];
+    for (const b of document.querySelectorAll('.nbd-panel button'))
+        if (getComputedStyle(b).visibility !== 'hidden' && b.scrollWidth > b.clientWidth + 1)
+            problems.push(`button '${b.innerText}' is cut`);
+    const hit = (a, b) => a.left < b.right - 0.5 && b.left < a.right - 0.5
+        && a.top < b.bottom - 0.5 && b.top < a.bottom - 0.5;
+    for (const row of document.querySelectorAll('.nbd-row')) {
+        const step = row.querySelector('.nbd-step');
+        if (!step) continue;
+        const name = step.dataset.step;
+        const box = step.parentElement.getBoundingClientRect();
+        const buttons = [...row.querySelectorAll('button')]
+            .filter(b => getComputedStyle(b).visibility !== 'hidden')
+            .map(b => [b.innerText, b.getBoundingClientRect()]);
+        const values = step.querySelectorAll('.nbd-name, .nbd-badge, .nbd-fact');
+        for (const v of values) {
+            const r = v.getBoundingClientRect();
+            const what = `${name}: ${v.className} '${v.innerText}'`;
+            if (r.right > box.right + 0.5 || r.left < box.left - 0.5)
+                problems.push(`${what} is cut by its box`);
+            if (v.scrollWidth > v.clientWidth + 1 && getComputedStyle(v).display !== 'inline')
+                problems.push(`${what} is cut (${v.scrollWidth} > ${v.clientWidth})`);
+            const lh = parseFloat(getComputedStyle(v).lineHeight) || 20;
+            if (v.getClientRects().length > 1 || r.height > lh * 1.5)
+                problems.push(`${what} is split across lines`);
+            for (const [label, b] of buttons)
+                if (hit(r, b)) problems.push(`${what} is under button ${label}`);
+        }
+        const detail = step.querySelector('.nbd-detail');
+        if (detail)
+            for (const [label, b] of buttons)
+                if (hit(detail.getBoundingClientRect(), b))
+                    problems.push(`${name}: detail is under button ${label}`);
+    }
+    return problems;
+}"""
+
+
+def _check_layout(page, theme: str) -> None:
+    """At every width of WIDTHS: no value under a button, cut, or split across lines."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    for width in WIDTHS:
+        page.set_viewport_size({"width": width, "height": 900})
+        # Relayout is asynchronous (Lumino): wait until the rows fit this window.
+        page.wait_for_function(
+            "w => [...document.querySelectorAll('.nbd-row')].every("
+            "r => r.getBoundingClientRect().right <= w)",
+            arg=width,
+            timeout=20_000,
+        )
+        with contextlib.suppress(PlaywrightTimeout):  # what is wrong is reported below
+            page.wait_for_function(f"({_LAYOUT_PROBLEMS})().length === 0", timeout=5_000)
+        problems = page.evaluate(_LAYOUT_PROBLEMS)
+        if problems or width == 360:
+            page.locator(".nbd-panel").screenshot(
+                path=str(ARTIFACTS / f"panel-{theme}-{width}.png")
+            )
+        assert not problems, f"{theme} theme at {width} px:\n" + "\n".join(problems)

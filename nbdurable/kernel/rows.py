@@ -155,17 +155,23 @@ def row_html(info: StepInfo, new: int = 0, replayed: int = 0) -> str:
         tone = colour if info.state in ("invalidated", "failed") or info.stale else _GREY
         detail = (
             f'<div class="nbd-detail" style="color:{tone};font-size:0.9em;'
-            f'padding-left:15.5em;white-space:normal">{_e(info.detail)}</div>'
+            f'padding-left:1.5em;white-space:normal;overflow-wrap:anywhere">'
+            f"{_e(info.detail)}</div>"
         )
     return (
         f'<div class="nbd-step" data-step="{_attr(info.label)}" data-state="{_attr(state)}">'
-        f'<div class="nbd-line" style="display:flex;align-items:baseline;gap:0.8em;'
-        f'line-height:1.6"><span class="nbd-name" title="{_attr(info.key)}" style="flex:0 0 14em;'
-        f'overflow:hidden;text-overflow:ellipsis;white-space:nowrap">'
+        # The line wraps between whole values, never inside one: at any width the
+        # name, the badge and each fact stay on one line each, and nothing runs
+        # under the buttons (the widget's box ends where they begin).
+        f'<div class="nbd-line" style="display:flex;flex-wrap:wrap;align-items:baseline;'
+        f'column-gap:0.8em;line-height:1.6"><span class="nbd-name" title="{_attr(info.key)}" '
+        f'style="flex:0 1 14em;min-width:0;max-width:100%;overflow:hidden;'
+        f'text-overflow:ellipsis;white-space:nowrap">'
         f'<span style="color:{_GREY}">{pos}</span><b>{_e(info.label)}</b></span>'
         f'<span class="nbd-badge" title="{_attr(hint)}" style="{badge_style}">'
         f"{glyph} {_e(text)}</span>"
-        f'<span class="nbd-facts" style="color:{_GREY}">{facts}</span></div>{detail}</div>'
+        f'<span class="nbd-facts" style="flex:1 1 auto;min-width:0;color:{_GREY}">{facts}</span>'
+        f"</div>{detail}</div>"
     )
 
 
@@ -209,7 +215,10 @@ def _facts(info: StepInfo, new: int, replayed: int) -> str:
         )
     if info.size:
         parts.append(human_size(info.size))
-    return " · ".join(parts)
+    # Each fact is one unbreakable value ("13.0 KB" never splits); lines break between them.
+    return " · ".join(
+        f'<span class="nbd-fact" style="white-space:nowrap">{p}</span>' for p in parts
+    )
 
 
 def _shown_state(info: StepInfo) -> str:
