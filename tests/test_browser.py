@@ -32,7 +32,7 @@ import pytest
 from kernel_util import REPO_ROOT, make_notebook, run_notebook
 
 from nbdurable import commands, status
-from nbdurable.store import Store
+from nbdurable.store import RunView, Store
 
 pytestmark = pytest.mark.browser
 
@@ -297,9 +297,14 @@ def _check_panel(lab):
             expect(line("research")).to_have_attribute("data-state", "pending")
             after = _infos(store, notebook)
             assert after["research"].recorded_at is None and after["research"].substeps == 0
-            expect(line("pinned").locator(".nbd-detail")).to_contain_text(
-                "upstream step 'research' was cleared"
-            )
+            # Its dependant is marked stale in the store; the row keeps the first reason
+            # the step runner would give (its code changed: checked before stale marks).
+            with Store(store) as s:
+                assert (
+                    "upstream step 'research' was cleared"
+                    in RunView(s, RUN_ID).state("name:pinned").stale
+                )
+            expect(line("pinned").locator(".nbd-detail")).to_have_text("its code changed")
 
             # The CLI, from another process, on the same store: the panel shows it on Refresh.
             cli = subprocess.run(
@@ -394,6 +399,12 @@ def _check_layout(page, theme: str) -> None:
     """At every width of WIDTHS: no value under a button, cut, or split across lines."""
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
+    # The side bars closed, so the notebook (and the panel) get the window's width less
+    # their margins; with the file browser open at 360 px no notebook is readable at all.
+    page.evaluate(
+        "() => { const s = window.jupyterapp.shell;"
+        " if (s.collapseLeft) s.collapseLeft(); if (s.collapseRight) s.collapseRight(); }"
+    )
     for width in WIDTHS:
         page.set_viewport_size({"width": width, "height": 900})
         # Relayout is asynchronous (Lumino): wait until the rows fit this window.
@@ -410,4 +421,5 @@ def _check_layout(page, theme: str) -> None:
             page.locator(".nbd-panel").screenshot(
                 path=str(ARTIFACTS / f"panel-{theme}-{width}.png")
             )
+            page.screenshot(path=str(ARTIFACTS / f"browser-{theme}-{width}.png"))
         assert not problems, f"{theme} theme at {width} px:\n" + "\n".join(problems)

@@ -63,14 +63,16 @@ class StepRow:
 
     def __init__(self, owner: StepPanel, info: StepInfo) -> None:
         self.info = info
-        self.html = widgets.HTML(layout=widgets.Layout(flex="1 1 auto", min_width="0"))
+        # The text takes the line; when less than ~22em would be left beside the
+        # buttons, they wrap onto a line of their own instead of covering it.
+        self.html = widgets.HTML(layout=widgets.Layout(flex="1 1 22em", min_width="0"))
         self.pin_button = widgets.Button(
             description="Pin", layout=_HIDDEN_BUTTON if info.key == RUN_SCOPE else _BUTTON
         )
         self.clear_button = widgets.Button(description="Clear", layout=_BUTTON)
         self.line = widgets.HBox(
             [self.html, self.pin_button, self.clear_button],
-            layout=widgets.Layout(align_items="center"),
+            layout=widgets.Layout(align_items="center", flex_flow="row wrap"),
         )
         self.box = widgets.VBox(
             [self.line],
