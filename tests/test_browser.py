@@ -5,9 +5,11 @@ edited (one step changed, one pinned and changed, one deleted, new ones added), 
 in JupyterLab (and, in a second test, in Notebook 7) and run all. The panel,
 displayed in the second cell, must show each step's state in the DOM, live while
 cells run, and its Pin and Clear buttons must change the store, and a pin made by
-the CLI must show on Refresh. Screenshots go to test-artifacts/, and to
-docs/panel.png (the README's, JupyterLab's) when it is missing or
-NBDURABLE_UPDATE_SCREENSHOT=1.
+the CLI must show on Refresh. At window widths from 360 to 1280 px, in the
+light and the dark theme, no value of a row may lie under a button, be cut or
+split across lines. Screenshots go to test-artifacts/, and to docs/panel.png,
+docs/panel-narrow.png and docs/panel-dark.png (the README's, JupyterLab's)
+when missing or NBDURABLE_UPDATE_SCREENSHOT=1.
 
 Chromium is Debian's (``.ci/run`` installs it); the test fails, never skips,
 when it is missing. Never ``playwright install``.
@@ -49,6 +51,8 @@ CHROMIUM_ARGS = [
 ]
 ARTIFACTS = REPO_ROOT / "test-artifacts"
 SCREENSHOT = REPO_ROOT / "docs" / "panel.png"
+NARROW_SCREENSHOT = REPO_ROOT / "docs" / "panel-narrow.png"  # a 360 px window
+DARK_SCREENSHOT = REPO_ROOT / "docs" / "panel-dark.png"
 # docs/panel.png is committed (the README shows it), so a test run does not rewrite
 # it unless asked: NBDURABLE_UPDATE_SCREENSHOT=1 python -m pytest tests/test_browser.py
 UPDATE_SCREENSHOT = os.environ.get("NBDURABLE_UPDATE_SCREENSHOT") == "1"
@@ -270,7 +274,7 @@ def _check_panel(lab):
             )
             expect(header).to_contain_text("replay saved")
 
-            _check_layout(page, "light")
+            _check_layout(page, "light", shot)
             page.set_viewport_size({"width": 1280, "height": 1000})
             panel = page.locator(".nbd-panel")
             panel.scroll_into_view_if_needed()
@@ -278,6 +282,7 @@ def _check_panel(lab):
             panel.screenshot(path=str(ARTIFACTS / f"{shot}panel.png"))
             if kind == "lab" and (UPDATE_SCREENSHOT or not SCREENSHOT.exists()):
                 shutil.copy(ARTIFACTS / "panel.png", SCREENSHOT)
+                shutil.copy(ARTIFACTS / "panel-light-360.png", NARROW_SCREENSHOT)
 
             # Pin from the panel: the store has the pin.
             def row(step: str):
@@ -339,11 +344,13 @@ def _check_panel(lab):
             page.wait_for_function(
                 "() => document.body.dataset.jpThemeLight === 'false'", timeout=20_000
             )
-            _check_layout(page, "dark")
+            _check_layout(page, "dark", shot)
             page.set_viewport_size({"width": 1280, "height": 1000})
             panel.scroll_into_view_if_needed()
             page.mouse.move(0, 0)
             panel.screenshot(path=str(ARTIFACTS / f"{shot}panel-dark.png"))
+            if kind == "lab" and (UPDATE_SCREENSHOT or not DARK_SCREENSHOT.exists()):
+                shutil.copy(ARTIFACTS / "panel-dark.png", DARK_SCREENSHOT)
         finally:
             page.screenshot(path=str(ARTIFACTS / f"browser-{shot}final.png"), full_page=True)
             browser.close()
@@ -395,7 +402,7 @@ _LAYOUT_PROBLEMS = """() => {
 }"""
 
 
-def _check_layout(page, theme: str) -> None:
+def _check_layout(page, theme: str, shot: str) -> None:
     """At every width of WIDTHS: no value under a button, cut, or split across lines."""
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
@@ -419,7 +426,7 @@ def _check_layout(page, theme: str) -> None:
         problems = page.evaluate(_LAYOUT_PROBLEMS)
         if problems or width == 360:
             page.locator(".nbd-panel").screenshot(
-                path=str(ARTIFACTS / f"panel-{theme}-{width}.png")
+                path=str(ARTIFACTS / f"{shot}panel-{theme}-{width}.png")
             )
-            page.screenshot(path=str(ARTIFACTS / f"browser-{theme}-{width}.png"))
+            page.screenshot(path=str(ARTIFACTS / f"browser-{shot}{theme}-{width}.png"))
         assert not problems, f"{theme} theme at {width} px:\n" + "\n".join(problems)
