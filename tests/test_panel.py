@@ -59,9 +59,16 @@ def session(tmp_path):
     engine.reset_session()
 
 
-@pytest.fixture
-def every_state(session):
-    """A run with a step in every state (running is tested live, below)."""
+@pytest.fixture(params=["disk", pytest.param("postgres", marks=pytest.mark.postgres)])
+def every_state(session, request):
+    """A run with a step in every state (running is tested live, below), on either engine.
+
+    On ``postgres`` the same panel works on the team store (a namespace of the
+    shared test server), unchanged.
+    """
+    if request.param == "postgres":
+        session.store.close()
+        session.set_store(Store(request.getfixturevalue("pg_url")), RUN)
     write_notebook(session.notebook, STEPS)
     for name in ("plan", "research", "frozen", "pinned", "changed"):
         session.run_step(STEPS[name], name=name)

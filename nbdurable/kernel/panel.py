@@ -475,8 +475,13 @@ class StepPanel(widgets.VBox):
         super().close()
 
 
-def _place(path: Path, notebook: Path | None) -> str:
-    """A short form of a store path: beside the notebook, under home, else in full."""
+def _place(path: Path | str, notebook: Path | None) -> str:
+    """A short form of a store path: beside the notebook, under home, else in full.
+
+    A team store's path is its URL (without password), shown as it is.
+    """
+    if not isinstance(path, Path):
+        return path
     for base, prefix in ((notebook.parent if notebook else None, ""), (Path.home(), "~/")):
         if base is not None and path.is_relative_to(base):
             return f"{prefix}{path.relative_to(base).as_posix()}/"
