@@ -449,3 +449,17 @@ def test_time_saved_is_claimed_only_when_the_record_took_time():
     assert "replay saves 12.0 s, 10 calls" in row_html(slow), row_html(slow)
     no_calls = dataclasses.replace(quick, calls=0, substeps=0)
     assert "replay saves 0.01 s" in row_html(no_calls), row_html(no_calls)
+
+
+def test_a_buttons_message_goes_when_a_cell_runs(every_state):
+    p = StepPanel(every_state)
+    try:
+        p.show()  # the panel follows the cells run after it
+        rows = {r.info.label: r for r in p.rows.values()}
+        rows["research"].pin_button.click()
+        assert "pinned: research" in p.message.value, p.message.value
+        every_state.shell.run_cell("1 + 1")
+        assert p.message.value == ""
+        assert rows["research"].state == "pinned"  # the action itself stays
+    finally:
+        p.close()

@@ -184,6 +184,10 @@ class StepPanel(widgets.VBox):
 
     def _after_cell(self, result: object = None) -> None:
         try:
+            # A button's message ("unpinned 'plan'") is about what the panel showed
+            # then; once a cell has run, it would read as news about this run.
+            if self.message.value:
+                self.message.value = ""
             self.refresh()
             text = self.text()
             if text == self._saved_text or self.closed:
