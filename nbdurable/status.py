@@ -19,6 +19,7 @@ from typing import Any
 
 from . import procstate
 from ._text import human_size
+from .clients.usage import Tally
 from .identity import locate, verdict
 from .identity.keys import source_fingerprint, step_version
 from .store import RUN_SCOPE, RunView, Store, versions
@@ -42,6 +43,8 @@ class StepInfo:
     stale: bool = False
     replayable: bool = True
     calls: int = 0
+    #: tokens the step's model replies reported (input + output): what its replay saves
+    tokens: int = 0
     #: the current record's version (8 hex of its code and inputs' digest; "" if none)
     version: str = ""
     #: how many other versions of the step keep their records (see store.versions)
@@ -187,6 +190,7 @@ def _info(
         stale=state == "pinned" and bool(detail),
         replayable=rec.replayable if rec else True,
         calls=rec.substeps if rec else subs,
+        tokens=Tally.from_json(rec.tokens).total.total if rec else 0,
         version=step_version(rec.source_fp, rec.inputs)[:8] if rec else "",
         versions=len(versions.kept(view.store, view.keys, key)),
     )
@@ -267,8 +271,15 @@ def _state_of(
 
 
 def format_table(infos: list[StepInfo]) -> str:
-    """The plain-text table shown by ``%step list`` and ``nbdurable status``."""
+    """The plain-text table shown by ``%step list`` and ``nbdurable status``.
+
+    A ``tokens`` column (what each step's model replies reported, so what its
+    replay saves) is there when some step's replies reported tokens.
+    """
+    with_tokens = any(i.tokens for i in infos)
     head = ("#", "step", "state", "recorded", "version", "sub-steps", "size", "detail")
+    if with_tokens:
+        head = (*head[:6], "tokens", *head[6:])
     rows = [head]
     for i in infos:
         when = "-"
@@ -277,9 +288,10 @@ def format_table(infos: list[StepInfo]) -> str:
         pos = "-" if i.cell is None else str(i.cell)
         state = i.state + (" (stale)" if i.stale else "")
         version = (i.version or "-") + (f" +{i.versions}" if i.versions else "")
-        rows.append(
-            (pos, i.label, state, when, version, str(i.substeps), human_size(i.size), i.detail)
-        )
+        row = (pos, i.label, state, when, version, str(i.substeps), human_size(i.size), i.detail)
+        if with_tokens:
+            row = (*row[:6], f"{i.tokens:,}" if i.tokens else "-", *row[6:])
+        rows.append(row)
     widths = [max(len(r[c]) for r in rows) for c in range(len(head) - 1)]
     lines = [
         "  ".join(c.ljust(w) for c, w in zip(r[:-1], widths, strict=True)) + "  " + r[-1]

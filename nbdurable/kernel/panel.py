@@ -34,8 +34,7 @@ from typing import Any
 
 import ipywidgets as widgets
 
-from .. import commands, events, status
-from .._text import seconds
+from .. import commands, config, events, status
 from ..errors import NbdurableError
 from ..status import StepInfo
 from ..store import RUN_SCOPE, RunView
@@ -283,15 +282,9 @@ class StepPanel(widgets.VBox):
         counts = Counter(_GROUP.get(i.state, i.state) for i in self.infos if i.key != RUN_SCOPE)
         totals = [f"{counts.get(g, 0)} {g}" for g in ("recorded", "pending", "invalidated")]
         totals += [f"{counts[g]} {g}" for g in ("failed", "orphaned") if counts.get(g)]
-        saved = self.session.saved
-        if not (saved.calls or saved.steps):
-            return " · ".join(totals), "nothing replayed in this kernel yet"
-        calls = f"{saved.calls} call{'s' if saved.calls != 1 else ''}"
-        steps = f"{saved.steps} step{'s' if saved.steps != 1 else ''}"
-        return (
-            " · ".join(totals),
-            f"replay saved {seconds(saved.seconds)} and {calls} in this kernel ({steps})",
-        )
+        with self.session.lock:
+            spared = self.session.saved.line(config.get().prices)
+        return " · ".join(totals), spared
 
     def _show_header(self) -> None:
         totals, spared = self._summary()

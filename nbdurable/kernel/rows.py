@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import ipywidgets as widgets
 
-from .._text import human_size, seconds
+from .._text import human_size, seconds, tokens
 from ..status import StepInfo
 from ..store.layout import RUN_SCOPE
 
@@ -197,11 +197,13 @@ def _facts(info: StepInfo, new: int, replayed: int) -> str:
         full = time.strftime("%Y-%m-%d %H:%M:%S", when)
         parts.append(f'<span title="recorded {full}">at {short}</span>')
     calls = f"{info.calls} call{'s' if info.calls != 1 else ''}" if info.calls else ""
+    spent_tokens = tokens(info.tokens) if info.tokens else ""
     # A record made while its calls replayed took next to no time: its duration says
     # nothing of what replay saves, so only the calls are named ("0.0 s, 10 calls" read
     # as a contradiction).
-    spent = seconds(info.duration) if info.duration >= _MEASURABLE or not calls else ""
-    saving = ", ".join(p for p in (spent, calls) if p)
+    counted = calls or spent_tokens
+    spent = seconds(info.duration) if info.duration >= _MEASURABLE or not counted else ""
+    saving = ", ".join(p for p in (spent, calls, spent_tokens) if p)
     if recorded and info.state == "replayed":
         parts.append(f"saved {saving}")
     elif recorded and info.state in ("recorded", "pinned", "orphaned"):
