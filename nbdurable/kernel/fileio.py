@@ -30,7 +30,6 @@ removed) or whose patterns were edited runs the step again, naming the file.
 from __future__ import annotations
 
 import glob
-import hashlib
 import os
 import stat
 import sys
@@ -38,7 +37,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from ..identity import analysis, localcode
+from ..identity import analysis, localcode, verdict
 
 _current: Callable[[], Any] | None = None  # the running StepContext, or None
 _installed = False
@@ -62,16 +61,10 @@ _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
 
 
 def content_digest(path: str) -> str | None:
-    """SHA-256 (32 hex) of a file's bytes, None if it cannot be read."""
+    """:func:`~nbdurable.identity.verdict.file_digest`, its own open unseen by the hook."""
     _busy.on = True
     try:
-        h = hashlib.sha256()
-        with open(path, "rb") as fh:
-            for chunk in iter(lambda: fh.read(1 << 20), b""):
-                h.update(chunk)
-        return h.hexdigest()[:32]
-    except OSError:
-        return None
+        return verdict.file_digest(path)
     finally:
         _busy.on = False
 
@@ -134,27 +127,6 @@ def _by_the_step() -> bool:
     return not any(name == p or name.startswith(p + ".") for p in _NOT_THE_STEP)
 
 
-def changed(recorded: dict[str, list]) -> list[str]:
-    """The recorded files that are gone or whose content differs, in path order."""
-    out = []
-    for path in sorted(recorded):
-        try:
-            size, mtime, digest = recorded[path]
-        except (TypeError, ValueError):
-            out.append(path)
-            continue
-        try:
-            st = os.stat(path)
-        except OSError:
-            out.append(path)
-            continue
-        if st.st_size == size and st.st_mtime_ns == mtime:
-            continue
-        if st.st_size != size or content_digest(path) != digest:
-            out.append(path)
-    return out
-
-
 def declared(patterns: tuple[str, ...] | list[str]) -> dict[str, list[str]]:
     """``--inputs`` patterns, made absolute, each with the regular files it matches (sorted)."""
     out: dict[str, list[str]] = {}
@@ -163,20 +135,3 @@ def declared(patterns: tuple[str, ...] | list[str]) -> dict[str, list[str]]:
         found = glob.glob(full, recursive=True)
         out[full] = sorted(os.path.abspath(f) for f in found if os.path.isfile(f))
     return out
-
-
-def declared_changes(recorded: dict[str, list[str]], now: dict[str, list[str]]) -> str | None:
-    """Why the declared files differ from those recorded (one phrase), or None.
-
-    The files' contents are compared by :func:`changed` (they are in the
-    record's files too); here only which files the patterns match.
-    """
-    if sorted(recorded) != sorted(now):
-        return "its --inputs patterns changed"
-    for pattern in sorted(now):
-        before, after = set(recorded[pattern]), set(now[pattern])
-        for verb, paths in (("added", after - before), ("removed", before - after)):
-            if paths:
-                listed = ", ".join(repr(os.path.basename(p)) for p in sorted(paths)[:5])
-                return f"file{'s' if len(paths) > 1 else ''} {listed} {verb}"
-    return None

@@ -68,7 +68,11 @@ class StepMagics(Magics):
         if cmd == "list":
             _no_args(cmd, rest)
             infos = status.step_infos(
-                session.store, session.run_id, session.notebook, session.status
+                session.store,
+                session.run_id,
+                session.notebook,
+                session.status,
+                session.steps.current_inputs,
             )
             with session.lock:
                 spared = session.saved.line(config.get().prices)

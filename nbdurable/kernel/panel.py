@@ -109,7 +109,9 @@ class StepPanel(widgets.VBox):
         self._saved_text = ""
         self._watching: Any = None  # the shell whose post_run_cell we listen to
 
-        self.header = widgets.HTML(layout=widgets.Layout(flex="1 1 auto"))
+        # Toolbar, confirm box and rows wrap: below ~22em of text beside them the
+        # buttons go on a line of their own rather than over the text.
+        self.header = widgets.HTML(layout=widgets.Layout(flex="1 1 22em", min_width="0"))
         self.refresh_button = widgets.Button(
             description="Refresh",
             icon="refresh",
@@ -122,14 +124,16 @@ class StepPanel(widgets.VBox):
             tooltip="Forget every record of this run",
             layout=widgets.Layout(width="8em", min_width="8em", margin="0 0 0 4px"),
         )
-        self.confirm_text = widgets.HTML()
+        self.confirm_text = widgets.HTML(layout=widgets.Layout(flex="1 1 16em", min_width="0"))
         self.confirm_button = widgets.Button(
             description="Confirm", button_style="danger", layout=_BUTTON
         )
         self.cancel_button = widgets.Button(description="Cancel", layout=_BUTTON)
         self.confirm_box = widgets.HBox(
             [self.confirm_text, self.cancel_button, self.confirm_button],
-            layout=widgets.Layout(align_items="center", padding="2px 0 4px 2em"),
+            layout=widgets.Layout(
+                align_items="center", flex_flow="row wrap", padding="2px 0 4px 2em"
+            ),
         )
         self.confirm_box.add_class("nbd-confirm")
         self._confirm_slot = widgets.VBox()
@@ -137,7 +141,7 @@ class StepPanel(widgets.VBox):
         self.message = widgets.HTML()
         toolbar = widgets.HBox(
             [self.header, self.refresh_button, self.clear_all_button],
-            layout=widgets.Layout(align_items="flex-start"),
+            layout=widgets.Layout(align_items="flex-start", flex_flow="row wrap"),
         )
         self.refresh_button.on_click(lambda _b: self.refresh())
         self.clear_all_button.on_click(lambda _b: self._ask_clear_all())
@@ -179,6 +183,10 @@ class StepPanel(widgets.VBox):
 
     def _after_cell(self, result: object = None) -> None:
         try:
+            # A button's message ("unpinned 'plan'") is about what the panel showed
+            # then; once a cell has run, it would read as news about this run.
+            if self.message.value:
+                self.message.value = ""
             self.refresh()
             text = self.text()
             if text == self._saved_text or self.closed:
@@ -232,7 +240,7 @@ class StepPanel(widgets.VBox):
         s = self.session
         self._run_id = s.run_id
         live = dict(s.status)
-        infos = status.step_infos(s.store, self._run_id, s.notebook, live)
+        infos = status.step_infos(s.store, self._run_id, s.notebook, live, s.steps.current_inputs)
         # A step now running in a cell not yet saved to the notebook has no
         # record or state yet, so the store does not know it: show it anyway.
         known = {i.key for i in infos}

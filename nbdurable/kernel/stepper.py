@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import ast
 import hashlib
-import os
 import re
 import time
 import warnings
@@ -23,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from .. import _text, config, events, faults, procstate, redact
 from ..clients.usage import Tally
 from ..errors import CorruptRecord, NbdurableError, StoreError, UsageProblem
-from ..identity import keys
+from ..identity import keys, verdict
 from ..store import spill, values, versions
 from ..store.records import StepRecord, StepState
 from . import envreads, fileio, recording
@@ -180,7 +179,13 @@ class StepRunner:
         # Whatever nbdurable printed so far (warnings) reaches the frontend before
         # the step's own outputs: ipykernel buffers stdout and stderr apart.
         flush_streams()
-        reason = None if rec is None else _invalid_reason(rec, source_fp, inputs, state, declared)
+        reason = (
+            None
+            if rec is None
+            else verdict.invalid_reason(
+                rec, state, source_fp=source_fp, inputs=inputs, declared=declared
+            )
+        )
         if rec is not None and not force and (reason is None or state.pinned):
             replayed = self._replay(rec, label, reason, split) if rec.replayable else None
             if replayed is not None:
@@ -250,6 +255,30 @@ class StepRunner:
         if sha is None:
             return fp
         return hashlib.sha256(f"{fp}:{sha}".encode()).hexdigest()[:32]
+
+    def current_inputs(self, rec: StepRecord) -> tuple[dict[str, str], frozenset[str]]:
+        """The record's inputs as they are in the namespace now, for a prediction.
+
+        Fingerprinted as :meth:`begin` does; names the namespace lacks are
+        returned apart (a Run All may restore them first: see
+        :func:`nbdurable.identity.verdict.invalid_reason`). Nothing is printed.
+        """
+        ns = self.session.user_ns
+        known: dict[str, str] = {}
+        unknown: set[str] = set()
+        for name in rec.inputs:
+            if self.producers.get(name) == rec.key:
+                continue  # begin() does not count it: the step made it in this kernel
+            if name not in ns:
+                unknown.add(name)
+                continue
+            value = ns[name]
+            try:
+                fp = keys.fingerprint(value)
+            except Exception:  # a failing custom hook: begin() warns when the step runs
+                fp = "type:" + values.type_name(value)
+            known[name] = self._input_fp(name, value, fp)
+        return known, frozenset(unknown)
 
     def _replay(
         self, rec: StepRecord, label: str, stale: str | None, split: bool
@@ -667,36 +696,6 @@ class Shown:
 def _version(rec: StepRecord) -> str:
     """The version of a record: its code and the inputs it was recorded with."""
     return keys.step_version(rec.source_fp, rec.inputs)
-
-
-def _invalid_reason(
-    rec: StepRecord,
-    source_fp: str,
-    inputs: dict[str, str],
-    state: StepState,
-    declared: dict[str, list[str]],
-) -> str | None:
-    """Why a record cannot be replayed, or None if it can."""
-    if rec.source_fp != source_fp:
-        return "its code changed"
-    if state.stale:
-        return state.stale
-    matched = fileio.declared_changes(rec.declared, declared)
-    if matched:
-        return matched
-    files = fileio.changed(rec.files)
-    if files:
-        listed = ", ".join(repr(os.path.basename(p)) for p in files[:5])
-        return f"file{'s' if len(files) > 1 else ''} {listed} changed"
-    env = envreads.changed(rec.env)
-    if env:
-        listed = ", ".join(f"${n}" for n in env[:5])
-        return f"environment variable{'s' if len(env) > 1 else ''} {listed} changed"
-    changed = sorted(n for n in set(rec.inputs) | set(inputs) if rec.inputs.get(n) != inputs.get(n))
-    if changed:
-        listed = ", ".join(repr(n) for n in changed[:5])
-        return f"input{'s' if len(changed) > 1 else ''} {listed} changed"
-    return None
 
 
 def _changed_names(
