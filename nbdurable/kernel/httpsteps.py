@@ -36,6 +36,7 @@ from .. import config, faults, redact
 from ..clients import usage
 from ..clients.http_record import Exchange, HTTPSession
 from ..errors import StoreError
+from ..identity import keys
 from ..store import values
 from ..store.records import SubRecord
 from .context import StepContext, warn
@@ -43,7 +44,7 @@ from .context import StepContext, warn
 if TYPE_CHECKING:
     from .session import Session
 
-PREFIX = "http:"
+PREFIX = keys.HTTP_PREFIX
 
 
 def wanted(asked: bool) -> bool:
