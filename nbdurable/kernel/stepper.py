@@ -719,13 +719,18 @@ def _changed_names(
 
 
 def _attributes(plan: Plan, ns: dict[str, Any]) -> dict[str, dict[str, int]]:
-    """For each name the step's syntax may mutate (not bind): the ids its attributes hold.
+    """For each input and each name the step's syntax may mutate (not bind): the ids
+    its attributes hold.
 
-    Only objects with attributes: one without (a database connection, a
-    generator) shows nothing of its state, so a method call on it stays a change.
+    Inputs too, not only method calls the syntax shows: ``step("o",
+    client.chat.completions.create, ...)`` hands a bound method on, and the
+    change detection (:meth:`recording.Snapshot.mutated`) sees the client's
+    connection pool move. Only objects with attributes: one without (a database
+    connection, a generator) shows nothing of its state, so a call on it stays a
+    change.
     """
     out = {}
-    for name in plan.analysis.mutates - plan.analysis.binds:
+    for name in (plan.analysis.mutates | set(plan.raw_fps)) - plan.analysis.binds:
         attrs = getattr(ns.get(name), "__dict__", None)
         if isinstance(attrs, dict) and attrs and not values.is_module(ns[name]):
             # An attribute that held nothing yet (None, an SDK's NOT_GIVEN) is left
