@@ -75,7 +75,7 @@ class StepRunner:
         # (warned when it was recorded; a rerun that finds the same says nothing)
         self.process_known: dict[str, frozenset[str]] = {}
         envreads.install(lambda: session.current)  # environment reads of a running step
-        fileio.install(lambda: session.current)  # files a running step reads
+        fileio.install(lambda: session.current)  # files a running step reads and writes
 
     def forget(self) -> None:
         """Forget what this kernel produced (the run changed)."""
@@ -166,6 +166,12 @@ class StepRunner:
         if rec is not None and reason is not None and not force:
             self.session.status[key] = ("invalidated", reason)
             events.emit("step-invalidated", self.session.run_id, key, reason=reason, label=label)
+            if reason.startswith(_OUTPUT_REASON):
+                # A plain run would have written it: say why the body runs instead of replaying.
+                warn(
+                    f"step {label!r} runs again: its {reason} (its sub-steps replay, "
+                    "so no recorded call repeats)."
+                )
         plan = Plan(key, label, position, py, source_fp, analysis, inputs, raw_fps, state, reason)
         known = recording.unsaved_names(rec.variables if rec else ())
         self.unsaved_known[key] = known | set(self.unloadable.get(key, ()))  # _replay said it
@@ -390,6 +396,9 @@ class StepRunner:
         outputs, leaked = recording.scrub_outputs(outputs, secrets)
         source, in_source = redact.redact_text(py, secrets)
         input_from = {n: self.producers[n] for n in plan.inputs if n in self.producers}
+        # Each file the step wrote, hashed once now; one it also read is its output only.
+        written = fileio.outputs(ctx.file_writes)
+        files = {p: v for p, v in ctx.file_reads.items() if p not in ctx.file_writes}
         rec = StepRecord(
             run=self.session.run_id,
             key=key,
@@ -409,7 +418,8 @@ class StepRunner:
             process=process,
             result=shown,
             env=dict(ctx.env_reads),
-            files=dict(ctx.file_reads),
+            files=files,
+            written=written,
         )
         kept = StepState(pinned=state.pinned, name=label, position=position)
         puts = [(self.session.keys.step(key), rec.to_header(), b""), self.session.touch_run()]
@@ -580,6 +590,9 @@ def _invalid_reason(
         return "its code changed"
     if state.stale:
         return state.stale
+    gone = fileio.changed(rec.written)
+    if gone:
+        return _output_reason(gone)
     files = fileio.changed(rec.files)
     if files:
         listed = ", ".join(repr(os.path.basename(p)) for p in files[:5])
@@ -593,6 +606,28 @@ def _invalid_reason(
         listed = ", ".join(repr(n) for n in changed[:5])
         return f"input{'s' if len(changed) > 1 else ''} {listed} changed"
     return None
+
+
+#: How the reason a step's output files invalidate it begins (see _output_reason).
+_OUTPUT_REASON = "output file"
+
+
+def _output_reason(paths: list[str]) -> str:
+    """``output file 'out/result.csv' is missing``: the first few, each missing or changed."""
+    said = [f"{_shown_path(p)!r} {'changed' if os.path.exists(p) else 'is missing'}"
+            for p in paths[:3]]  # fmt: skip
+    more = f" (and {len(paths) - 3} more)" if len(paths) > 3 else ""
+    plural = "s" if len(paths) > 1 else ""
+    return f"{_OUTPUT_REASON}{plural} {', '.join(said)}{more}"
+
+
+def _shown_path(path: str) -> str:
+    """A path as the user wrote it, most likely: relative when under the working directory."""
+    try:
+        rel = os.path.relpath(path)
+    except ValueError:  # another drive
+        return path
+    return path if rel.startswith(os.pardir) else rel
 
 
 def _changed_names(

@@ -74,6 +74,10 @@ class StepRecord:
     #: files the step read: absolute path -> [size, mtime_ns, SHA-256 of the content];
     #: see :mod:`nbdurable.kernel.fileio`
     files: dict[str, list[Any]] = field(default_factory=dict)
+    #: files the step wrote, as it left them: absolute path -> [size, mtime_ns, SHA-256],
+    #: or [end, mtime_ns, SHA-256 of its part, start] for a file it appended to; see
+    #: :mod:`nbdurable.kernel.fileio`
+    written: dict[str, list[Any]] = field(default_factory=dict)
 
     @property
     def replayable(self) -> bool:
