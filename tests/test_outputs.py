@@ -62,7 +62,7 @@ READ = (
     "print(open('out/summary.txt').read(), end='')"
 )
 
-LATER = "%%step later\nran('later')\nlater = 1"
+LATER = "%%step later\nfor k in range(3):\n    ran('later')"
 
 CELLS = [SETUP, EXPORT, READ, LATER]
 
@@ -146,6 +146,10 @@ def test_deleted_outputs_run_the_step_again_and_its_calls_replay(dirs):
         "ran.log",
     ]
     assert len(written[str(wd / "ran.log")]) == 4  # appended to: its own part is checked
+    # Opened three times to append, by the next step: its part is the three lines.
+    end, _mtime, digest, start = step_records(wd / "store")["later"].written[str(wd / "ran.log")]
+    assert (start, end) == (len("export\n"), len("export\n" + "later\n" * 3))
+    assert digest == hashlib.sha256(b"later\n" * 3).hexdigest()[:32]
 
     # Appends by others to a log the step appended to, and the sub-steps' own file
     # gone: no change to the step's outputs, everything replays.
@@ -195,7 +199,7 @@ def test_an_output_changed_by_hand_runs_the_step_again(dirs):
     nb = execute(wd, CELLS)
     assert not replayed(nb, 1) and not replayed(nb, 3)
     assert "its output file 'ran.log' changed" in " ".join(warnings_of(nb, 1))
-    assert counts(wd / "ran.log") == {"export": 1, "later": 1}
+    assert counts(wd / "ran.log") == {"export": 1, "later": 3}
     assert counts(wd / "calls.log") == {"ask0": 1, "ask1": 1, "ask2": 1}
 
 

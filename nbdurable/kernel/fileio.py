@@ -129,6 +129,9 @@ def _hook(event: str, args: tuple) -> None:
     if full is None:
         return
     if writes:
+        noted = ctx.file_writes.get(full, False)
+        if noted is None or (appends and noted is not False):
+            return  # nothing new: a loop reopening its log costs one lookup
         # The origin of the open decides (frame 2: _hook is 1): a sub-step's
         # call, nbdurable's own store or the kernel's files are not the step's.
         if current_sub.get() is None and _by_the_step(2):
