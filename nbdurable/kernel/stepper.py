@@ -2,10 +2,12 @@
 
 Plan: the cell's key, its code as Python, what it reads (each input's
 fingerprint) and the record and state the store holds for it. A record is
-replayed when its code and inputs match (or it is pinned): its variables are
-restored and its outputs shown, nothing runs. Otherwise the body executes
-(the run's lease is taken first) and what it bound, mutated or deleted is
-recorded with its outputs in one transaction.
+replayed when its code and inputs match and the files it wrote are as it
+left them (or it is pinned): its variables are restored and its outputs
+shown, nothing runs. Otherwise the body executes (the run's lease is taken
+first; a missing or changed output file is said in one line) and what it
+bound, mutated or deleted is recorded with its outputs and the files it
+read and wrote (:mod:`.fileio`) in one transaction.
 """
 
 from __future__ import annotations
