@@ -81,7 +81,7 @@ def plain(cells: list[str]) -> list[str]:
     return out
 
 
-def execute(tmp: Path, cells: list[str]):
+def execute(tmp: Path, cells: list[str], allow_errors: bool = False):
     """Save the notebook where NBDURABLE_NOTEBOOK says and run it in a fresh kernel."""
     nb = make_notebook(cells)
     nbformat.write(nb, tmp / "nb.ipynb")
@@ -90,7 +90,7 @@ def execute(tmp: Path, cells: list[str]):
         "NBDURABLE_NOTEBOOK": str(tmp / "nb.ipynb"),
         "JPY_SESSION_NAME": "",
     }
-    return run_notebook(nb, cwd=tmp, env=env)
+    return run_notebook(nb, cwd=tmp, env=env, allow_errors=allow_errors)
 
 
 def counts(path: Path) -> Counter:
@@ -201,6 +201,14 @@ def test_an_output_changed_by_hand_runs_the_step_again(dirs):
     assert "its output file 'ran.log' changed" in " ".join(warnings_of(nb, 1))
     assert counts(wd / "ran.log") == {"export": 1, "later": 3}
     assert counts(wd / "calls.log") == {"ask0": 1, "ask1": 1, "ask2": 1}
+
+    # Pinned, it replays anyway (the user froze it), and its note names the file.
+    (wd / "out" / "result.csv").unlink()
+    nb = execute(wd, [SETUP + "\n%step pin export", *CELLS[1:]], allow_errors=True)
+    notes = [o["data"]["text/plain"] for o in outputs_of(nb, 1) if "data" in o]
+    assert len(notes) == 1, notes
+    assert notes[0].endswith("pinned, stale: output file 'out/result.csv' is missing"), notes
+    assert counts(wd / "ran.log") == {"export": 1, "later": 3}
 
 
 def pipeline(words: str) -> list[str]:
