@@ -68,6 +68,9 @@ _NOT_THE_STEP = (
 )
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
 _CHUNK = 1 << 20
+#: Files of the operating system's own that look regular (``/proc/self/oom_score_adj``):
+#: what they hold is the process's, not content a step leaves behind.
+_KERNEL_FILES = ("/proc/", "/sys/", "/dev/")
 
 
 def content_digest(path: str, start: int = 0, end: int | None = None) -> str | None:
@@ -219,7 +222,7 @@ def outputs(written: dict[str, int | None]) -> dict[str, list[Any]]:
             st = os.stat(path)
         except OSError:
             continue  # removed or renamed away before the step ended
-        if not stat.S_ISREG(st.st_mode):
+        if not stat.S_ISREG(st.st_mode) or path.startswith(_KERNEL_FILES):
             continue
         if start is not None and st.st_size < start:
             start = None  # shrunk since the append began: the whole file is what it left
