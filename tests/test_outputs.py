@@ -1,6 +1,6 @@
 """Files a step writes are its outputs, in real kernels, against plain runs.
 
-A step writes files (``open``, ``np.save``, a file moved into place with
+A step writes files (``pathlib``, ``np.save``, ``DataFrame.to_csv``, a file moved into place with
 ``os.replace``), a later plain cell reads them. Each notebook runs plain (no
 nbdurable), then durable in fresh kernels on one store, with the files
 deleted, changed or appended to between runs the way users and ``git clean``
@@ -212,10 +212,12 @@ def test_an_output_changed_by_hand_runs_the_step_again(dirs):
 
 
 def pipeline(words: str) -> list[str]:
+    """A step writing a CSV with pandas, another reading it: they talk through the file."""
     return [
-        SETUP,
-        f"%%step writer\nPath('data.txt').write_text({words})\nran('writer')",
-        "%%step reader\nn = len(open('data.txt').read().split())\nran('reader')",
+        SETUP + "\nimport pandas as pd",
+        f"%%step writer\npd.DataFrame({{'w': ({words}).split()}}).to_csv('data.csv', index=False)\n"
+        "ran('writer')",
+        "%%step reader\nn = len(pd.read_csv('data.csv'))\nran('reader')",
         "print(n)",
     ]
 
