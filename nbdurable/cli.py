@@ -217,6 +217,14 @@ def build_parser() -> argparse.ArgumentParser:
         default="30d",
         help="idle time, e.g. 30d, 12h, 90m (default: 30d)",
     )
+    gc.add_argument(
+        "--keep-versions",
+        metavar="N",
+        type=_keep_versions,
+        default=None,
+        help="versions (code and inputs) of each step to keep, the current one included "
+        "(default: 10); pinned steps keep every version",
+    )
     gc.add_argument("--dry-run", action="store_true", help="report what would go; change nothing")
     gc.set_defaults(func=cmd_gc)
 
@@ -297,6 +305,13 @@ def _count(text: str) -> int:
         value = -1
     if value < 0:
         raise argparse.ArgumentTypeError(f"expected a whole number 0 or more, got {text!r}")
+    return value
+
+
+def _keep_versions(text: str) -> int:
+    value = _count(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number 1 or more, got {text!r}")
     return value
 
 
@@ -604,12 +619,13 @@ def cmd_ls(args: argparse.Namespace) -> int:
 def cmd_gc(args: argparse.Namespace) -> int:
     """``nbdurable gc``."""
     from ._text import human_size
-    from .store import admin
+    from .store import admin, versions
 
     age = admin.parse_age(args.older_than)
     directory = _store_dir(args, None)
     with _open(directory) as store:
-        report = admin.gc(store, age, dry_run=args.dry_run)
+        keep = args.keep_versions or versions.KEEP_VERSIONS
+        report = admin.gc(store, age, dry_run=args.dry_run, keep_versions=keep)
     if args.json:
         _emit(report.to_json())
         return 0
@@ -619,6 +635,8 @@ def cmd_gc(args: argparse.Namespace) -> int:
         f"{_when(report.cutoff)}, and {report.blobs} unused saved variables "
         f"({human_size(report.blob_bytes)})"
     )
+    if report.versions:
+        print(f"  {verb} {report.versions} earlier versions of steps (beyond {keep} per step)")
     for name in report.removed_runs:
         print(f"  {verb} run {name!r}")
     for name, steps in report.kept_pinned.items():

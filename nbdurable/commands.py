@@ -125,7 +125,7 @@ def _held(view: RunView, key: str) -> bool:
 
 
 def clear(store: Store, run_id: str, step_keys: list[str]) -> list[str]:
-    """Delete the steps' records, states and sub-steps; mark their dependants stale.
+    """Delete the steps' records (every version), states and sub-steps; mark dependants stale.
 
     Returns the keys of the dependants that were marked stale.
     """
@@ -150,6 +150,7 @@ def clear(store: Store, run_id: str, step_keys: list[str]) -> list[str]:
     for key in step_keys:
         deletes += [rk.step(key), rk.state(key)]
         deletes += store.scan(rk.subs_prefix(key))
+        deletes += store.scan(rk.versions(key)) + store.scan(rk.version_subs(key))
     puts = []
     for key, why in stale.items():
         st = states.get(key, StepState())

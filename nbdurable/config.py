@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 
 from .errors import UsageProblem
+from .store.versions import KEEP_VERSIONS
 
 _DIVERGENCE = ("warn", "error", "rerun", "replay")
 _DURABILITY = ("crash", "power")
@@ -28,6 +29,10 @@ class Settings:
       ``postgresql://`` URL for a team store (see ``nbdurable.store.engine``);
       None (default): ``NBDURABLE_STORE``, else ``NBDURABLE_DIR``, else
       ``.nbdurable/`` beside the notebook. Takes effect when the store is next opened.
+    - ``keep_versions``: how many versions (code and inputs) of each step keep
+      their records, the current one included (default 10,
+      ``store.versions.KEEP_VERSIONS``); a step set back
+      to a kept version replays it. See ``nbdurable.store.versions``.
     """
 
     on_divergence: str = "warn"
@@ -35,6 +40,7 @@ class Settings:
     durability: str = "crash"
     warn_size_mb: float = 100.0
     store: str | None = None
+    keep_versions: int = KEEP_VERSIONS
 
 
 _settings = Settings()
@@ -71,5 +77,8 @@ def configure(**changes: object) -> Settings:
     size = changes.get("warn_size_mb", 1)
     if isinstance(size, bool) or not isinstance(size, (int, float)) or size <= 0:
         raise UsageProblem(f"warn_size_mb must be a positive number (got {size!r})")
+    keep = changes.get("keep_versions", 1)
+    if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
+        raise UsageProblem(f"keep_versions must be a whole number of at least 1 (got {keep!r})")
     _settings = replace(_settings, **changes)  # type: ignore[arg-type]
     return _settings

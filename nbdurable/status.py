@@ -16,8 +16,8 @@ from typing import Any
 from . import procstate
 from ._text import human_size
 from .identity import locate
-from .identity.keys import source_fingerprint
-from .store import RUN_SCOPE, RunView, Store
+from .identity.keys import source_fingerprint, step_version
+from .store import RUN_SCOPE, RunView, Store, versions
 from .store.records import StepRecord, StepState
 
 
@@ -38,10 +38,22 @@ class StepInfo:
     stale: bool = False
     replayable: bool = True
     calls: int = 0
+    #: the current record's version (8 hex of its code and inputs' digest; "" if none)
+    version: str = ""
+    #: how many other versions of the step keep their records (see store.versions)
+    versions: int = 0
+
+    @property
+    def cell(self) -> int | None:
+        """The step's cell as frontends number cells: from 1 (None: not known)."""
+        return None if self.position is None else self.position + 1
 
     def to_json(self) -> dict[str, Any]:
-        """A JSON-able dict of this row."""
-        return dict(self.__dict__)
+        """A JSON-able dict of this row; its cell numbered from 1 (``cell``), as shown."""
+        d = dict(self.__dict__)
+        del d["position"]
+        d["cell"] = self.cell
+        return d
 
 
 @functools.lru_cache(maxsize=512)
@@ -161,6 +173,8 @@ def _info(
         stale=state == "pinned" and bool(detail),
         replayable=rec.replayable if rec else True,
         calls=rec.substeps if rec else subs,
+        version=step_version(rec.source_fp, rec.inputs)[:8] if rec else "",
+        versions=len(versions.kept(view.store, view.keys, key)),
     )
 
 
@@ -203,15 +217,18 @@ def _state_of(
 
 def format_table(infos: list[StepInfo]) -> str:
     """The plain-text table shown by ``%step list`` and ``nbdurable status``."""
-    head = ("#", "step", "state", "recorded", "sub-steps", "size", "detail")
+    head = ("#", "step", "state", "recorded", "version", "sub-steps", "size", "detail")
     rows = [head]
     for i in infos:
         when = "-"
         if i.recorded_at:
             when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(i.recorded_at))
-        pos = "-" if i.position is None else str(i.position + 1)
+        pos = "-" if i.cell is None else str(i.cell)
         state = i.state + (" (stale)" if i.stale else "")
-        rows.append((pos, i.label, state, when, str(i.substeps), human_size(i.size), i.detail))
+        version = (i.version or "-") + (f" +{i.versions}" if i.versions else "")
+        rows.append(
+            (pos, i.label, state, when, version, str(i.substeps), human_size(i.size), i.detail)
+        )
     widths = [max(len(r[c]) for r in rows) for c in range(len(head) - 1)]
     lines = [
         "  ".join(c.ljust(w) for c, w in zip(r[:-1], widths, strict=True)) + "  " + r[-1]

@@ -281,7 +281,7 @@ NASTY = [
     "-", "--", "-x", "--all", "--force", "-f", "--help", "'", '"', "\\", "'unclosed",
     '"a b"', "keep", "name:keep", "~run", "é", "e\u0301", "\U0001f642", "\x00",
     "\x1b[2J", "\r", "\x0b", "\x85", "\u2028", "\ud800", "a" * 129, "x" * 600,
-    "%step", "%%step", "None", "0",
+    "%step", "%%step", "None", "0", "--inputs", "[x", "*.ipynb",
 ]  # fmt: skip
 HUGE = st.builds(
     lambda unit, n: (unit * n)[:n],
@@ -306,9 +306,12 @@ LINES = st.one_of(
 )
 HEADERS = st.one_of(
     LINES,
-    st.tuples(NAMES, st.sampled_from(["", " --force", " -f", " --force x", " --bogus"])).map(
-        "".join
-    ),
+    st.tuples(
+        NAMES,
+        st.sampled_from(
+            ["", " --force", " -f", " --force x", " --bogus", " --inputs", " --inputs '[x'"]
+        ),
+    ).map("".join),
 )
 
 
@@ -347,6 +350,7 @@ def test_step_cell_magic_refuses_bad_headers_in_one_line_and_keeps_the_store(env
         ("line", "panel"),
         ("cell", "other"),
         ("cell", "other --force"),
+        ("cell", "other --inputs '*.ipynb' 'data/**/*.csv'"),
         ("cell", ""),
     ],
 )

@@ -1,11 +1,12 @@
-"""The step panel in a real JupyterLab, driven by headless Chromium through Playwright.
+"""The step panel in a real JupyterLab and a real Notebook 7, driven by headless Chromium.
 
 A first notebook is run in a real kernel to record some steps; then the notebook is
 edited (one step changed, one pinned and changed, one deleted, new ones added), opened
-in JupyterLab and run all. The panel, displayed in the second cell, must show each
-step's state in the DOM, live while cells run, and its Pin and Clear buttons must
-change the store, and a pin made by the CLI must show on Refresh. Screenshots go
-to test-artifacts/, and to docs/panel.png (the README's) when it is missing or
+in JupyterLab (and, in a second test, in Notebook 7) and run all. The panel,
+displayed in the second cell, must show each step's state in the DOM, live while
+cells run, and its Pin and Clear buttons must change the store, and a pin made by
+the CLI must show on Refresh. Screenshots go to test-artifacts/, and to
+docs/panel.png (the README's, JupyterLab's) when it is missing or
 NBDURABLE_UPDATE_SCREENSHOT=1.
 
 Chromium is Debian's (``.ci/run`` installs it); the test fails, never skips,
@@ -115,9 +116,21 @@ def _require_chromium() -> None:
         )
 
 
+#: The server application of each frontend, and where it opens a notebook.
+APPS = {
+    "lab": ("LabApp", "/lab/tree/"),
+    "notebook": ("JupyterNotebookApp", "/notebooks/"),
+}
+
+
 @contextlib.contextmanager
-def jupyterlab(tmp_path):
-    """A JupyterLab server on 127.0.0.1 whose kernels record to root/.nbdurable in tmp_path."""
+def jupyterlab(tmp_path, kind: str = "lab"):
+    """A JupyterLab (or, ``kind="notebook"``, Notebook 7) server on 127.0.0.1.
+
+    Its kernels record to root/.nbdurable in tmp_path; its app is exposed as
+    ``window.jupyterapp``.
+    """
+    app = APPS[kind][0]
     root = tmp_path / "root"
     store = root / ".nbdurable"  # where it would be by default: beside the notebook
     root.mkdir()
@@ -137,7 +150,7 @@ def jupyterlab(tmp_path):
             sys.executable,
             "-m",
             "jupyter",
-            "lab",
+            kind,
             "--allow-root",
             "--no-browser",
             "--ip=127.0.0.1",
@@ -145,9 +158,9 @@ def jupyterlab(tmp_path):
             "--IdentityProvider.token=",
             "--ServerApp.password=",
             f"--ServerApp.root_dir={root}",
-            "--LabApp.expose_app_in_browser=True",
-            f"--LabApp.user_settings_dir={settings}",
-            f"--LabApp.workspaces_dir={tmp_path / 'lab-workspaces'}",
+            f"--{app}.expose_app_in_browser=True",
+            f"--{app}.user_settings_dir={settings}",
+            f"--{app}.workspaces_dir={tmp_path / 'lab-workspaces'}",
         ],
         env=env,
         stdout=log,
@@ -165,9 +178,9 @@ def jupyterlab(tmp_path):
             except OSError:
                 pass
             if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("JupyterLab did not start:\n" + _tail(tmp_path / "lab.log"))
+                raise RuntimeError(f"jupyter {kind} did not start:\n" + _tail(tmp_path / "lab.log"))
             time.sleep(0.2)
-        yield url, root, store, tmp_path
+        yield url, root, store, tmp_path, kind
     finally:
         try:
             os.killpg(proc.pid, signal.SIGTERM)  # the server and the kernels it started
@@ -177,7 +190,7 @@ def jupyterlab(tmp_path):
             proc.wait(5)
         log.close()
         ARTIFACTS.mkdir(exist_ok=True)
-        shutil.copy(tmp_path / "lab.log", ARTIFACTS / "browser-lab.log")
+        shutil.copy(tmp_path / "lab.log", ARTIFACTS / f"browser-{kind}.log")
 
 
 def _tail(path: Path, n: int = 40) -> str:
@@ -195,10 +208,18 @@ def test_panel_in_jupyterlab(tmp_path):
         _check_panel(lab)
 
 
+def test_panel_in_notebook_7(tmp_path):
+    _require_chromium()
+    with jupyterlab(tmp_path, "notebook") as app:
+        _check_panel(app)
+
+
 def _check_panel(lab):
     from playwright.sync_api import expect, sync_playwright
 
-    url, root, store, tmp_path = lab
+    url, root, store, tmp_path, kind = lab
+    # Notebook 7's pictures are artifacts of their own; the README shows JupyterLab's.
+    shot = "" if kind == "lab" else f"{kind}-"
     notebook = root / "panel.ipynb"
     env = {"NBDURABLE_DIR": str(store), "NBDURABLE_NOTEBOOK": str(notebook)}
     run_notebook(make_notebook(FIRST), cwd=root, env=env)
@@ -212,7 +233,7 @@ def _check_panel(lab):
         page = browser.new_page(viewport={"width": 1280, "height": 1000})
         try:
             with page.expect_websocket(lambda ws: "/api/kernels/" in ws.url, timeout=60_000):
-                page.goto(f"{url}/lab/tree/panel.ipynb", timeout=60_000)
+                page.goto(f"{url}{APPS[kind][1]}panel.ipynb", timeout=60_000)
             page.wait_for_function(
                 """() => {
                     const nb = window.jupyterapp && window.jupyterapp.shell.currentWidget;
@@ -252,8 +273,8 @@ def _check_panel(lab):
             panel = page.locator(".nbd-panel")
             panel.scroll_into_view_if_needed()
             page.mouse.move(0, 0)  # no hover highlight in the picture
-            panel.screenshot(path=str(ARTIFACTS / "panel.png"))
-            if UPDATE_SCREENSHOT or not SCREENSHOT.exists():
+            panel.screenshot(path=str(ARTIFACTS / f"{shot}panel.png"))
+            if kind == "lab" and (UPDATE_SCREENSHOT or not SCREENSHOT.exists()):
                 shutil.copy(ARTIFACTS / "panel.png", SCREENSHOT)
 
             # Pin from the panel: the store has the pin.
@@ -299,7 +320,9 @@ def _check_panel(lab):
             expect(line("revise")).to_have_attribute("data-state", "invalidated")
             page.locator(".nbd-panel").get_by_role("button", name="Refresh").click()
             expect(line("revise")).to_have_attribute("data-state", "pinned-stale")
-            page.screenshot(path=str(ARTIFACTS / "browser-after-actions.png"), full_page=True)
+            page.screenshot(
+                path=str(ARTIFACTS / f"browser-{shot}after-actions.png"), full_page=True
+            )
 
             # The dark theme, for the eye (an artifact, not an assertion).
             page.evaluate(
@@ -310,7 +333,7 @@ def _check_panel(lab):
                 "() => document.body.dataset.jpThemeLight === 'false'", timeout=20_000
             )
             page.wait_for_timeout(500)
-            panel.screenshot(path=str(ARTIFACTS / "panel-dark.png"))
+            panel.screenshot(path=str(ARTIFACTS / f"{shot}panel-dark.png"))
         finally:
-            page.screenshot(path=str(ARTIFACTS / "browser-final.png"), full_page=True)
+            page.screenshot(path=str(ARTIFACTS / f"browser-{shot}final.png"), full_page=True)
             browser.close()

@@ -280,6 +280,11 @@ def test_status_export_pin_clear_gc_through_the_cli(tmp_path, capsys, monkeypatc
         assert len(step["source_fp"]) == 32 and step["duration"] >= 0
         for sub in step["substeps"]:
             assert sub["args_fp"] and len(sub["sha256"]) == 64 and sub["started"] > 0
+    # One numbering of cells, from 1 as frontends show them: status's table, its JSON, export.
+    assert [s["cell"] for s in log["steps"]] == [s["cell"] for s in steps.values()] == [2, 3, 4]
+    code, out, err = inproc(capsys, monkeypatch, tmp_path, "status", nb)
+    assert [line.split()[0] for line in out.splitlines()[2:]] == ["2", "3", "4"], out
+    assert all("position" not in s for s in [*log["steps"], *steps.values()])
     code, out, err = inproc(capsys, monkeypatch, tmp_path, "export", nb, "--format", "jsonl")
     lines = [json.loads(line) for line in out.splitlines()]
     assert [x["kind"] for x in lines] == ["run", "step", "sub", "step", "sub", "sub", "sub", "step"]

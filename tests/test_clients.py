@@ -11,10 +11,12 @@ other with zero calls made, counted in the simulated services' ledger. No
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import nbformat
@@ -92,9 +94,15 @@ def by_nbdurable_run(nb: Path, cwd: Path, env: dict[str, str]) -> None:
     _cli([sys.executable, "-m", "nbdurable", "run", str(nb)], cwd, env)
 
 
-def _frontend(nb: Path, env: dict[str, str], *, lab: bool) -> None:
-    """Execute the saved cells as JupyterLab (path and cell ids) or VS Code (a name) does."""
-    saved = nbformat.read(nb, as_version=4)
+@contextlib.contextmanager
+def frontend_kernel(
+    nb: Path, env: dict[str, str], *, lab: bool
+) -> Iterator[Callable[[str, str], dict]]:
+    """A kernel as JupyterLab (path and cell ids) or VS Code (a name) runs it.
+
+    Yields ``execute(code, cell_id)``, which sends one cell as that frontend
+    does and returns its reply's content once it is done.
+    """
     kernel_env = dict(env)
     if lab:
         kernel_env["JPY_SESSION_NAME"] = str(nb)
@@ -103,31 +111,42 @@ def _frontend(nb: Path, env: dict[str, str], *, lab: bool) -> None:
         km.start_kernel(cwd=str(nb.parent), env=kernel_env)
         kc = km.blocking_client()
         kc.start_channels()
+
+        def execute(code: str, cell_id: str) -> dict:
+            content = {
+                "code": code,
+                "silent": False,
+                "store_history": True,
+                "user_expressions": {},
+                "allow_stdin": False,
+                "stop_on_error": True,
+            }
+            msg = kc.session.msg(
+                "execute_request", content, metadata={"cellId": cell_id} if lab else {}
+            )
+            kc.shell_channel.send(msg)
+            while True:
+                reply = kc.get_shell_msg(timeout=120)
+                if reply["parent_header"].get("msg_id") == msg["header"]["msg_id"]:
+                    return reply["content"]
+
         try:
             kc.wait_for_ready(timeout=60)
             if not lab:  # VS Code's setup code, run before the user's cells
                 kc.execute_interactive(f"__vsc_ipynb_file__ = {str(nb)!r}", store_history=False)
-            for cell in saved.cells:
-                content = {
-                    "code": cell.source,
-                    "silent": False,
-                    "store_history": True,
-                    "user_expressions": {},
-                    "allow_stdin": False,
-                    "stop_on_error": True,
-                }
-                msg = kc.session.msg(
-                    "execute_request", content, metadata={"cellId": cell.id} if lab else {}
-                )
-                kc.shell_channel.send(msg)
-                while True:
-                    reply = kc.get_shell_msg(timeout=120)
-                    if reply["parent_header"].get("msg_id") == msg["header"]["msg_id"]:
-                        break
-                assert reply["content"]["status"] == "ok", reply["content"]
+            yield execute
         finally:
             kc.stop_channels()
             km.shutdown_kernel(now=True)
+
+
+def _frontend(nb: Path, env: dict[str, str], *, lab: bool) -> None:
+    """Execute the saved cells as JupyterLab (path and cell ids) or VS Code (a name) does."""
+    saved = nbformat.read(nb, as_version=4)
+    with frontend_kernel(nb, env, lab=lab) as execute:
+        for cell in saved.cells:
+            reply = execute(cell.source, cell.id)
+            assert reply["status"] == "ok", reply
 
 
 def by_jupyterlab(nb: Path, cwd: Path, env: dict[str, str]) -> None:
@@ -248,3 +267,70 @@ def test_identical_cells_are_told_apart_by_occurrence(tmp_path: Path) -> None:
     by_jupyterlab(nb, tmp_path, env)  # cell ids: the keys nbclient's run recorded
     by_nbconvert(nb, tmp_path, env)
     assert calls(ledger) == 2
+
+
+# -- records per input version -------------------------------------------------------------
+
+
+def sweep_cells(topic: str = "cats") -> list[str]:
+    """A replayable step, and a dependant whose body always reruns (a lock cannot be saved)."""
+    return [
+        "%load_ext nbdurable",
+        "import threading\nfrom nbdurable import step\nfrom nbdurable.demo import sim",
+        f"topic = {topic!r}",
+        "%%step plan\nplan = step('plan', sim.llm_plan, topic, n=3)\nprint(plan['title'][:4])",
+        "%%step answer\nlock = threading.Lock()\n"
+        "answer = step('answer', sim.llm_answer, plan['title'], ['doc'])\nprint(len(answer))",
+    ]
+
+
+def _status(nb: Path, env: dict[str, str]) -> list[dict]:
+    out = _cli([sys.executable, "-m", "nbdurable", "status", str(nb), "--json"], nb.parent, env)
+    return json.loads(out)["steps"]
+
+
+def test_a_papermill_sweep_back_to_an_earlier_parameter_replays_it(tmp_path: Path) -> None:
+    nb = write_notebook(tmp_path / "sweep.ipynb", sweep_cells())
+    ledger = tmp_path / "ledger.jsonl"
+    env = clean_env(ledger)
+    made = []
+    for topic in ("cats", "dogs", "cats", "dogs"):
+        out = tmp_path / f"out-{topic}.ipynb"
+        papermill = [str(BIN / "papermill"), str(nb), str(out), "-k", kernel_name()]
+        _cli([*papermill, "-p", "topic", topic], tmp_path, env)
+        made.append(calls(ledger))
+        printed = nbformat.read(out, as_version=4).cells[-2].outputs  # the plan step's
+        assert topic[:4] in "".join(o.get("text", "") for o in printed), printed
+    assert made == [2, 4, 4, 4], made  # each topic's calls made once, whatever the order
+    rows = {r["label"]: r for r in _status(nb, env)}
+    assert rows["plan"]["state"] == "recorded" and rows["plan"]["versions"] == 1, rows
+    assert len(rows["plan"]["version"]) == 8 and rows["answer"]["versions"] == 1, rows
+
+
+@pytest.mark.parametrize("engine", ["directory", "postgresql"])
+def test_in_one_kernel_an_input_set_back_replays_its_version(
+    tmp_path: Path, engine: str, request: pytest.FixtureRequest
+) -> None:
+    nb = write_notebook(tmp_path / "sweep.ipynb", sweep_cells())
+    ledger = tmp_path / "ledger.jsonl"
+    env = clean_env(ledger)
+    if engine == "postgresql":
+        env["NBDURABLE_STORE"] = request.getfixturevalue("pg_url")
+        env["NBDURABLE_KEY"] = os.environ["NBDURABLE_KEY"]
+    saved = nbformat.read(nb, as_version=4).cells
+    made = []
+    with frontend_kernel(nb, env, lab=True) as execute:
+        for topic in ("cats", "dogs", "cats"):
+            for i, cell in enumerate(saved):
+                # The input cell edited and run again, then the steps below it.
+                code = f"topic = {topic!r}" if i == 2 else cell.source
+                assert execute(code, cell.id)["status"] == "ok"
+            made.append(calls(ledger))
+        versions = _status(nb, env)
+    # Back to cats: the plan's record of cats, and the answer's (its input, plan, is
+    # cats's again), whose body reruns and replays its own call of cats.
+    assert made == [2, 4, 4], made
+    topics = [json.loads(line)["arg"] for line in ledger.read_text().splitlines()]
+    assert [t.split(":")[0] for t in topics] == ["cats", "cats", "dogs", "dogs"], topics
+    rows = {r["label"]: r for r in versions}
+    assert rows["plan"]["versions"] == 1 and rows["answer"]["versions"] == 1, rows

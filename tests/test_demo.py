@@ -87,6 +87,9 @@ def test_demo_prints_numbers_that_match_the_ledger(tmp_path, clean_env):
     assert box.delivered() == 1 and box.attempts() == 1
     assert "notification delivered: 1 (send attempts: 1;" in r.stdout
     assert "kernel died in cell #7" in r.stdout and "replayed" in r.stdout
+    # The death is said once: on the cell's own line, then once where the attempt ends.
+    assert r.stdout.count("kernel died in") == 1, r.stdout
+    assert r.stdout.count("kernel died") == 2, r.stdout
 
 
 @pytest.mark.kernel

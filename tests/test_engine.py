@@ -110,7 +110,7 @@ def step_table(nb, index: int) -> dict[str, tuple[str, str]]:
     rows = {}
     for line in stream_text(outputs_of(nb, index)).splitlines()[2:]:
         cols = re.split(r"\s{2,}", line.strip())
-        rows[cols[1]] = (cols[2], cols[6] if len(cols) > 6 else "")
+        rows[cols[1]] = (cols[2], cols[7] if len(cols) > 7 else "")
     return rows
 
 

@@ -18,6 +18,7 @@ import json
 import operator
 import os
 import pathlib
+import pickle
 import re
 import socket
 import subprocess
@@ -35,6 +36,7 @@ from hypothesis import strategies as st
 from kernel_util import make_notebook, run_notebook, stream_text
 
 import nbdurable
+from nbdurable.identity.analysis import imported_modules
 from nbdurable.identity.callables import callable_fingerprint, first_change
 from nbdurable.identity.fingerprint import (
     FINGERPRINT_VERSION,
@@ -43,6 +45,7 @@ from nbdurable.identity.fingerprint import (
     fingerprint_info,
 )
 from nbdurable.identity.keys import normalize_source, source_fingerprint
+from nbdurable.identity.localcode import local_module_files
 
 ROOT = pathlib.Path(nbdurable.__file__).resolve().parents[1]
 
@@ -615,6 +618,24 @@ def test_local_modules_are_followed_transitively(local_module):
     assert callable_fingerprint(ns["top"]) != before
 
 
+def test_the_files_of_modules_a_step_imports_and_of_those_they_import(local_module, tmp_path):
+    consts, _ = local_module("nbd_imp_consts", "VALUE = 1\n")
+    funcs, _ = local_module("nbd_imp_funcs", "def g():\n    return 2\n")
+    other, _ = local_module("nbd_imp_other", "X = 3\n")
+    top, _ = local_module(
+        "nbd_imp_top",
+        "import json\nfrom nbd_imp_consts import VALUE\n"
+        "def _late():\n    import nbd_imp_other\n"
+        "from nbd_imp_funcs import g\nimport nbd_imp_top\n",  # imports itself: a cycle
+    )
+    step = "import nbd_imp_top, numpy\nfrom nbd_imp_missing import x"
+    names = imported_modules(step)
+    assert {"nbd_imp_top", "numpy", "nbd_imp_missing", "nbd_imp_missing.x"} <= names
+    found = local_module_files(names)
+    assert found == sorted(str(p) for p in (consts, funcs, other, top))  # no json, no numpy
+    assert local_module_files(imported_modules("import json")) == []
+
+
 def test_modules_as_values(local_module):
     path, helpers = local_module("nbd_helpers_v", "X = 1\n")
     before = fingerprint(helpers)
@@ -710,11 +731,24 @@ def test_version_and_unchanged_encodings():
     assert args_fingerprint(([1, [2]],), {}) == "0cdc95a8bf20254c144e1a340466b5d0"
     assert fingerprint(threading.Lock()) == "dedcb0580348f2bd67bc97bcd24ba466"  # type only
     assert fingerprint(json) == "60e251b1182c7cee7b1d70833dd0b45c"
-    frame = pd.DataFrame({"a": [1, 2, 3], "s": ["x", "y", "z"]})
-    frame["d"] = pd.to_datetime(["2024-01-01"] * 3)
-    assert fingerprint(frame) == "8f2f92d3470368a8f7acce098b753c8a"
-    assert fingerprint(pd.DataFrame({"d": [{"a": 1}, {"b": [1, 2]}]})) == (
-        "08ce8d4569f6257ae33bd2dcfc84da79"
+
+
+def test_pandas_values_do_not_depend_on_which_equal_strings_are_one_object():
+    # Version 2 pickles pandas values without the memo. With it (0.1.0), a column
+    # named like a string pandas itself interns ('name') was written as a reference
+    # in the frame as built, in full in the frame loaded back from the store.
+    frame = pd.DataFrame({"name": ["ann", "bob"], "city": ["x", None], "n": [1, 2]})
+    loaded = pickle.loads(pickle.dumps(frame))
+    assert fingerprint(loaded) == fingerprint(frame)
+    assert fingerprint(loaded["name"]) == fingerprint(frame["name"])
+    assert fingerprint(loaded.set_index("name")) == fingerprint(frame.set_index("name"))
+    changed = frame.copy()
+    changed.loc[1, "city"] = "y"
+    assert fingerprint(changed) != fingerprint(frame)
+    cyclic = [1]
+    cyclic.append(cyclic)  # fast mode refuses cycles: the memo pickle is used then
+    assert fingerprint(pd.Series([cyclic], dtype=object)) != fingerprint(
+        pd.Series([[1]], dtype=object)
     )
 
 

@@ -194,14 +194,16 @@ def test_format_table(store):
         "step",
         "state",
         "recorded",
+        "version",
         "sub-steps",
         "size",
         "detail",
     ]
     cols = re.split(r"\s{2,}", row)
-    assert cols[:3] == ["2", "plan", "recorded"] and cols[4] == "1"
+    assert cols[:3] == ["2", "plan", "recorded"] and cols[5] == "1"
     assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d", cols[3])
-    assert re.fullmatch(r"\d\.\d KB", cols[5])
+    assert re.fullmatch(r"[0-9a-f]{8}", cols[4])
+    assert re.fullmatch(r"\d\.\d KB", cols[6])
     assert human_size(512) == "512 B" and human_size(3 * 1024**2) == "3.0 MB"
 
 

@@ -383,7 +383,16 @@ def test_step_panel_magic_in_a_real_kernel(tmp_path):
     assert (
         lines[1] == "1 recorded · 0 pending · 0 invalidated — nothing replayed in this kernel yet"
     )
-    assert lines[2].split() == ["#", "step", "state", "recorded", "sub-steps", "size", "detail"]
+    assert lines[2].split() == [
+        "#",
+        "step",
+        "state",
+        "recorded",
+        "version",
+        "sub-steps",
+        "size",
+        "detail",
+    ]
     assert lines[3].split()[:3] == ["2", "greet", "recorded"]
     assert outputs_of(out, 3)[0]["data"]["text/plain"] == "True"
 

@@ -490,6 +490,41 @@ def analyse(source: str) -> CellAnalysis:
     return CellAnalysis(frozenset(reads), frozenset(binds), frozenset(mutates), _has_await(tree))
 
 
+def imported_modules(source: str, package: str = "") -> frozenset[str]:
+    """Every module an ``import`` of ``source`` names, wherever it is, with its packages.
+
+    ``import a.b`` gives ``a`` and ``a.b``; ``from a.b import c`` gives ``a``,
+    ``a.b`` and ``a.b.c`` (``c`` may be a submodule). Relative imports are
+    resolved against ``package`` (the ``__package__`` of the module whose
+    source it is); with none (a notebook) they name nothing. An unparsable
+    source names nothing.
+    """
+    try:
+        tree = _parse(source)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return frozenset()
+    dotted: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            dotted.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".") if package else []
+                if not parts or node.level - 1 > len(parts) - 1:
+                    continue  # beyond the top-level package: the import fails anyway
+                parts = parts[: len(parts) - (node.level - 1)]
+                base = ".".join(parts + ([base] if base else []))
+            if base:
+                dotted.update(f"{base}.{a.name}" for a in node.names if a.name != "*")
+                dotted.add(base)
+    out: set[str] = set()
+    for name in dotted:
+        parts = name.split(".")
+        out.update(".".join(parts[: i + 1]) for i in range(len(parts)))
+    return frozenset(out)
+
+
 def _identifiers(source: str) -> set[str]:
     """Every NAME token of ``source`` (no parsing, so no recursion)."""
     import io

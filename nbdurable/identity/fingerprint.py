@@ -35,12 +35,14 @@ from . import localcode
 #    the notebook or a local module with those functions; bound methods and bound
 #    builtins with their instance; masked arrays by data and mask; instance attributes
 #    of subclasses of builtins; pandas values holding sets with the sets sorted (their
-#    order differed between processes), and pandas values over 64 MB with their arrays
-#    hashed in place (0.1.0 copied them into one pickle first).
+#    order differed between processes), pandas values pickled without pickle's memo (with
+#    it, the stream depended on which equal strings were one object, so a frame loaded
+#    back from the store differed from the one that was saved), and pandas values over
+#    64 MB with their arrays hashed in place (0.1.0 copied them into one pickle first).
 #    Every other kind keeps its encoding, and so its 0.1.0 fingerprint: the stream header
 #    below stays "1" on purpose, so that upgrading does not invalidate steps whose inputs
-#    are plain data (numbers, strings, lists, sets, arrays, DataFrames, library objects
-#    hashed by type only).
+#    are plain data (numbers, strings, lists, sets, arrays, library objects hashed by
+#    type only).
 FINGERPRINT_VERSION = 2
 _STREAM_HEADER = b"1"  # change only with every encoding at once
 
@@ -503,18 +505,26 @@ def _homogeneous(items: Any) -> str | None:
 
 
 _SET_OPCODES = (pickle.EMPTY_SET, pickle.FROZENSET)
-# Up to this size a pandas value is hashed by its plain pickle, 0.1.0's encoding, so its
-# fingerprint did not change; a larger one by its pickle with array buffers apart.
+# Up to this size a pandas value is hashed by its pickle in one stream; a larger one by
+# its pickle with array buffers apart, hashed in place.
 _IN_BAND_LIMIT = 64 << 20
 
 
 def _pickled(v: Any, pickler: type[pickle.Pickler], out_of_band: bool) -> tuple[bytes, list]:
     buffers: list[pickle.PickleBuffer] = []
     stream = io.BytesIO()
-    if out_of_band:  # protocol 5 hands array buffers over apart, uncopied
-        pickler(stream, protocol=5, buffer_callback=buffers.append).dump(v)
-    else:
-        pickler(stream, protocol=5).dump(v)
+    # protocol 5 hands array buffers over apart, uncopied
+    p = pickler(stream, protocol=5, buffer_callback=buffers.append if out_of_band else None)
+    # No memo: pickle writes an object seen before as a reference to it, so the
+    # stream would depend on which equal objects are one object. A column named
+    # 'name' is pandas' own interned 'name' in the process that built the frame,
+    # and a string of its own once loaded back from the store.
+    p.fast = True
+    try:
+        p.dump(v)
+    except ValueError:  # a cycle, which fast mode cannot write: with the memo, then
+        stream, buffers = io.BytesIO(), []
+        pickler(stream, protocol=5, buffer_callback=buffers.append if out_of_band else None).dump(v)
     return stream.getvalue(), buffers
 
 
@@ -837,7 +847,8 @@ def fingerprint(value: object, *, read_globals: bool = True) -> str:
       C-contiguous; object arrays element by element); masked arrays by data,
       mask and fill value; scalars by dtype and bytes; ufuncs by name;
       ``np.vectorize`` by its function. numpy is never imported. pandas
-      objects by their pickle with sets in a fixed order, array buffers
+      objects by their pickle (without the memo: equal objects written
+      alike, shared or not) with sets in a fixed order, array buffers
       hashed in place.
     * Functions by code (bytecode, constants with nested code, names,
       arguments; not the file name or line numbers), defaults, closure

@@ -44,7 +44,7 @@ a recorded call replays only if its callee's fingerprint is unchanged.
 **Idempotency keys**: ``"nbd-"`` + the first 32 hex digits of the SHA-256 of
 ``run id, step key@step version, sub id, name`` (UTF-8, joined by NUL; the
 version is 16 hex of the SHA-256 of the source fingerprint and the sorted
-``name=fingerprint`` inputs; outside a step the scope is ``~run``), stable
+``name=fingerprint`` inputs, :func:`step_version`; outside a step the scope is ``~run``), stable
 across replays and retries of the same step version, new when the step's
 code or inputs change, distinct between sub-steps.
 """
@@ -70,6 +70,7 @@ __all__ = [
     "normalize_source",
     "source_fingerprint",
     "step_key",
+    "step_version",
     "validate_name",
     "validate_sub_id",
 ]
@@ -189,3 +190,14 @@ def step_key(
     lines = (line.strip() for line in source.splitlines())
     first = next((s for s in lines if s and not s.startswith("#")), "(empty)")
     return f"src:{source_fingerprint(source)[:16]}", f"cell {first[:30]}"
+
+
+def step_version(source_fp: str, inputs: dict[str, str]) -> str:
+    """The version of a step's record: its source fingerprint and its inputs' (16 hex).
+
+    The same for every execution of the same code on the same inputs (a retry
+    after a crash, a parameter set back to an earlier value), new when either
+    changes. A step keeps a record per version (see :mod:`nbdurable.store.versions`).
+    """
+    raw = "\0".join([source_fp, *(f"{n}={fp}" for n, fp in sorted(inputs.items()))])
+    return hashlib.sha256(raw.encode("utf-8", "surrogatepass")).hexdigest()[:16]

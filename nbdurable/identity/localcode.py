@@ -14,6 +14,11 @@ taken from its bytecode and that of the code nested in it (inner functions,
 lambdas, comprehensions): the names it loads as globals, and from a local
 module every name the code mentions (``co_names``, attribute names included:
 ``helpers.SCALE`` lists ``helpers`` and ``SCALE``), a small over-approximation.
+
+The files of local modules a step imports itself (``import helpers`` inside
+the step, where ``helpers`` is bound, not read) are found by
+:func:`local_module_files`: each module and, transitively, the local modules
+its namespace holds or takes functions and classes from.
 """
 
 from __future__ import annotations
@@ -27,7 +32,10 @@ import sys
 import sysconfig
 import time
 import types
+from collections.abc import Iterable
 from typing import Any
+
+from . import analysis
 
 _PACKAGE_DIRS = frozenset({"site-packages", "dist-packages"})
 
@@ -145,3 +153,58 @@ def names_read(code: types.CodeType) -> tuple[tuple[str, ...], tuple[str, ...]]:
         globals_.update(i.argval for i in dis.get_instructions(c) if i.opname in _GLOBAL_LOADS)
         todo.extend(k for k in c.co_consts if isinstance(k, types.CodeType))
     return tuple(sorted(globals_)), tuple(sorted(names))
+
+
+def local_module_files(names: Iterable[str]) -> list[str]:
+    """The source files of the loaded local modules among ``names``, and of those they use.
+
+    A module uses another local module when its source imports it (``import
+    helpers2``, ``from helpers2 import VALUE``, relative imports in a
+    package), or its namespace holds it or a function or class defined
+    there. Names not loaded (a failed import) or not local are skipped.
+    Sorted, each file once; cycles end.
+    """
+    todo = [sys.modules.get(n) for n in names]
+    seen: set[int] = set()
+    files: set[str] = set()
+    while todo:
+        module = todo.pop()
+        if module is None or id(module) in seen:
+            continue
+        seen.add(id(module))
+        file = module_file(module) if isinstance(module, types.ModuleType) else None
+        if file is None:
+            continue
+        files.add(os.path.abspath(file))
+        namespace = vars(module)
+        package = namespace.get("__package__")
+        todo.extend(
+            map(sys.modules.get, _imports_of(file, package if isinstance(package, str) else ""))
+        )
+        for value in list(namespace.values()):
+            if isinstance(value, types.ModuleType):
+                todo.append(value)
+            elif isinstance(value, (types.FunctionType, type)):
+                owner = getattr(value, "__module__", None)
+                if isinstance(owner, str) and owner != namespace["__name__"]:
+                    todo.append(sys.modules.get(owner))
+    return sorted(files)
+
+
+def _imports_of(path: str, package: str) -> frozenset[str]:
+    """The modules a source file imports (see :func:`analysis.imported_modules`); cached."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return frozenset()
+    return _imports_cached(path, st.st_mtime_ns, st.st_size, package)
+
+
+@functools.lru_cache(maxsize=1024)
+def _imports_cached(path: str, _mtime: int, _size: int, package: str) -> frozenset[str]:
+    try:
+        with open(path, "rb") as fh:
+            source = fh.read().decode("utf-8", "replace")
+    except OSError:
+        return frozenset()
+    return analysis.imported_modules(source, package)

@@ -29,7 +29,7 @@ import re
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..errors import UsageProblem
 from .keys import _shown, source_fingerprint, validate_name
@@ -142,11 +142,11 @@ def _best_match(candidates: list[Path], executed: list[str]) -> list[Path]:
         meta[path] = read[1]
     if not scored:
         return []
-    top = max(scored.values())
-    best = [p for p, n in scored.items() if n == top]
-    inputs = {p for p in best}
+    # Copies give way before scoring: papermill's output holds the injected
+    # parameters cell, so it would hold more of the executed cells than its input.
+    inputs = set(scored)
     copies = set()
-    for p in best:
+    for p in scored:
         pm = meta[p].get("papermill")
         src = pm.get("input_path") if isinstance(pm, dict) else None
         if isinstance(src, str):  # as papermill was given it: from its cwd, or ours
@@ -158,7 +158,9 @@ def _best_match(candidates: list[Path], executed: list[str]) -> list[Path]:
         if p.name.endswith(".nbconvert.ipynb"):
             if p.with_name(p.name.removesuffix(".nbconvert.ipynb") + ".ipynb") in inputs:
                 copies.add(p)
-    return [p for p in best if p not in copies]
+    kept = {p: n for p, n in scored.items() if p not in copies} or scored  # copies of each other
+    top = max(kept.values())
+    return [p for p, n in kept.items() if n == top]
 
 
 def _resolve(raw: str) -> Path:
@@ -194,30 +196,75 @@ def run_id_for(notebook: Path | None, store: Path) -> str:
         return nb.as_posix()
 
 
-def parse_step_line(line: str) -> tuple[str | None, bool]:
-    """``(name, force)`` from the text after ``%%step``.
+class StepArgs(NamedTuple):
+    """What the line after ``%%step`` says (see :func:`parse_step_line`)."""
+
+    name: str | None
+    force: bool
+    #: ``--inputs`` patterns, as written (checked by :func:`check_input_pattern`)
+    inputs: tuple[str, ...] = ()
+
+
+_USAGE = "usage: %%step [NAME] [--force] [--inputs PATTERN ...]"
+
+
+def parse_step_line(line: str) -> StepArgs:
+    """The name, ``--force`` and ``--inputs`` patterns from the text after ``%%step``.
 
     The one parser of that line, for the magic and for reading saved notebooks
-    alike; raises :class:`UsageProblem` for a line the magic refuses.
+    alike; raises :class:`UsageProblem` for a line the magic refuses. Every
+    word after ``--inputs`` up to the next option is a pattern.
     """
     try:
         args = shlex.split(line)
     except ValueError as exc:
         raise UsageProblem(f"%%step: cannot parse arguments ({exc})") from None
-    force = any(a in ("--force", "-f") for a in args)
-    rest = [a for a in args if a not in ("--force", "-f")]
-    bad = [a for a in rest if a.startswith("-")]
-    if bad:
-        raise UsageProblem(
-            f"%%step: unknown option {_shown(bad[0])}; usage: %%step [NAME] [--force]"
-        )
+    force, rest, inputs = False, [], []
+    in_inputs = False
+    for i, a in enumerate(args):
+        if a.startswith("-") and a not in ("--force", "-f", "--inputs"):
+            raise UsageProblem(f"%%step: unknown option {_shown(a)}; {_USAGE}")
+        if a == "--inputs" and (i + 1 == len(args) or args[i + 1].startswith("-")):
+            raise UsageProblem(f"%%step: --inputs needs at least one PATTERN; {_USAGE}")
+        if a.startswith("-"):
+            force = force or a != "--inputs"
+            in_inputs = a == "--inputs"
+        elif in_inputs:
+            inputs.append(check_input_pattern(a))
+        else:
+            rest.append(a)
     if len(rest) > 1:
         raise UsageProblem(f"%%step takes one NAME, got {len(rest)}: {_shown(' '.join(rest))}")
     if rest and rest[0] in STEP_COMMANDS:
         raise UsageProblem(
             f"%%step {rest[0]}: {rest[0]!r} is a %step command; use %step {rest[0]} on one line"
         )
-    return (validate_name(rest[0]) if rest else None), force
+    return StepArgs((validate_name(rest[0]) if rest else None), force, tuple(inputs))
+
+
+def check_input_pattern(pattern: str) -> str:
+    """``pattern`` if it is a usable glob pattern; else :class:`UsageProblem`.
+
+    Refused: an empty pattern, a NUL character, a ``[`` never closed by ``]``
+    (glob would take it literally: almost surely a typo).
+    """
+    if not pattern.strip():
+        raise UsageProblem("%%step: --inputs: an empty PATTERN matches nothing")
+    if "\0" in pattern:
+        raise UsageProblem(f"%%step: --inputs: bad PATTERN {_shown(pattern)} (a NUL character)")
+    i = pattern.find("[")
+    while i >= 0:  # a class as fnmatch reads it: `[!...]`, a `]` first is literal
+        j = i + 1 + (pattern[i + 1 : i + 2] == "!")
+        j = pattern.find("]", j + (pattern[j : j + 1] == "]"))
+        if j < 0:
+            break
+        i = pattern.find("[", j + 1)
+    if i >= 0:
+        raise UsageProblem(
+            f"%%step: --inputs: bad PATTERN {_shown(pattern)}: '[' without ']' "
+            "(write [[] for a literal '[')"
+        )
+    return pattern
 
 
 @dataclass(frozen=True)
@@ -315,7 +362,7 @@ def step_cells(cells: list[dict[str, Any]], ids_persist: bool = True) -> list[St
         if not m:
             continue
         try:
-            name, _force = parse_step_line(m.group(1))
+            name = parse_step_line(m.group(1)).name
         except UsageProblem:  # the magic refuses this cell: it never runs as a step
             continue
         out.append(StepCell(i, cell.get("id") if ids_persist else None, name, body))

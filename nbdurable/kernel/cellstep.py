@@ -209,8 +209,10 @@ class StepCell:
         cell_file = sys._getframe(1).f_code.co_filename
         _show_header(cell_file, line)
         try:
-            name, force = locate.parse_step_line(line)
-            started = get_session(self.shell).steps.begin(body, name=name, force=force)
+            args = locate.parse_step_line(line)
+            started = get_session(self.shell).steps.begin(
+                body, name=args.name, force=args.force, input_patterns=args.inputs
+            )
         except (UsageProblem, StoreError, LeaseHeld) as exc:
             # One line, no traceback, as the magic says it.
             raise UsageError(keys.one_line(" ".join(str(exc).split()))) from None

@@ -7,7 +7,6 @@ execution, never part of a step's recorded output.
 from __future__ import annotations
 
 import contextvars
-import hashlib
 import sys
 import threading
 import warnings
@@ -97,23 +96,13 @@ class SubIndex:
                 self._entries[key] = None
 
 
-def step_version(source_fp: str, inputs: dict[str, str]) -> str:
-    """The version of a step's record: its source fingerprint and its inputs' (16 hex).
-
-    The same for every execution of the same code on the same inputs (a retry
-    after a crash), new when the step is invalidated by either.
-    """
-    raw = "\0".join([source_fp, *(f"{n}={fp}" for n, fp in sorted(inputs.items()))])
-    return hashlib.sha256(raw.encode("utf-8", "surrogatepass")).hexdigest()[:16]
-
-
 @dataclass
 class StepContext:
     """The ``%%step`` executing now; sub-steps called during it scope to it."""
 
     key: str
     label: str
-    #: the step's version: its source and inputs (see :func:`step_version`); part of
+    #: the step's version: its source and inputs (see ``keys.step_version``); part of
     #: idempotency keys, so a new version of a step gets new ones
     version: str = ""
     seen: set[str] = field(default_factory=set)

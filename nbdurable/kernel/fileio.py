@@ -33,10 +33,25 @@ missing file runs the step again (its sub-steps still replay), naming it.
 
 Outside a step the hook returns after one test. Opens by nbdurable itself,
 by the import system and by the kernel's machinery are not the step's.
+The source files of local modules the step imports (``import helpers``
+inside the step: an import opens nothing when the module is loaded already)
+are noted when the step is recorded (:func:`note_imports`), with the local
+modules those use, so an edit of ``helpers.py`` runs the step again.
+
+Files the hook cannot see (read by a subprocess, a C library, a database
+server) are declared: ``%%step NAME --inputs PATTERN ...``. Each pattern is a
+glob (``*``, ``?``, ``[...]``, and ``**`` for any depth of directories),
+relative to the kernel's working directory when the step runs (the
+notebook's directory, unless the notebook changed it: where ``open`` looks
+too). :func:`declared` resolves the patterns; the record keeps each
+absolute pattern with the files it matched, and the files themselves like
+those read. A later run whose patterns match other files (one added or
+removed) or whose patterns were edited runs the step again, naming the file.
 """
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import os
 import stat
@@ -46,6 +61,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .. import faults
+from ..identity import analysis, localcode
 from .context import current_sub
 
 _current: Callable[[], Any] | None = None  # the running StepContext, or None
@@ -142,13 +158,25 @@ def _hook(event: str, args: tuple) -> None:
         return
     if full in ctx.file_reads or full in ctx.file_writes or not _by_the_step(3):
         return
+    note(ctx.file_reads, full)
+
+
+def note(reads: dict[str, list], path: str) -> None:
+    """Note the regular file at the absolute ``path`` in ``reads``, unless it is noted."""
+    if path in reads:
+        return
     try:
-        st = os.stat(full)
+        st = os.stat(path)
     except OSError:
         return
-    if not stat.S_ISREG(st.st_mode):
-        return
-    ctx.file_reads[full] = [st.st_size, st.st_mtime_ns, content_digest(full)]
+    if stat.S_ISREG(st.st_mode):
+        reads[path] = [st.st_size, st.st_mtime_ns, content_digest(path)]
+
+
+def note_imports(reads: dict[str, list], source: str) -> None:
+    """Note the source files of the local modules ``source`` imports, and of those they use."""
+    for path in localcode.local_module_files(analysis.imported_modules(source)):
+        note(reads, path)
 
 
 def _absolute(path: Any) -> str | None:
@@ -263,3 +291,30 @@ def changed(recorded: dict[str, list]) -> list[str]:
         if not same:
             out.append(path)
     return out
+
+
+def declared(patterns: tuple[str, ...] | list[str]) -> dict[str, list[str]]:
+    """``--inputs`` patterns, made absolute, each with the regular files it matches (sorted)."""
+    out: dict[str, list[str]] = {}
+    for pattern in patterns:
+        full = os.path.join(os.getcwd(), os.path.expanduser(pattern))
+        found = glob.glob(full, recursive=True)
+        out[full] = sorted(os.path.abspath(f) for f in found if os.path.isfile(f))
+    return out
+
+
+def declared_changes(recorded: dict[str, list[str]], now: dict[str, list[str]]) -> str | None:
+    """Why the declared files differ from those recorded (one phrase), or None.
+
+    The files' contents are compared by :func:`changed` (they are in the
+    record's files too); here only which files the patterns match.
+    """
+    if sorted(recorded) != sorted(now):
+        return "its --inputs patterns changed"
+    for pattern in sorted(now):
+        before, after = set(recorded[pattern]), set(now[pattern])
+        for verb, paths in (("added", after - before), ("removed", before - after)):
+            if paths:
+                listed = ", ".join(repr(os.path.basename(p)) for p in sorted(paths)[:5])
+                return f"file{'s' if len(paths) > 1 else ''} {listed} {verb}"
+    return None

@@ -27,6 +27,8 @@ class StepMagics(Magics):
         ::
 
             %%step [NAME] [--force]     record this cell as a step (replayed on rerun)
+                [--inputs PATTERN ...]   files it reads that nbdurable cannot see
+                                         (globs, relative to the working directory)
             %step list                   every step of the run and its state
             %step clear NAME [NAME ...]  forget steps (and their sub-steps); --all: the run
             %step pin NAME | unpin NAME  replay a step even when invalidated / stop doing so
@@ -46,8 +48,10 @@ class StepMagics(Magics):
 
     def _cell(self, line: str, cell: str) -> None:
         __tracebackhide__ = True
-        name, force = locate.parse_step_line(line)
-        get_session(self.shell).run_step(cell, name=name, force=force)
+        args = locate.parse_step_line(line)
+        get_session(self.shell).run_step(
+            cell, name=args.name, force=args.force, input_patterns=args.inputs
+        )
 
     def _line(self, line: str) -> None:
         args = _split(line)

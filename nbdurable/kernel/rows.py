@@ -192,6 +192,13 @@ def _facts(info: StepInfo, new: int, replayed: int) -> str:
         parts.append(f"replay saves {seconds(info.duration)}{calls}")
     elif recorded and info.state == "not replayable" and info.calls:
         parts.append(f"replay saves {info.calls} call{'s' if info.calls != 1 else ''}")
+    if info.version:
+        # Non-breaking spaces: a narrow panel wraps between facts, never inside one.
+        kept = f"&nbsp;(+{info.versions}&nbsp;kept)" if info.versions else ""
+        title = "this step's code and inputs; a step set back to a kept version replays it"
+        parts.append(
+            f'<span class="nbd-version" title="{title}">v&nbsp;{info.version}{kept}</span>'
+        )
     if info.size:
         parts.append(human_size(info.size))
     return " · ".join(parts)

@@ -310,10 +310,17 @@ class Session:
             events.emit("store-changed", self.run_id, key, action=done.action)
 
     # -- cells and steps ----------------------------------------------------------------
-    def run_step(self, body: str, *, name: str | None = None, force: bool = False) -> None:
+    def run_step(
+        self,
+        body: str,
+        *,
+        name: str | None = None,
+        force: bool = False,
+        input_patterns: tuple[str, ...] = (),
+    ) -> None:
         """Replay the ``%%step`` cell ``body`` if its record is valid; else execute and record."""
         __tracebackhide__ = True
-        self.steps.run_step(body, name=name, force=force)
+        self.steps.run_step(body, name=name, force=force, input_patterns=input_patterns)
 
     def new_cell(self, hooked: bool = True) -> None:
         """A cell starts: ``@recorded`` ordinals restart, the run scope's records are read afresh.

@@ -25,11 +25,11 @@ from typing import TYPE_CHECKING, Any
 from .. import config, events, faults, procstate, redact
 from ..errors import CorruptRecord, NbdurableError, StoreError, UsageProblem
 from ..identity import keys
-from ..store import values
+from ..store import values, versions
 from ..store.records import StepRecord, StepState
 from . import envreads, fileio, recording
 from .capture import WIDGET_VIEW_MIME, Capture, replay, strip_widget_views
-from .context import StepContext, remade_summary, step_version, warn
+from .context import StepContext, remade_summary, warn
 from .execute import flush_streams, run_body
 
 if TYPE_CHECKING:
@@ -54,6 +54,7 @@ class Plan:
     raw_fps: dict[str, str]  # name -> plain content fingerprint, to spot in-place mutation
     state: StepState
     reason: str | None = None  # why its record was not replayed (it was invalidated)
+    declared: dict[str, list[str]] | None = None  # --inputs patterns -> the files they match
 
 
 class StepRunner:
@@ -100,7 +101,14 @@ class StepRunner:
             warn(f"step state for {key!r} is unreadable ({exc}); treating it as unpinned.")
             return StepState()
 
-    def run_step(self, body: str, *, name: str | None = None, force: bool = False) -> None:
+    def run_step(
+        self,
+        body: str,
+        *,
+        name: str | None = None,
+        force: bool = False,
+        input_patterns: tuple[str, ...] = (),
+    ) -> None:
         """Replay the ``%%step`` cell ``body`` if its record is valid; else execute and record.
 
         The body runs here (:func:`execute.run_body`). A ``%%step`` cell typed
@@ -108,7 +116,9 @@ class StepRunner:
         :meth:`begin` and :meth:`finish` (see :mod:`.cellstep`).
         """
         __tracebackhide__ = True
-        started = self.begin(body, name=name, force=force, split=False)
+        started = self.begin(
+            body, name=name, force=force, split=False, input_patterns=input_patterns
+        )
         if isinstance(started, Replayed):
             self.finish_replay(started)
             return
@@ -120,7 +130,13 @@ class StepRunner:
         self.finish(started, None)
 
     def begin(
-        self, body: str, *, name: str | None = None, force: bool = False, split: bool = True
+        self,
+        body: str,
+        *,
+        name: str | None = None,
+        force: bool = False,
+        split: bool = True,
+        input_patterns: tuple[str, ...] = (),
     ) -> Replayed | Running:
         """Decide: replay the step's record (done here) or start executing it.
 
@@ -130,7 +146,8 @@ class StepRunner:
         :attr:`Replayed.value`, then calls :meth:`finish_replay`). Otherwise the
         run's lease is held, the step context is current and a
         :class:`Capture` records the outputs until :meth:`finish`, which the
-        caller must call exactly once. Raises (UsageProblem, LeaseHeld,
+        caller must call exactly once. ``input_patterns``: the ``--inputs``
+        globs (see :mod:`.fileio`). Raises (UsageProblem, LeaseHeld,
         StoreError) with nothing left open.
         """
         __tracebackhide__ = True
@@ -154,17 +171,26 @@ class StepRunner:
             if n in ns and not _HIDDEN.match(n) and self.producers.get(n) != key
         }
         inputs = {n: self._input_fp(n, ns[n], fp) for n, fp in raw_fps.items()}
+        declared = fileio.declared(input_patterns)
         rec = self.load_record(key, label)
+        state = self.load_state(key)
+        version = keys.step_version(source_fp, inputs)
+        tried = rec is not None and not state.pinned and _version(rec) != version
+        if tried:
+            rec = self._bring_back(key, label, rec, version)
         # Whatever nbdurable printed so far (warnings) reaches the frontend before
         # the step's own outputs: ipykernel buffers stdout and stderr apart.
         flush_streams()
-        state = self.load_state(key)
-        reason = None if rec is None else _invalid_reason(rec, source_fp, inputs, state)
+        reason = None if rec is None else _invalid_reason(rec, source_fp, inputs, state, declared)
         if rec is not None and not force and (reason is None or state.pinned):
             replayed = self._replay(rec, label, reason, split) if rec.replayable else None
             if replayed is not None:
                 return replayed
         self.session.claim()
+        if rec is not None and _version(rec) != version:
+            # The version about to run replaces the current one: keep that one first
+            # (and bring back this version's sub-steps, unless that was tried above).
+            self._switch(key, label, rec, version, restore=not tried)
         if rec is not None and reason is not None and not force:
             self.session.status[key] = ("invalidated", reason)
             events.emit("step-invalidated", self.session.run_id, key, reason=reason, label=label)
@@ -174,13 +200,47 @@ class StepRunner:
                     f"step {label!r} runs again: its {reason} (its sub-steps replay, "
                     "so no recorded call repeats)."
                 )
-        plan = Plan(key, label, position, py, source_fp, analysis, inputs, raw_fps, state, reason)
+        plan = Plan(
+            key, label, position, py, source_fp, analysis, inputs, raw_fps, state, reason, declared
+        )
         known = recording.unsaved_names(rec.variables if rec else ())
         self.unsaved_known[key] = known | set(self.unloadable.get(key, ()))  # _replay said it
         self.process_known[key] = frozenset(
             procstate.replayable_reasons(rec.process if rec else None)
         )
         return self._start(plan)
+
+    def _bring_back(self, key: str, label: str, rec: StepRecord, version: str) -> StepRecord | None:
+        """The step's record of ``version`` made current, if kept (else ``rec``, unchanged).
+
+        Swapping versions writes to the run, so the lease is held first, as
+        for an execution (which is what the step would do otherwise).
+        """
+        view = self.session.view
+        if not versions.has(view.store, view.keys, key, version):
+            return rec
+        self.session.claim()
+        if not self._switch(key, label, rec, version):
+            return rec
+        return self.load_record(key, label)
+
+    def _switch(
+        self, key: str, label: str, rec: StepRecord, version: str, restore: bool = True
+    ) -> bool:
+        """Archive the current version, bring ``version`` back if kept (see store.versions)."""
+        view = self.session.view
+        keep = config.get().keep_versions
+        current = _version(rec)
+        try:
+            return versions.switch(
+                view.store, view.keys, key, current, version, keep, restore=restore
+            )
+        except CorruptRecord as exc:
+            warn(
+                f"step {label!r}: its record of these inputs cannot be used ({exc}); "
+                "the step runs again."
+            )
+            return False
 
     def _input_fp(self, name: str, value: Any, fp: str) -> str:
         """Fingerprint of an input; for a value a step saved, also its saved bytes.
@@ -189,7 +249,9 @@ class StepRunner:
         plain classes, e.g. a model's response object). When the value is the
         very object a step recorded or restored, the sha of its pickle tells
         one recording from another, so a dependant of a re-executed step does
-        not replay a result computed from the old value.
+        not replay a result computed from the old value. For the very object
+        a step made but could not save (a generator), the version of that
+        step stands in for the sha (see :meth:`_record`).
         """
         sha = self.origins.sha_for(name, value)
         if sha is None:
@@ -300,7 +362,10 @@ class StepRunner:
         # Process state before the body (os.environ, RNGs, options...); _record
         # compares it with after and records the difference with the step.
         proc = procstate.snapshot(ns, procstate.assigned_attributes(plan.py))
-        ctx = StepContext(plan.key, plan.label, step_version(plan.source_fp, plan.inputs))
+        ctx = StepContext(plan.key, plan.label, keys.step_version(plan.source_fp, plan.inputs))
+        for paths in (plan.declared or {}).values():  # as they are when the body starts
+            for path in paths:
+                fileio.note(ctx.file_reads, path)
         cap = Capture(self.session.shell)
         cap.__enter__()  # left by finish()
         try:
@@ -398,6 +463,7 @@ class StepRunner:
         outputs, leaked = recording.scrub_outputs(outputs, secrets)
         source, in_source = redact.redact_text(py, secrets)
         input_from = {n: self.producers[n] for n in plan.inputs if n in self.producers}
+        fileio.note_imports(ctx.file_reads, py)  # `import helpers` in the step: helpers.py
         # Each file the step wrote, hashed once now; one it also read is its output only.
         written = fileio.outputs(ctx.file_writes)
         files = {p: v for p, v in ctx.file_reads.items() if p not in ctx.file_writes}
@@ -422,6 +488,7 @@ class StepRunner:
             env=dict(ctx.env_reads),
             files=files,
             written=written,
+            declared=dict(plan.declared or {}),
         )
         kept = StepState(pinned=state.pinned, name=label, position=position)
         puts = [(self.session.keys.step(key), rec.to_header(), b""), self.session.touch_run()]
@@ -439,6 +506,11 @@ class StepRunner:
             self.producers[name] = key
             self.origins.pop(name, None)
         self.origins.update(saved.origins)
+        # A value that could not be saved is told apart by the step version that
+        # made it: a dependant reruns when its maker ran on other code or inputs.
+        for var in saved.variables:
+            if var.kind == "unsaved" and var.name in ns:
+                self.origins[var.name] = (ns[var.name], f"made by {ctx.version}")
         self.session.status[key] = ("recorded", "")
         events.emit("step-recorded", self.session.run_id, key, label=label, record=rec)
         self._warn_recorded(key, label, saved, sorted(set(leaked) | set(in_source)))
@@ -584,8 +656,17 @@ class Shown:
         return str(self._output.get("data", {}).get("text/plain", ""))
 
 
+def _version(rec: StepRecord) -> str:
+    """The version of a record: its code and the inputs it was recorded with."""
+    return keys.step_version(rec.source_fp, rec.inputs)
+
+
 def _invalid_reason(
-    rec: StepRecord, source_fp: str, inputs: dict[str, str], state: StepState
+    rec: StepRecord,
+    source_fp: str,
+    inputs: dict[str, str],
+    state: StepState,
+    declared: dict[str, list[str]],
 ) -> str | None:
     """Why a record cannot be replayed, or None if it can."""
     if rec.source_fp != source_fp:
@@ -595,6 +676,9 @@ def _invalid_reason(
     gone = fileio.changed(rec.written)
     if gone:
         return _output_reason(gone)
+    matched = fileio.declared_changes(rec.declared, declared)
+    if matched:
+        return matched
     files = fileio.changed(rec.files)
     if files:
         listed = ", ".join(repr(os.path.basename(p)) for p in files[:5])

@@ -7,6 +7,7 @@
 - :mod:`.codec`: signing and encoding records; :mod:`.layout`: every key;
 - :mod:`.records`: what a record holds; :mod:`.blobs` and :mod:`.values`: saved variables;
 - :mod:`.view`: :class:`RunView`, the one reader of a run's records and states;
+- :mod:`.versions`: a record per version of a step's code and inputs, and which are kept;
 - :mod:`.admin`: whole runs: ``ls``, ``export``, ``gc``, ``check``.
 
 ``from nbdurable.store import Store, RunKeys, RUN_SCOPE, MAGIC`` keeps working

@@ -25,10 +25,12 @@ from ..errors import CorruptRecord, UsageProblem
 from . import layout
 from .base import Store
 from .layout import RUN_SCOPE, RunKeys
+from .records import blob_refs
+from .versions import KEEP_VERSIONS, excess
 from .view import RunView, read_header
 
 #: Version of the export document. Increment on a breaking change of its fields.
-EXPORT_FORMAT = 1
+EXPORT_FORMAT = 2  # 2: a step's "cell" counts from 1 (was "position", from 0)
 
 
 @dataclass
@@ -60,6 +62,8 @@ class _Run:
     steps: dict[str, dict[str, Any] | None] = field(default_factory=dict)  # None: unreadable
     states: dict[str, dict[str, Any] | None] = field(default_factory=dict)
     subs: dict[str, list[str]] = field(default_factory=dict)  # scope -> keys
+    #: (step, version) -> an earlier version's record header (None: unreadable)
+    versions: dict[tuple[str, str], dict[str, Any] | None] = field(default_factory=dict)
     run_id: str | None = None
     last: float | None = None
     unreadable: list[str] = field(default_factory=list)  # keys that failed to verify
@@ -104,6 +108,8 @@ def _read_runs(store: Store) -> dict[str, _Run]:
             run.states[where.step] = h
             if h:
                 run.last = _later(run.last, h.get("failed_at"))
+        elif where.kind == "version":
+            run.versions[(where.step, where.sub)] = h
         elif where.kind == "sub":
             run.subs.setdefault(where.step, []).append(key)
             if h:
@@ -113,7 +119,7 @@ def _read_runs(store: Store) -> dict[str, _Run]:
 
 
 def _blob_refs(header: dict[str, Any]) -> set[str]:
-    return {v["ref"] for v in header.get("variables", ()) if v.get("kind") == "value"}
+    return set(blob_refs(header))
 
 
 def list_runs(store: Store) -> list[RunInfo]:
@@ -122,7 +128,7 @@ def list_runs(store: Store) -> list[RunInfo]:
     for run in _read_runs(store).values():
         n, size = store.stats(run.base)
         refs: set[str] = set()
-        for h in run.steps.values():
+        for h in [*run.steps.values(), *run.versions.values()]:
             refs |= _blob_refs(h or {})
         size += sum(store.size_of(layout.blob(sha)) for sha in refs)
         out.append(
@@ -200,9 +206,11 @@ def export_run(
             "label": info.label,
             "state": info.state,
             "detail": info.detail,
-            "position": info.position,
+            "cell": info.cell,  # from 1, as `status` and frontends number cells
             "pinned": info.pinned,
             "size": info.size,
+            "version": info.version,  # the current record's; others kept: "versions"
+            "versions": info.versions,
         }
         if rec is not None:
             step.update(
@@ -302,6 +310,8 @@ class GcReport:
     cutoff: float
     removed_runs: list[str] = field(default_factory=list)  # gone entirely
     kept_pinned: dict[str, list[str]] = field(default_factory=dict)  # run -> pinned steps kept
+    #: earlier versions of steps removed, beyond ``keep_versions`` per step
+    versions: int = 0
     keys: int = 0
     bytes: int = 0
     blobs: int = 0
@@ -332,12 +342,18 @@ def parse_age(text: str) -> float:
 
 
 def gc(
-    store: Store, older_than: float, dry_run: bool = False, now: float | None = None
+    store: Store,
+    older_than: float,
+    dry_run: bool = False,
+    now: float | None = None,
+    keep_versions: int = KEEP_VERSIONS,
 ) -> GcReport:
     """Remove runs idle for more than ``older_than`` seconds, except their pinned steps.
 
-    A pinned step keeps its record, its state, its sub-steps and its run's
-    ``meta``. Then blobs (saved variables) that no remaining step record
+    A pinned step keeps its record (every version), its state, its
+    sub-steps and its run's ``meta``. In the runs that stay, each step that
+    is not pinned keeps at most ``keep_versions`` versions, the current one
+    included (see :mod:`.versions`). Then blobs (saved variables) that no remaining step record
     references are removed; if any remaining step record cannot be read, no
     blob is removed, since it might reference any of them. Nothing is written
     with ``dry_run``. All deletions happen in one transaction.
@@ -356,14 +372,19 @@ def gc(
                 "check (written with another NBDURABLE_KEY, or damaged)"
             )
             continue
-        if run.last is not None and run.last >= report.cutoff:
-            continue
         keep_steps = run.pinned()
         rk = RunKeys.of_hash(run.hash)
+        if run.last is not None and run.last >= report.cutoff:
+            for step in {s for s, _ in run.versions} - keep_steps:
+                extra = excess(store, rk, step, keep_versions)
+                report.versions += sum(k.startswith(rk.versions(step)) for k in extra)
+                deletes += extra
+            continue
         keep = {rk.meta} if keep_steps else set()
         for step in keep_steps:
             keep |= {rk.step(step), rk.state(step)}
             keep |= set(run.subs.get(step, ()))
+            keep |= set(store.scan(rk.versions(step)) + store.scan(rk.version_subs(step)))
         gone = [k for k in run.keys if k not in keep]
         if not gone:
             continue
@@ -380,8 +401,11 @@ def gc(
     refs: set[str] = set()
     unreadable = []
     for run in runs.values():
-        for step, header in run.steps.items():
-            if RunKeys.of_hash(run.hash).step(step) in deleted:
+        rk = RunKeys.of_hash(run.hash)
+        records = [(rk.step(step), step, h) for step, h in run.steps.items()]
+        records += [(rk.version(s, v), f"{s}@{v}", h) for (s, v), h in run.versions.items()]
+        for key, step, header in records:
+            if key in deleted:
                 continue
             if header is None:
                 unreadable.append(f"{run.run_id or run.hash}: {step}")

@@ -20,6 +20,7 @@ from ..errors import CorruptRecord, StoreError, UsageProblem
 from . import layout
 from .base import Store
 from .layout import RunKeys
+from .records import blob_refs
 
 
 @dataclass
@@ -32,10 +33,6 @@ class CopyReport:
     blob_bytes: int = 0
     #: Saved variables missing from the source: their steps run again after the copy too.
     missing: list[str] = field(default_factory=list)
-
-
-def _refs(header: dict[str, Any]) -> list[str]:
-    return [v["ref"] for v in header.get("variables", ()) if v.get("kind") == "value"]
 
 
 def copy_run(src: Store, dst: Store, run_id: str) -> CopyReport:
@@ -69,8 +66,8 @@ def copy_run(src: Store, dst: Store, run_id: str) -> CopyReport:
         header, body = got
         puts.append((key, header, bytes(body)))
         where = layout.parse(key)
-        if where is not None and where.kind == "step":
-            refs.update(dict.fromkeys(_refs(header)))
+        if where is not None and where.kind in ("step", "version"):
+            refs.update(dict.fromkeys(blob_refs(header)))
     for sha in refs:
         try:
             blob = src.get_blob(sha)

@@ -9,6 +9,8 @@ Every key is a plain string, every value signed bytes (see :mod:`.codec`)::
     r/<run>/t/<step key>             StepState (pinned / failed / stale)
     r/<run>/u/<step key>/<sub id>    SubRecord header + pickled value
     r/<run>/u/~run/<sub id>          sub-steps called outside any %%step
+    r/<run>/v/<step key>/<version>   an earlier version's StepRecord (see .versions)
+    r/<run>/w/<step key>/<version>/<sub id>   that version's SubRecords
     b/<sha256>                       a pickled variable, stored once by content
 
 ``<run>`` is the first 16 hex digits of the SHA-256 of the run id: fixed
@@ -99,9 +101,25 @@ class RunKeys:
         """The key of one sub-step."""
         return f"{self.base}u/{scope}/{sub_id}"
 
+    def versions(self, step_key: str) -> str:
+        """The prefix of the earlier versions kept of a step (step keys hold no ``/``)."""
+        return f"{self.base}v/{step_key}/"
+
+    def version(self, step_key: str, version: str) -> str:
+        """The key of an earlier version's step record."""
+        return f"{self.base}v/{step_key}/{version}"
+
+    def version_subs(self, step_key: str, version: str | None = None) -> str:
+        """The prefix of an earlier version's sub-steps (None: of every earlier version)."""
+        return f"{self.base}w/{step_key}/" + ("" if version is None else f"{version}/")
+
 
 class Parsed(NamedTuple):
-    """A run's key taken apart: ``kind`` is meta, lease, step, state, sub or other."""
+    """A run's key taken apart: ``kind`` is meta, lease, step, state, sub, version, vsub or other.
+
+    For ``version`` and ``vsub`` keys, ``sub`` is the version (``vsub``:
+    ``<version>/<sub id>``).
+    """
 
     run_hash: str
     kind: str
@@ -109,7 +127,7 @@ class Parsed(NamedTuple):
     sub: str = ""  # the sub-step id
 
 
-_KINDS = {"s": "step", "t": "state", "u": "sub"}
+_KINDS = {"s": "step", "t": "state", "u": "sub", "v": "version", "w": "vsub"}
 
 
 def parse(key: str) -> Parsed | None:
@@ -126,7 +144,7 @@ def parse(key: str) -> Parsed | None:
     if len(parts) < 4 or parts[2] not in _KINDS:
         return Parsed(parts[1], "other")
     kind, rest = _KINDS[parts[2]], parts[3]
-    if kind == "sub":
+    if kind in ("sub", "version", "vsub"):
         scope, _, sub = rest.partition("/")
         return Parsed(parts[1], kind, scope, sub)
     return Parsed(parts[1], kind, rest)

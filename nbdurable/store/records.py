@@ -74,6 +74,9 @@ class StepRecord:
     #: files the step read: absolute path -> [size, mtime_ns, SHA-256 of the content];
     #: see :mod:`nbdurable.kernel.fileio`
     files: dict[str, list[Any]] = field(default_factory=dict)
+    #: ``%%step --inputs`` patterns, made absolute -> the files each matched (sorted);
+    #: those files are in ``files`` too
+    declared: dict[str, list[str]] = field(default_factory=dict)
     #: files the step wrote, as it left them: absolute path -> [size, mtime_ns, SHA-256],
     #: or [end, mtime_ns, SHA-256 of its part, start] for a file it appended to; see
     #: :mod:`nbdurable.kernel.fileio`
@@ -144,6 +147,15 @@ class SubRecord:
         d = dict(d)
         d.pop("kind", None)
         return cls(**d)
+
+
+def blob_refs(header: dict[str, Any]) -> list[str]:
+    """The blobs a step record's header refers to: its saved variables' and its result's."""
+    refs = [v["ref"] for v in header.get("variables", ()) if v.get("kind") == "value"]
+    result = header.get("result")
+    if isinstance(result, dict) and isinstance(result.get("ref"), str):
+        refs.append(result["ref"])
+    return refs
 
 
 _SUB_FIELDS = tuple(f.name for f in dataclasses.fields(SubRecord))

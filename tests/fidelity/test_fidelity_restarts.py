@@ -183,9 +183,7 @@ KINDS = [
 
 #: Kinds whose steps rerun spuriously today, and why. A strict xfail: a fix
 #: that makes one pass must remove it from here.
-FAILS_TODAY: dict[str, str] = {
-    "pandas-object-strings": "a DataFrame with an object column fingerprints differently per process",
-}
+FAILS_TODAY: dict[str, str] = {}
 
 
 @pytest.mark.parametrize("kind", params(KINDS, FAILS_TODAY))
