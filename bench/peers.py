@@ -40,6 +40,7 @@ import contextlib
 import os
 import sqlite3
 import time
+import types
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,7 +48,16 @@ from typing import Any
 from bench import seed
 from bench.stats import perf_ns, timed_loop
 
-VALUES: list[Any] = []
+# The prepared values live in a module that has no file. nbdurable identifies a
+# step function by what it reads, and a global of a local module (this one) by
+# its content: a plain global list would be hashed in full on every call, twice
+# (before it and after), and the list grows with the run (10 MB at 10,000
+# steps), a cost of this harness, not of the function a user writes (a model
+# call reads a client and a prompt). A module without a file is identified by
+# its name, as a library is.
+TABLE = types.ModuleType("bench_values")
+TABLE.values = []
+VALUES: list[Any] = TABLE.values  # filled in place: VALUES[:] = make_values(...)
 CALLS = [0]
 RUN_ID = "bench-run"
 
@@ -55,7 +65,7 @@ RUN_ID = "bench-run"
 def produce(i: int) -> Any:
     """The step's function: count the call, return the prepared value."""
     CALLS[0] += 1
-    return VALUES[i]
+    return TABLE.values[i]
 
 
 def step_id(i: int) -> str:
@@ -406,8 +416,11 @@ class Dbos(Peer):
 class LangGraph(Peer):
     name = "LangGraph (SqliteSaver)"
 
-    def __init__(self) -> None:
+    def __init__(self, durability: str | None = None) -> None:
         self._state: dict[str, Any] = {}
+        #: ``invoke(durability=...)``; None: LangGraph's default ("async": a
+        #: task's write is saved while the next task runs)
+        self.durability = durability
 
     def check(self) -> None:
         _require("langgraph")
@@ -443,8 +456,9 @@ class LangGraph(Peer):
         entry, conn = self._entrypoint(d)
         t1 = perf_ns()
         config = {"configurable": {"thread_id": "bench-thread"}}
+        extra = {"durability": self.durability} if self.durability else {}
         try:
-            entry.invoke({"n": n} if crash else None, config)
+            entry.invoke({"n": n} if crash else None, config, **extra)
         except _Stop:
             pass
         t2 = perf_ns()

@@ -6,9 +6,12 @@
 1. **Per step, record and replay**, at each ``--steps`` (is it flat?):
    nbdurable's ``step()`` inside a ``%%step`` on the PostgreSQL store, the same
    on the embedded store for reference, DBOS with its system database on the
-   same server, and LangGraph with ``PostgresSaver`` on the same server (each
-   driven exactly as in ``bench/peers.py``; a peer not installed is reported
-   as such, ``pip install -e '.[bench]' langgraph-checkpoint-postgres``).
+   same server, and LangGraph with ``PostgresSaver`` on the same server, with
+   its default durability and with ``durability="sync"`` (each driven exactly
+   as in ``bench/peers.py``; a peer not installed is reported as such,
+   ``pip install -e '.[bench]'``). With each row, the server's own count of
+   transactions committed and WAL flushes per recorded step: the work each
+   system asks of the server, whatever the load on the machine.
 2. **Concurrent kernels**: ``--writers`` processes, each recording its own run
    into ONE namespace at once: throughput in steps/s over all of them, and
    the per-step median and p99.
@@ -129,10 +132,9 @@ class DbosPg(peers.Dbos):
 class LangGraphPg(peers.LangGraph):
     """LangGraph's functional API with ``PostgresSaver`` on the same server."""
 
-    name = "LangGraph (PostgresSaver)"
-
-    def __init__(self, url: str) -> None:
-        super().__init__()
+    def __init__(self, url: str, durability: str | None = None) -> None:
+        super().__init__(durability)
+        self.name = "LangGraph (PostgresSaver" + (f", {durability})" if durability else ")")
         self.url = url
         self.schemas: list[str] = []
 
@@ -179,6 +181,31 @@ class LangGraphPg(peers.LangGraph):
 # -- 1. per step ---------------------------------------------------------------------
 
 
+def _server_counts(url: str) -> tuple[int, int]:
+    """``(transactions committed, WAL flushes)`` so far, server-wide.
+
+    Backends report their counts when idle or when they exit, not at each
+    commit: read until two readings agree (the systems measured have closed
+    their connections by then).
+    """
+    import psycopg
+
+    def read() -> tuple[int, int]:
+        with psycopg.connect(url, autocommit=True) as conn:
+            commits = conn.execute("SELECT sum(xact_commit) FROM pg_stat_database").fetchone()[0]
+            flushes = conn.execute("SELECT wal_sync FROM pg_stat_wal").fetchone()[0]
+        return int(commits), int(flushes)
+
+    last = read()
+    for _ in range(20):
+        time.sleep(0.25)
+        now = read()
+        if now == last:
+            break
+        last = now
+    return last
+
+
 def per_step(url: str, steps: list[int], size: int, root: Path) -> Table:
     t = Table(
         "PostgreSQL 1. Sub-steps on one server: record and replay, per step",
@@ -191,10 +218,18 @@ def per_step(url: str, steps: list[int], size: int, root: Path) -> Table:
             "replay p99",
             "record ×nbd",
             "replay ×nbd",
+            "commits/step",
+            "WAL flushes/step",
         ],
         text_columns=2,
     )
-    systems: list[Any] = [NbdurablePg(url), peers.Nbdurable(), DbosPg(url), LangGraphPg(url)]
+    systems: list[Any] = [
+        NbdurablePg(url),
+        peers.Nbdurable(),
+        DbosPg(url),
+        LangGraphPg(url),
+        LangGraphPg(url, durability="sync"),
+    ]
     systems[1].name = "nbdurable (embedded, for reference)"
     base: dict[int, tuple[Summary, Summary]] = {}
     for system in systems:
@@ -210,7 +245,9 @@ def per_step(url: str, steps: list[int], size: int, root: Path) -> Table:
                     system.fresh()
                 d = root / f"{len(t.rows)}-{n}"
                 quiesce()
+                before = _server_counts(url)
                 rec = system.record(d, n)
+                after = _server_counts(url)
                 quiesce()
                 rep = system.replay(d, len(rec.times))
                 if rep.calls:
@@ -228,6 +265,8 @@ def per_step(url: str, steps: list[int], size: int, root: Path) -> Table:
                     fmt_us(p.p99_us),
                     fmt_ratio(r.median_us / ref[0].median_us) if ref else "–",
                     fmt_ratio(p.median_us / ref[1].median_us) if ref else "–",
+                    f"{(after[0] - before[0]) / len(rec.times):.2f}",
+                    f"{(after[1] - before[1]) / len(rec.times):.2f}",
                 )
                 shutil.rmtree(d, ignore_errors=True)
         except Exception as exc:  # a peer's failure is reported, not fatal
@@ -237,9 +276,15 @@ def per_step(url: str, steps: list[int], size: int, root: Path) -> Table:
             if hasattr(system, "cleanup"):
                 system.cleanup()
     t.notes.append(
-        "LangGraph runs with its default durability ('async'): a task's write is committed "
-        "while the next task runs, so its record time does not include the commit that "
-        "nbdurable and DBOS wait for"
+        "LangGraph (PostgresSaver) saves a task's write on a background thread, so its record "
+        "time does not include the commit that nbdurable and DBOS wait for; durability='sync' "
+        "waits only for the checkpoint between supersteps, not for a task's write (LangGraph "
+        "has no setting that does): compare commits and WAL flushes per step instead"
+    )
+    t.notes.append(
+        "commits and WAL flushes per recorded step are the server's own counts over the "
+        "record run (pg_stat_database, pg_stat_wal): exact only when nothing else uses the "
+        "server meanwhile; the embedded store's row is its own server-less reference"
     )
     t.notes.append(
         f"values of {size} B; ×nbd is a system's median over nbdurable (PostgreSQL)'s at the "
@@ -326,11 +371,14 @@ def main(argv: list[str] | None = None) -> int:
     steps = [int(s) for s in args.steps.split(",") if s]
     with tempfile.TemporaryDirectory(prefix="nbdurable-bench-pg-") as tmp:
         started = time.monotonic()
-        for table in (
-            per_step(args.url, steps, args.size, Path(tmp)),
-            concurrent(args.url, args.writers, args.writer_steps, args.size),
-        ):
-            print(table.text(), flush=True)
+        # Each table is printed as soon as it is measured: a later section that
+        # fails does not take an earlier one's figures with it.
+        sections = (
+            lambda: per_step(args.url, steps, args.size, Path(tmp)),
+            lambda: concurrent(args.url, args.writers, args.writer_steps, args.size),
+        )
+        for section in sections:
+            print(section().text(), flush=True)
             print()
         print(f"({time.monotonic() - started:.0f} s)")
     return 0

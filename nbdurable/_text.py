@@ -13,6 +13,12 @@ def plural(n: int, word: str) -> str:
     return f"{n} {word}{'' if n == 1 else 's'}"
 
 
+def tokens(n: int, cost: float | None = None) -> str:
+    """``1,234 tokens``, with ``($0.0123)`` when a cost is known."""
+    money = "" if cost is None else f" (${cost:.4f})" if cost < 1 else f" (${cost:,.2f})"
+    return f"{n:,} token{'' if n == 1 else 's'}{money}"
+
+
 def human_size(n: int) -> str:
     """``1.2 MB`` style size."""
     size = float(n)

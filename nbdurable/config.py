@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
+from typing import Any
 
+from .clients.usage import check_prices
 from .errors import UsageProblem
 from .store.versions import KEEP_VERSIONS
 
@@ -29,6 +31,13 @@ class Settings:
       ``postgresql://`` URL for a team store (see ``nbdurable.store.engine``);
       None (default): ``NBDURABLE_STORE``, else ``NBDURABLE_DIR``, else
       ``.nbdurable/`` beside the notebook. Takes effect when the store is next opened.
+    - ``http``: record every step as ``%%step NAME --http`` does (every HTTP
+      request its body makes through httpx or requests, replayed from the
+      record when the body runs again).
+    - ``prices``: what tokens cost, ``{"model": (input per 1k, output per 1k)}``
+      (a reply's dated model name takes the price of the longest name it starts
+      with); with it, the tokens replay saved are also shown as money. None
+      (default): tokens only. nbdurable never fetches prices.
     - ``keep_versions``: how many versions (code and inputs) of each step keep
       their records, the current one included (default 10,
       ``store.versions.KEEP_VERSIONS``); a step set back
@@ -40,6 +49,8 @@ class Settings:
     durability: str = "crash"
     warn_size_mb: float = 100.0
     store: str | None = None
+    prices: dict[str, tuple[float, float]] | None = None
+    http: bool = False
     keep_versions: int = KEEP_VERSIONS
 
 
@@ -69,6 +80,8 @@ def configure(**changes: object) -> Settings:
         raise UsageProblem(
             f"durability must be one of {', '.join(_DURABILITY)} (got {changes['durability']!r})"
         )
+    if "http" in changes and not isinstance(changes["http"], bool):
+        raise UsageProblem(f"http must be True or False (got {changes['http']!r})")
     if "replay_note" in changes and not isinstance(changes["replay_note"], bool):
         raise UsageProblem(f"replay_note must be True or False (got {changes['replay_note']!r})")
     store = changes.get("store")
@@ -77,8 +90,17 @@ def configure(**changes: object) -> Settings:
     size = changes.get("warn_size_mb", 1)
     if isinstance(size, bool) or not isinstance(size, (int, float)) or size <= 0:
         raise UsageProblem(f"warn_size_mb must be a positive number (got {size!r})")
+    if changes.get("prices") is not None:
+        changes["prices"] = _prices(changes["prices"])
     keep = changes.get("keep_versions", 1)
     if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
         raise UsageProblem(f"keep_versions must be a whole number of at least 1 (got {keep!r})")
     _settings = replace(_settings, **changes)  # type: ignore[arg-type]
     return _settings
+
+
+def _prices(prices: Any) -> dict[str, tuple[float, float]]:
+    try:
+        return check_prices(prices)
+    except ValueError as exc:
+        raise UsageProblem(str(exc)) from None

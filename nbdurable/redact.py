@@ -6,6 +6,14 @@ the store. Before a value is written, its bytes are searched for each such
 secret (as UTF-8 text, which is how pickle stores a ``str``); a value that
 contains one is not written, and the warning names the step, the variable
 and the environment variable, never the secret itself.
+
+Keys typed literally into a notebook (``client = OpenAI(api_key="sk-...")``)
+are found by their well-known formats (OpenAI, Anthropic, AWS, GitHub,
+Google: :data:`KEY_FORMATS`), wherever nbdurable writes: a value holding one
+is not written, like an environment secret; outputs and a step's source
+have it replaced by ``[redacted openai key]``. Such a finding is named
+``"openai key"`` (a kind and `` key``) where an environment secret is named
+by its variable; :func:`said` words a list of both for a warning.
 """
 
 from __future__ import annotations
@@ -99,8 +107,15 @@ _AWS_SECRET_NEAR = _EDGE_BEFORE + r"[A-Za-z0-9/+]{40}" + _EDGE_AFTER
 _NEAR = 300  # characters after an access key id in which a bare secret key is taken
 
 
+# In bytes, a key may also follow a pickled short string's opcode and length
+# byte (``\x8c`` and one byte, which may well be a letter: 0x2b is "+"), which is
+# how a pickled ``str`` of under 256 bytes begins.
+_EDGE_BEFORE_BYTES = r"(?:(?<![A-Za-z0-9_+/=-])|(?<=\x8c[\x00-\xff]))"
+
+
 def _compile(pattern: str) -> tuple[re.Pattern[str], re.Pattern[bytes]]:
-    return re.compile(pattern), re.compile(pattern.encode())
+    as_bytes = pattern.replace(_EDGE_BEFORE, _EDGE_BEFORE_BYTES).encode("latin-1")
+    return re.compile(pattern), re.compile(as_bytes)
 
 
 _KEYS = {
@@ -110,9 +125,9 @@ _AWS_LABELLED = _compile(_AWS_SECRET_LABELLED)
 _AWS_NEAR = _compile(_AWS_SECRET_NEAR)
 
 
-def _spans(data: str | bytes) -> list[tuple[int, int, str]]:
-    """``(start, end, kind)`` of every key in ``data``, not overlapping, in order."""
-    which = 1 if isinstance(data, bytes) else 0
+def _spans_in(data: Any) -> list[tuple[int, int, str]]:
+    """``(start, end, kind)`` of every key in ``data``, overlapping ones included."""
+    which = 0 if isinstance(data, str) else 1  # bytes, or a buffer of them
     spans: list[tuple[int, int, str]] = []
     for kind, patterns in _KEYS.items():
         spans += [(m.start(), m.end(), kind) for m in patterns[which].finditer(data)]
@@ -124,6 +139,46 @@ def _spans(data: str | bytes) -> list[tuple[int, int, str]]:
             if m.start() > end + _NEAR:
                 break
             spans.append((m.start(), m.end(), "aws"))
+    return spans
+
+
+#: What every key format (or the AWS secret's label) holds: the patterns run only
+#: in windows around these, so a large value without any costs a few ``find`` calls.
+_HINTS = ("sk-", "AKIA", "ASIA", "ABIA", "ACCA", "ghp_", "gho_", "ghu_", "ghs_", "ghr_",
+          "github_pat_", "AIza", "ecret", "ECRET")  # fmt: skip
+_HINTS_B = tuple(h.encode() for h in _HINTS)
+#: A window reaches this far before a hint (a label's start) and after it (the
+#: longest key, or an AWS id, the gap to its secret key and that key).
+_BEFORE, _AFTER = 64, 640
+
+
+def _windows(data: Any, end: int) -> list[tuple[int, int]]:
+    """Merged ``(start, end)`` windows of ``data[:end]`` around every hint."""
+    hints = _HINTS if isinstance(data, str) else _HINTS_B
+    found = []
+    for hint in hints:
+        i = data.find(hint, 0, end)
+        while i >= 0:
+            found.append((max(0, i - _BEFORE), min(end, i + _AFTER)))
+            i = data.find(hint, i + 1, end)
+    found.sort()
+    merged: list[tuple[int, int]] = []
+    for a, b in found:
+        if merged and a <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(b, merged[-1][1]))
+        else:
+            merged.append((a, b))
+    return merged
+
+
+def _spans(data: Any, end: int | None = None) -> list[tuple[int, int, str]]:
+    """``(start, end, kind)`` of every key in ``data[:end]``, not overlapping, in order.
+
+    ``data`` is text, bytes or a bytearray.
+    """
+    spans: list[tuple[int, int, str]] = []
+    for a, b in _windows(data, len(data) if end is None else end):
+        spans += [(s + a, e + a, kind) for s, e, kind in _spans_in(data[a:b])]
     spans.sort()
     kept: list[tuple[int, int, str]] = []
     for span in spans:
@@ -133,9 +188,26 @@ def _spans(data: str | bytes) -> list[tuple[int, int, str]]:
     return kept
 
 
-def find_keys(data: str | bytes) -> list[str]:
-    """The kinds of well-known keys (``"openai"``, ``"aws"``, ...) that occur in ``data``."""
-    return sorted({kind for _, _, kind in _spans(data)})
+def find_keys(data: Any, end: int | None = None) -> list[str]:
+    """The kinds of well-known keys (``"openai"``, ``"aws"``, ...) in ``data[:end]``."""
+    return sorted({kind for _, _, kind in _spans(data, end)})
+
+
+def key_names(data: Any, end: int | None = None) -> list[str]:
+    """:func:`find_keys` as finding names: ``["openai key"]`` (see :func:`said`)."""
+    return [f"{kind} key" for kind in find_keys(data, end)]
+
+
+def said(names: list[str]) -> str:
+    """Findings for a warning: ``the value of $OPENAI_API_KEY``, ``literal aws and github keys``."""
+    env = [f"${n}" for n in names if not n.endswith(" key")]
+    kinds = [n[: -len(" key")] for n in names if n.endswith(" key")]
+    parts = [f"the value of {', '.join(env)}"] if env else []
+    if len(kinds) == 1:
+        parts.append(f"a literal {kinds[0]} key")
+    elif kinds:
+        parts.append(f"literal {', '.join(kinds[:-1])} and {kinds[-1]} keys")
+    return " and ".join(parts)
 
 
 def redact_keys(data: Any, *, keep_length: bool = False) -> tuple[Any, list[str]]:

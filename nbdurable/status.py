@@ -2,20 +2,25 @@
 
 Reads the store (through :class:`~nbdurable.store.RunView`) and the notebook
 file when known, and never starts a kernel. A kernel adds what only it
-knows (``live``: running, replayed, invalidated in this kernel).
+knows (``live``: running, replayed, invalidated in this kernel; ``current``:
+the inputs as its namespace holds them now). Whether a record replays is
+decided by :func:`nbdurable.identity.verdict.invalid_reason`, the function the step
+runner acts on, so a row says what running the step would do.
 """
 
 from __future__ import annotations
 
 import functools
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from . import procstate
 from ._text import human_size
-from .identity import locate
+from .clients.usage import Tally
+from .identity import locate, verdict
 from .identity.keys import source_fingerprint, step_version
 from .store import RUN_SCOPE, RunView, Store, versions
 from .store.records import StepRecord, StepState
@@ -38,6 +43,8 @@ class StepInfo:
     stale: bool = False
     replayable: bool = True
     calls: int = 0
+    #: tokens the step's model replies reported (input + output): what its replay saves
+    tokens: int = 0
     #: the current record's version (8 hex of its code and inputs' digest; "" if none)
     version: str = ""
     #: how many other versions of the step keep their records (see store.versions)
@@ -72,10 +79,17 @@ def step_infos(
     run_id: str,
     notebook: Path | None = None,
     live: dict[str, tuple[str, str]] | None = None,
+    current: Callable[[StepRecord], tuple[dict[str, str], frozenset[str]]] | None = None,
 ) -> list[StepInfo]:
-    """Every step of the run in notebook order, then steps no longer in the notebook."""
+    """Every step of the run in notebook order, then steps no longer in the notebook.
+
+    ``current``: in a kernel, a record's inputs as the namespace holds them
+    (known fingerprints, names it lacks); see :func:`nbdurable.identity.verdict.invalid_reason`.
+    """
+    judge = _Judge(records_of=None, current=current, view=None)
     view = RunView(store, run_id)
     records, states, live = view.records(), view.states(), live or {}
+    judge.records_of, judge.view = records, view
     cells: list[locate.StepCell] = []
     if notebook is not None:
         nbf = locate.NotebookFile(notebook)
@@ -99,6 +113,7 @@ def step_infos(
                 live.get(key),
                 cell.body,
                 True,
+                judge,
             )
         )
 
@@ -125,6 +140,7 @@ def step_infos(
                 None,
                 # A step this kernel ran is in the notebook, even if not saved yet.
                 notebook is None or not cells or key in live,
+                judge,
             )
         )
     n, size = view.sub_stats(RUN_SCOPE)
@@ -152,13 +168,14 @@ def _info(
     live: tuple[str, str] | None,
     body: str | None,
     in_notebook: bool,
+    judge: _Judge,
 ) -> StepInfo:
     st = st or StepState()
     subs, sub_bytes = view.sub_stats(key)
     size = sub_bytes + (view.store.size_of(view.keys.step(key)) if rec else 0)
     if rec is not None:
         size += sum(v.size for v in rec.variables)
-    state, detail = _state_of(rec, st, live, body, in_notebook)
+    state, detail = _state_of(rec, st, live, body, in_notebook, judge)
     return StepInfo(
         key=key,
         label=label,
@@ -173,9 +190,48 @@ def _info(
         stale=state == "pinned" and bool(detail),
         replayable=rec.replayable if rec else True,
         calls=rec.substeps if rec else subs,
+        tokens=Tally.from_json(rec.tokens).total.total if rec else 0,
         version=step_version(rec.source_fp, rec.inputs)[:8] if rec else "",
         versions=len(versions.kept(view.store, view.keys, key)),
     )
+
+
+@dataclass
+class _Judge:
+    """What a view knows to predict each record's fate (see :mod:`nbdurable.identity.verdict`)."""
+
+    records_of: dict[str, StepRecord] | None
+    current: Callable[[StepRecord], tuple[dict[str, str], frozenset[str]]] | None
+    view: RunView | None
+
+    def reason(self, rec: StepRecord, st: StepState, body: str | None) -> str | None:
+        if self.current is not None:
+            inputs, unknown = self.current(rec)
+        else:  # no kernel: no namespace to compare with
+            inputs, unknown = {}, frozenset(rec.inputs)
+        source_fp = None if body is None else _python_source_fp(body)
+        why = verdict.invalid_reason(
+            rec,
+            st,
+            source_fp=source_fp,
+            inputs=inputs,
+            unknown=unknown,
+            upstream=self.records_of,
+            environment=self.current is not None,
+        )
+        if why is None or st.pinned or unknown or source_fp not in (None, rec.source_fp):
+            return why
+        # The step runner first brings back a kept record of the version it is about
+        # to run (store.versions): that one replays. Only where the version is known:
+        # the same code (so the same input names) and every input seen in the kernel.
+        view = self.view
+        if (
+            self.current is not None
+            and view is not None
+            and versions.has(view.store, view.keys, rec.key, step_version(rec.source_fp, inputs))
+        ):
+            return None
+        return why
 
 
 def _state_of(
@@ -184,6 +240,7 @@ def _state_of(
     live: tuple[str, str] | None,
     body: str | None,
     in_notebook: bool,
+    judge: _Judge,
 ) -> tuple[str, str]:
     live_state, live_detail = live or ("", "")
     if live_state == "running":
@@ -192,9 +249,7 @@ def _state_of(
         if st.failed:
             return "failed", st.failed
         return "pending", ""
-    stale = st.stale or ""
-    if not stale and body is not None and _python_source_fp(body) != rec.source_fp:
-        stale = "its code changed"
+    stale = judge.reason(rec, st, body) or ""
     if not stale and live_state in ("invalidated", "pinned-stale"):
         stale = live_detail
     if st.pinned:
@@ -216,8 +271,15 @@ def _state_of(
 
 
 def format_table(infos: list[StepInfo]) -> str:
-    """The plain-text table shown by ``%step list`` and ``nbdurable status``."""
+    """The plain-text table shown by ``%step list`` and ``nbdurable status``.
+
+    A ``tokens`` column (what each step's model replies reported, so what its
+    replay saves) is there when some step's replies reported tokens.
+    """
+    with_tokens = any(i.tokens for i in infos)
     head = ("#", "step", "state", "recorded", "version", "sub-steps", "size", "detail")
+    if with_tokens:
+        head = (*head[:6], "tokens", *head[6:])
     rows = [head]
     for i in infos:
         when = "-"
@@ -226,9 +288,10 @@ def format_table(infos: list[StepInfo]) -> str:
         pos = "-" if i.cell is None else str(i.cell)
         state = i.state + (" (stale)" if i.stale else "")
         version = (i.version or "-") + (f" +{i.versions}" if i.versions else "")
-        rows.append(
-            (pos, i.label, state, when, version, str(i.substeps), human_size(i.size), i.detail)
-        )
+        row = (pos, i.label, state, when, version, str(i.substeps), human_size(i.size), i.detail)
+        if with_tokens:
+            row = (*row[:6], f"{i.tokens:,}" if i.tokens else "-", *row[6:])
+        rows.append(row)
     widths = [max(len(r[c]) for r in rows) for c in range(len(head) - 1)]
     lines = [
         "  ".join(c.ljust(w) for c, w in zip(r[:-1], widths, strict=True)) + "  " + r[-1]

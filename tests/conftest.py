@@ -27,8 +27,14 @@ PG_DEFAULT = "postgresql://postgres@127.0.0.1:5432/test"
 
 
 @pytest.fixture(scope="session")
-def pg_server() -> str:
-    """The URL of a running PostgreSQL server (NBDURABLE_TEST_PG); fails, never skips."""
+def pg_server():
+    """The URL of a running PostgreSQL server: NBDURABLE_TEST_PG's, else one of the tests' own.
+
+    Where no server answers at NBDURABLE_TEST_PG (default: the one at
+    127.0.0.1:5432), the tests start their own from the PostgreSQL binaries
+    (``pg_util.PrivateServer``) for the session. Fails, never skips, when
+    neither can be had.
+    """
     import os
 
     import psycopg
@@ -39,14 +45,25 @@ def pg_server() -> str:
         psycopg.connect(url, connect_timeout=5).close()
     except psycopg.OperationalError as exc:
         problem = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    if problem is not None:  # outside the except: one line, no chained traceback
+    if problem is None:
+        yield url
+        return
+    from pg_util import PrivateServer
+
+    try:
+        own = PrivateServer()
+    except RuntimeError as exc:
+        problem += f"; and no server of the tests' own: {str(exc).splitlines()[0]}"
+        own = None
+    if own is None:  # outside the except: one line, no chained traceback
         pytest.fail(
             f"no PostgreSQL server answers at {url} ({problem}): start one "
             "(`pg_ctlcluster 15 main start`, or apt-get install postgresql) or set "
             "NBDURABLE_TEST_PG to a server's URL",
             pytrace=False,
         )
-    return url
+    yield own.url
+    own.close()
 
 
 @pytest.fixture
@@ -62,3 +79,24 @@ def pg_url(pg_server, monkeypatch, request):
     yield f"{pg_server}{sep}namespace={namespace}"
     with psycopg.connect(pg_server, autocommit=True) as conn:
         conn.execute(f'DROP SCHEMA IF EXISTS "{namespace}" CASCADE')
+
+
+@pytest.fixture
+def private_pg(monkeypatch):
+    """A PostgreSQL server of the test's own, which it may stop and restart.
+
+    See ``pg_util.PrivateServer``; the shared server of ``pg_server`` is never
+    stopped. Fails, never skips, where no PostgreSQL binaries are installed.
+    """
+    from pg_util import PrivateServer
+
+    monkeypatch.setenv("NBDURABLE_KEY", "test-team-key-" + "k" * 16)
+    problem = None
+    try:
+        server = PrivateServer()
+    except RuntimeError as exc:
+        problem = str(exc).splitlines()[0]
+    if problem is not None:  # outside the except: one line, no chained traceback
+        pytest.fail(problem, pytrace=False)
+    yield server
+    server.close()

@@ -1,7 +1,15 @@
-"""Helpers of the PostgreSQL tests: statements on the server beside the store under test."""
+"""Helpers of the PostgreSQL tests: statements on the server beside the store under test,
+and a server of a test's own (:class:`PrivateServer`) for the faults that stop one."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+from pathlib import Path
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
 import psycopg
@@ -32,3 +40,82 @@ def terminate(url: str) -> int:
         (f"nbdurable-{namespace(url)}",),
     )
     return len(rows)
+
+
+class PrivateServer:
+    """A PostgreSQL server of the test's own, to stop and restart at will.
+
+    ``initdb`` in a fresh temporary directory, then ``pg_ctl`` on a free
+    port of 127.0.0.1 (trust authentication, database ``postgres``), from the
+    binaries of Debian's ``postgresql`` package (NBDURABLE_TEST_PG_BIN, else
+    the newest ``/usr/lib/postgresql/*/bin``). PostgreSQL refuses to run as
+    root, so as root every command runs as the ``postgres`` user (``runuser``).
+    The shared server of the other tests is never touched.
+    """
+
+    def __init__(self, parent: str | None = None) -> None:
+        self.bindir = _bindir()
+        # Not pytest's tmp_path: as root, that is private to root and the server's
+        # user could not enter it.
+        self.dir = Path(tempfile.mkdtemp(prefix="nbd-pg-", dir=parent))
+        self.data = self.dir / "data"
+        self.log = self.dir / "server.log"
+        self._as = []
+        if os.geteuid() == 0:
+            self._as = ["runuser", "-u", "postgres", "--"]
+            shutil.chown(self.dir, "postgres")
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            self.port = sock.getsockname()[1]
+        self.url = f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+        # --no-sync only speeds up creating the files; the server itself runs
+        # with fsync and synchronous_commit on, as a real one does.
+        self._run("initdb", "-D", str(self.data), "-A", "trust", "-U", "postgres", "--no-sync")
+        self.start()
+
+    def _run(self, tool: str, *args: str) -> None:
+        done = subprocess.run(
+            [*self._as, str(self.bindir / tool), *args],
+            cwd=self.dir,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        if done.returncode != 0:
+            log = self.log.read_text() if self.log.exists() else ""
+            raise RuntimeError(f"{tool} {args} failed: {done.stdout}{done.stderr}{log[-2000:]}")
+
+    def start(self) -> None:
+        """Start the server and wait until it accepts connections."""
+        options = f"-p {self.port} -c listen_addresses=127.0.0.1 -k {self.dir}"
+        self._run("pg_ctl", "-D", str(self.data), "-l", str(self.log), "-o", options, "-w", "start")
+
+    def stop(self, mode: str = "fast") -> None:
+        """Stop the server (``fast``: every session is ended at once; ``immediate``: a crash)."""
+        self._run("pg_ctl", "-D", str(self.data), "-m", mode, "-w", "stop")
+
+    def restart(self) -> None:
+        """Stop the server, ending every session, and start it again."""
+        self.stop()
+        self.start()
+
+    def close(self) -> None:
+        """Stop the server if it runs, and remove its files."""
+        with contextlib.suppress(RuntimeError):
+            self.stop("immediate")
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def _bindir() -> Path:
+    env = os.environ.get("NBDURABLE_TEST_PG_BIN")
+    found = (
+        [Path(env)]
+        if env
+        else sorted(Path("/usr/lib/postgresql").glob("*/bin"), key=lambda p: int(p.parent.name))
+    )
+    if not found or not (found[-1] / "initdb").exists():
+        raise RuntimeError(
+            "no PostgreSQL binaries (initdb, pg_ctl) to start a server of the test's own: "
+            "apt-get install postgresql, or set NBDURABLE_TEST_PG_BIN to their directory"
+        )
+    return found[-1]

@@ -5,9 +5,11 @@ edited (one step changed, one pinned and changed, one deleted, new ones added), 
 in JupyterLab (and, in a second test, in Notebook 7) and run all. The panel,
 displayed in the second cell, must show each step's state in the DOM, live while
 cells run, and its Pin and Clear buttons must change the store, and a pin made by
-the CLI must show on Refresh. Screenshots go to test-artifacts/, and to
-docs/panel.png (the README's, JupyterLab's) when it is missing or
-NBDURABLE_UPDATE_SCREENSHOT=1.
+the CLI must show on Refresh. At window widths from 360 to 1280 px, in the
+light and the dark theme, no value of a row may lie under a button, be cut or
+split across lines. Screenshots go to test-artifacts/, and to docs/panel.png,
+docs/panel-narrow.png and docs/panel-dark.png (the README's, JupyterLab's)
+when missing or NBDURABLE_UPDATE_SCREENSHOT=1.
 
 Chromium is Debian's (``.ci/run`` installs it); the test fails, never skips,
 when it is missing. Never ``playwright install``.
@@ -32,7 +34,7 @@ import pytest
 from kernel_util import REPO_ROOT, make_notebook, run_notebook
 
 from nbdurable import commands, status
-from nbdurable.store import Store
+from nbdurable.store import RunView, Store
 
 pytestmark = pytest.mark.browser
 
@@ -49,6 +51,8 @@ CHROMIUM_ARGS = [
 ]
 ARTIFACTS = REPO_ROOT / "test-artifacts"
 SCREENSHOT = REPO_ROOT / "docs" / "panel.png"
+NARROW_SCREENSHOT = REPO_ROOT / "docs" / "panel-narrow.png"  # a 360 px window
+DARK_SCREENSHOT = REPO_ROOT / "docs" / "panel-dark.png"
 # docs/panel.png is committed (the README shows it), so a test run does not rewrite
 # it unless asked: NBDURABLE_UPDATE_SCREENSHOT=1 python -m pytest tests/test_browser.py
 UPDATE_SCREENSHOT = os.environ.get("NBDURABLE_UPDATE_SCREENSHOT") == "1"
@@ -270,12 +274,15 @@ def _check_panel(lab):
             )
             expect(header).to_contain_text("replay saved")
 
+            _check_layout(page, "light", shot)
+            page.set_viewport_size({"width": 1280, "height": 1000})
             panel = page.locator(".nbd-panel")
             panel.scroll_into_view_if_needed()
             page.mouse.move(0, 0)  # no hover highlight in the picture
             panel.screenshot(path=str(ARTIFACTS / f"{shot}panel.png"))
             if kind == "lab" and (UPDATE_SCREENSHOT or not SCREENSHOT.exists()):
                 shutil.copy(ARTIFACTS / "panel.png", SCREENSHOT)
+                shutil.copy(ARTIFACTS / "panel-light-360.png", NARROW_SCREENSHOT)
 
             # Pin from the panel: the store has the pin.
             def row(step: str):
@@ -295,9 +302,14 @@ def _check_panel(lab):
             expect(line("research")).to_have_attribute("data-state", "pending")
             after = _infos(store, notebook)
             assert after["research"].recorded_at is None and after["research"].substeps == 0
-            expect(line("pinned").locator(".nbd-detail")).to_contain_text(
-                "upstream step 'research' was cleared"
-            )
+            # Its dependant is marked stale in the store; the row keeps the first reason
+            # the step runner would give (its code changed: checked before stale marks).
+            with Store(store) as s:
+                assert (
+                    "upstream step 'research' was cleared"
+                    in RunView(s, RUN_ID).state("name:pinned").stale
+                )
+            expect(line("pinned").locator(".nbd-detail")).to_have_text("its code changed")
 
             # The CLI, from another process, on the same store: the panel shows it on Refresh.
             cli = subprocess.run(
@@ -332,8 +344,89 @@ def _check_panel(lab):
             page.wait_for_function(
                 "() => document.body.dataset.jpThemeLight === 'false'", timeout=20_000
             )
-            page.wait_for_timeout(500)
+            _check_layout(page, "dark", shot)
+            page.set_viewport_size({"width": 1280, "height": 1000})
+            panel.scroll_into_view_if_needed()
+            page.mouse.move(0, 0)
             panel.screenshot(path=str(ARTIFACTS / f"{shot}panel-dark.png"))
+            if kind == "lab" and (UPDATE_SCREENSHOT or not DARK_SCREENSHOT.exists()):
+                shutil.copy(ARTIFACTS / "panel-dark.png", DARK_SCREENSHOT)
         finally:
             page.screenshot(path=str(ARTIFACTS / f"browser-{shot}final.png"), full_page=True)
             browser.close()
+
+
+#: Browser widths the panel must read well at: a phone, JupyterLab at ~950 px with the
+#: file browser open (a 520 px panel), a laptop, a wide screen.
+WIDTHS = (360, 520, 800, 1280)
+
+# Every problem of the panel's layout, as text: a value drawn under a button, a value
+# cut by its row's box, a value split across lines. Values are the name, the badge and
+# each fact; the detail line may wrap (it is prose) but must stay clear of the buttons.
+_LAYOUT_PROBLEMS = """() => {
+    const problems = [];
+    for (const b of document.querySelectorAll('.nbd-panel button'))
+        if (getComputedStyle(b).visibility !== 'hidden' && b.scrollWidth > b.clientWidth + 1)
+            problems.push(`button '${b.innerText}' is cut`);
+    const hit = (a, b) => a.left < b.right - 0.5 && b.left < a.right - 0.5
+        && a.top < b.bottom - 0.5 && b.top < a.bottom - 0.5;
+    for (const row of document.querySelectorAll('.nbd-row')) {
+        const step = row.querySelector('.nbd-step');
+        if (!step) continue;
+        const name = step.dataset.step;
+        const box = step.parentElement.getBoundingClientRect();
+        const buttons = [...row.querySelectorAll('button')]
+            .filter(b => getComputedStyle(b).visibility !== 'hidden')
+            .map(b => [b.innerText, b.getBoundingClientRect()]);
+        const values = step.querySelectorAll('.nbd-name, .nbd-badge, .nbd-fact');
+        for (const v of values) {
+            const r = v.getBoundingClientRect();
+            const what = `${name}: ${v.className} '${v.innerText}'`;
+            if (r.right > box.right + 0.5 || r.left < box.left - 0.5)
+                problems.push(`${what} is cut by its box`);
+            if (v.scrollWidth > v.clientWidth + 1 && getComputedStyle(v).display !== 'inline')
+                problems.push(`${what} is cut (${v.scrollWidth} > ${v.clientWidth})`);
+            const lh = parseFloat(getComputedStyle(v).lineHeight) || 20;
+            if (v.getClientRects().length > 1 || r.height > lh * 1.5)
+                problems.push(`${what} is split across lines`);
+            for (const [label, b] of buttons)
+                if (hit(r, b)) problems.push(`${what} is under button ${label}`);
+        }
+        const detail = step.querySelector('.nbd-detail');
+        if (detail)
+            for (const [label, b] of buttons)
+                if (hit(detail.getBoundingClientRect(), b))
+                    problems.push(`${name}: detail is under button ${label}`);
+    }
+    return problems;
+}"""
+
+
+def _check_layout(page, theme: str, shot: str) -> None:
+    """At every width of WIDTHS: no value under a button, cut, or split across lines."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    # The side bars closed, so the notebook (and the panel) get the window's width less
+    # their margins; with the file browser open at 360 px no notebook is readable at all.
+    page.evaluate(
+        "() => { const s = window.jupyterapp.shell;"
+        " if (s.collapseLeft) s.collapseLeft(); if (s.collapseRight) s.collapseRight(); }"
+    )
+    for width in WIDTHS:
+        page.set_viewport_size({"width": width, "height": 900})
+        # Relayout is asynchronous (Lumino): wait until the rows fit this window.
+        page.wait_for_function(
+            "w => [...document.querySelectorAll('.nbd-row')].every("
+            "r => r.getBoundingClientRect().right <= w)",
+            arg=width,
+            timeout=20_000,
+        )
+        with contextlib.suppress(PlaywrightTimeout):  # what is wrong is reported below
+            page.wait_for_function(f"({_LAYOUT_PROBLEMS})().length === 0", timeout=5_000)
+        problems = page.evaluate(_LAYOUT_PROBLEMS)
+        if problems or width == 360:
+            page.locator(".nbd-panel").screenshot(
+                path=str(ARTIFACTS / f"{shot}panel-{theme}-{width}.png")
+            )
+            page.screenshot(path=str(ARTIFACTS / f"browser-{shot}{theme}-{width}.png"))
+        assert not problems, f"{theme} theme at {width} px:\n" + "\n".join(problems)

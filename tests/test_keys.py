@@ -932,6 +932,7 @@ def test_sub_id_str_subclass_becomes_plain_str():
         ("a\nb", r"control character '\\n' at index 1"),
         ("tab\there", "control character"),
         ("del\x7f", r"'\\x7f' at index 3"),
+        ("http:1", "kept for the HTTP exchanges of --http steps"),
     ],
 )
 def test_invalid_sub_ids(sub_id, match):

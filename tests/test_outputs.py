@@ -24,6 +24,7 @@ import nbformat
 import pytest
 from kernel_util import make_notebook, outputs_of, run_notebook, stream_text
 
+from nbdurable.identity import verdict
 from nbdurable.kernel import fileio
 from nbdurable.store import Store
 from nbdurable.store.records import StepRecord
@@ -255,13 +256,13 @@ def test_a_file_written_whole_is_hashed_once_by_streaming(tmp_path):
     got = fileio.outputs({str(path): None})
     assert got[str(path)][0] == len(data)
     assert got[str(path)][2] == hashlib.sha256(data).hexdigest()[:32]
-    assert fileio.changed(got) == []
+    assert verdict.files_changed(got) == []
     path.write_bytes(data[:-1] + b"!")
-    assert fileio.changed(got) == [str(path)]
+    assert verdict.files_changed(got) == [str(path)]
     path.write_bytes(data + b"more")  # a file written whole that grew has changed
-    assert fileio.changed(got) == [str(path)]
+    assert verdict.files_changed(got) == [str(path)]
     path.unlink()
-    assert fileio.changed(got) == [str(path)]
+    assert verdict.files_changed(got) == [str(path)]
 
 
 def test_an_appended_file_is_its_own_part(tmp_path):
@@ -275,11 +276,11 @@ def test_an_appended_file_is_its_own_part(tmp_path):
     assert got[str(log)][2] == hashlib.sha256(b"mine\n").hexdigest()[:32]
     with open(log, "ab") as f:
         f.write(b"after\n")
-    assert fileio.changed(got) == []  # others appending later is no change
+    assert verdict.files_changed(got) == []  # others appending later is no change
     log.write_bytes(b"before\nMINE\nafter\n")
-    assert fileio.changed(got) == [str(log)]
+    assert verdict.files_changed(got) == [str(log)]
     log.write_bytes(b"before\n")  # cut back to what was there before the step
-    assert fileio.changed(got) == [str(log)]
+    assert verdict.files_changed(got) == [str(log)]
 
 
 def test_files_gone_by_the_end_of_the_step_are_not_outputs(tmp_path):
@@ -292,13 +293,13 @@ def test_files_gone_by_the_end_of_the_step_are_not_outputs(tmp_path):
 
 
 def test_the_reason_names_each_file_as_the_user_wrote_it(tmp_path, monkeypatch):
-    from nbdurable.kernel.stepper import _output_reason
-
     monkeypatch.chdir(tmp_path)
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "b.csv").write_text("x")
     paths = [str(tmp_path / "out" / "a.csv"), str(tmp_path / "out" / "b.csv")]
-    assert _output_reason(paths[:1]) == "output file 'out/a.csv' is missing"
-    assert _output_reason(paths) == "output files 'out/a.csv' is missing, 'out/b.csv' changed"
+    assert verdict.output_reason(paths[:1]) == "output file 'out/a.csv' is missing"
+    both = verdict.output_reason(paths)
+    assert both == "output files 'out/a.csv' is missing, 'out/b.csv' changed"
     outside = os.path.join(os.path.dirname(tmp_path), "elsewhere.csv")
-    assert re.fullmatch(r"output file '/.*elsewhere\.csv' is missing", _output_reason([outside]))
+    said = verdict.output_reason([outside])
+    assert re.fullmatch(r"output file '/.*elsewhere\.csv' is missing", said)

@@ -7,6 +7,8 @@ last test checks ``%step panel`` in a real kernel.
 
 from __future__ import annotations
 
+import dataclasses
+import queue
 import time
 
 import ipywidgets
@@ -57,9 +59,16 @@ def session(tmp_path):
     engine.reset_session()
 
 
-@pytest.fixture
-def every_state(session):
-    """A run with a step in every state (running is tested live, below)."""
+@pytest.fixture(params=["disk", pytest.param("postgres", marks=pytest.mark.postgres)])
+def every_state(session, request):
+    """A run with a step in every state (running is tested live, below), on either engine.
+
+    On ``postgres`` the same panel works on the team store (a namespace of the
+    shared test server), unchanged.
+    """
+    if request.param == "postgres":
+        session.store.close()
+        session.set_store(Store(request.getfixturevalue("pg_url")), RUN)
     write_notebook(session.notebook, STEPS)
     for name in ("plan", "research", "frozen", "pinned", "changed"):
         session.run_step(STEPS[name], name=name)
@@ -218,7 +227,9 @@ def test_live_updates_while_a_step_runs(session):
     """The row switches to running and its counter moves while the cell is still running."""
     session.notebook.write_text("{}")  # no cells saved yet: the row comes from events
     p = StepPanel(session, interval=0.05)
-    seen = []
+    # What probe saw: in a queue, fingerprinted by its type only, so filling it does not
+    # change probe's fingerprint (a list would: the step's input 'probe' changed).
+    seen_q: queue.SimpleQueue = queue.SimpleQueue()
 
     def row_says(text):
         row = p.rows.get("name:loop")
@@ -227,21 +238,26 @@ def test_live_updates_while_a_step_runs(session):
     def probe(text):
         # Runs inside the step's body: the timer thread must update the panel meanwhile.
         wait_for(lambda: row_says(text), timeout=60)
-        seen.append((p.rows["name:loop"].state, text))
+        seen_q.put((p.rows["name:loop"].state, text))
+
+    def seen():
+        out = []
+        while not seen_q.empty():
+            out.append(seen_q.get())
+        return out
 
     session.user_ns["probe"] = probe
     body = "for i in range(4):\n    step(f's:{i}', str, i)\n    probe(f'{i + 1} {WHAT}')"
     try:
         session.user_ns["WHAT"] = "recorded"
         session.run_step(body, name="loop")
-        assert seen == [("running", f"{n} recorded") for n in range(1, 5)]
+        assert seen() == [("running", f"{n} recorded") for n in range(1, 5)]
         wait_for(lambda: p.rows["name:loop"].state == "recorded", timeout=60)
         assert row_says("4/4 recorded")
         # Run again (forced): the sub-steps replay, and the counter says so.
-        seen.clear()
         session.user_ns["WHAT"] = "replayed"
         session.run_step(body, name="loop", force=True)
-        assert seen == [("running", f"{n} replayed") for n in range(1, 5)]
+        assert seen() == [("running", f"{n} replayed") for n in range(1, 5)]
         wait_for(lambda: p.rows["name:loop"].state == "recorded", timeout=60)
         assert row_says("4/4 recorded") and not row_says("replayed")
     finally:
@@ -264,7 +280,10 @@ def test_thousands_of_substeps_are_batched(session, monkeypatch):
     """A loop of 3000 real sub-steps: a handful of flushes, and no store reads per sub-step."""
     session.notebook.write_text("{}")
     p = StepPanel(session, interval=0.2)
-    loads, sent, changes, mid = [], [], [], []
+    loads, sent = [], []
+    # Queues, fingerprinted by type only: filling them leaves the step's input 'middle' as it was.
+    changes: queue.SimpleQueue = queue.SimpleQueue()
+    mid: queue.SimpleQueue = queue.SimpleQueue()
     real_load = p._load
     monkeypatch.setattr(p, "_load", lambda: loads.append(1) or real_load())
     real_send = ipywidgets.Widget._send
@@ -285,8 +304,8 @@ def test_thousands_of_substeps_are_batched(session, monkeypatch):
 
         wait_for(live, timeout=30, msg=lambda: repr(p.rows.get("name:big")))
         row = p.rows["name:big"]
-        mid.append(row.html.value)
-        row.html.observe(lambda ch: changes.append(ch["new"]), "value")
+        mid.put(row.html.value)
+        row.html.observe(lambda ch: changes.put(ch["new"]), "value")
 
     session.user_ns["middle"] = middle
     t0 = time.monotonic()
@@ -298,12 +317,13 @@ def test_thousands_of_substeps_are_batched(session, monkeypatch):
         wait_for(lambda: p.rows["name:big"].state == "recorded")
         elapsed = time.monotonic() - t0
         assert f"{n}/{n} recorded" in p.rows["name:big"].html.value
-        assert "running" in mid[0] and " recorded" in mid[0]  # live mid-loop
+        first = mid.get_nowait()
+        assert "running" in first and " recorded" in first  # live mid-loop
         # Flushes are throttled to one per interval (plus the leading and trailing
         # ones), and the store is read at step boundaries only, never per sub-step.
         bound = elapsed / p.interval + 3
         assert p.flushes <= bound, (p.flushes, elapsed)
-        assert len(changes) <= bound, (len(changes), elapsed)
+        assert changes.qsize() <= bound, (changes.qsize(), elapsed)
         assert len(sent) <= 6 * bound, (len(sent), elapsed)
         assert len(loads) <= 3, len(loads)
     finally:
@@ -416,3 +436,30 @@ def test_readme_explains_every_state():
     assert "docs/panel.png" in section
     for state, help_line in STATE_HELP.items():  # one line per state, as the panel's tooltips
         assert f"**{state}** — {help_line}\n" in section, state
+
+
+def test_time_saved_is_claimed_only_when_the_record_took_time():
+    # A record made while its 10 calls replayed (after a Clear of the step) took ~0 s.
+    quick = status.StepInfo(
+        "name:a", "a", "recorded", recorded_at=time.time(), duration=0.01, substeps=10, calls=10
+    )
+    assert "replay saves 10 calls" in row_html(quick), row_html(quick)
+    assert "0.0" not in row_html(quick)
+    slow = dataclasses.replace(quick, duration=12.0)
+    assert "replay saves 12.0 s, 10 calls" in row_html(slow), row_html(slow)
+    no_calls = dataclasses.replace(quick, calls=0, substeps=0)
+    assert "replay saves 0.01 s" in row_html(no_calls), row_html(no_calls)
+
+
+def test_a_buttons_message_goes_when_a_cell_runs(every_state):
+    p = StepPanel(every_state)
+    try:
+        p.show()  # the panel follows the cells run after it
+        rows = {r.info.label: r for r in p.rows.values()}
+        rows["research"].pin_button.click()
+        assert "pinned: research" in p.message.value, p.message.value
+        every_state.shell.run_cell("1 + 1")
+        assert p.message.value == ""
+        assert rows["research"].state == "pinned"  # the action itself stays
+    finally:
+        p.close()

@@ -239,25 +239,30 @@ def test_a_session_killed_in_the_middle_of_a_blob_write(pg_url, monkeypatch):
         assert s.check() == []
 
 
-def test_a_step_record_killed_mid_transaction_commits_whole_or_not_at_all(pg_url, monkeypatch):
-    """apply() is one transaction: ended mid-way, the retry writes every record of it."""
+def test_a_step_record_whose_session_ends_commits_whole_once(pg_url, monkeypatch):
+    """apply() is one statement: its session ended, the retry writes every record of it once."""
     import psycopg as pg_mod
 
     with Store(pg_url) as s:
         rk = RunKeys("r")
-        real = pg_mod.Cursor.executemany
-        state = {"calls": 0}
+        real = pg_mod.Connection.execute
+        sent = []
 
-        def executemany(self, query, params, **kw):
-            state["calls"] += 1
-            if state["calls"] == 1:  # the session ends before the records are sent
-                terminate(pg_url)
+        def execute(self, query, params=None, **kw):
+            if "unnest" in str(query):
+                sent.append(query)
+                if len(sent) == 1:  # the session ends before the records are sent
+                    terminate(pg_url)
             return real(self, query, params, **kw)
 
-        monkeypatch.setattr(pg_mod.Cursor, "executemany", executemany)
+        monkeypatch.setattr(pg_mod.Connection, "execute", execute)
         s.apply(puts=[(rk.step(f"k{i}"), {"i": i}, b"") for i in range(10)])
-        assert state["calls"] == 2
-        assert len(s.scan(rk.steps)) == 10
+        assert len(sent) == 2, "the write was sent again on a new session"
+        assert [s.get(k)[0]["i"] for k in s.scan(rk.steps)] == list(range(10))
+        count = pg_sql(
+            pg_url, f"SELECT count(*) FROM \"{namespace(pg_url)}\".kv WHERE key LIKE 'r/%%'"
+        )
+        assert count == [(10,)]
 
 
 def test_a_slow_store_answers_within_the_statement_timeout(pg_url):
@@ -393,6 +398,12 @@ def test_cli_ls_gc_check_and_copy_with_a_url(pg_url, tmp_path, capsys):
     assert [r["run"] for r in runs] == ["nb.ipynb"]
     assert main(["check", "--store", pg_url]) == 0
     assert "sound" in capsys.readouterr().out
+    # ... and back to a directory, verified on the way.
+    assert main(["copy", "nb.ipynb", "--from", pg_url, "--to", str(tmp_path / "back")]) == 0
+    assert "copied run 'nb.ipynb': 3 records and 1 saved variables" in capsys.readouterr().out
+    with Store(tmp_path / "back") as back, Store(tmp_path / "disk") as disk:
+        rk = RunKeys("nb.ipynb")
+        assert back.scan(rk.base) == disk.scan(rk.base)
     assert main(["check", "--store", str(tmp_path / "disk")]) == 0
     assert "sound" in capsys.readouterr().out
     assert main(["gc", "--store", pg_url, "--older-than", "0s"]) == 0

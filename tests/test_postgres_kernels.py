@@ -17,6 +17,7 @@ import nbformat
 import pytest
 from kernel_util import make_notebook, outputs_of, run_notebook
 from nbclient.exceptions import CellExecutionError, DeadKernelError
+from pg_util import pg_sql
 from test_cli import CRASHY, inproc, write
 from test_faults import FIXED_KILLS, run_scenario
 from test_lease import Kernel
@@ -84,7 +85,7 @@ def test_a_notebook_recorded_on_postgres_resumes_and_replays_in_fresh_kernels(
     assert {s["state"] for s in status["steps"]} == {"recorded"}, status["steps"]
 
 
-def test_cli_status_and_export_through_a_url(tmp_path, pg_url, capsys):
+def test_cli_status_export_pin_and_clear_through_a_url(tmp_path, pg_url, capsys):
     env = _machine(tmp_path, "a", pg_url)
     cells = CELLS[:2]
     nbformat.write(make_notebook(cells), tmp_path / "a" / "story.ipynb")
@@ -98,6 +99,22 @@ def test_cli_status_and_export_through_a_url(tmp_path, pg_url, capsys):
     assert main(["export", notebook, "--store", pg_url, "--format", "json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["run"] == "story.ipynb" and [s["label"] for s in doc["steps"]] == ["plan"]
+
+    # pin, unpin and clear: the same commands, through the URL.
+    def state() -> str:
+        capsys.readouterr()
+        assert main(["status", notebook, "--store", pg_url, "--json"]) == 0
+        (step,) = json.loads(capsys.readouterr().out)["steps"]
+        return step["state"]
+
+    assert main(["pin", notebook, "plan", "--store", pg_url]) == 0
+    assert state() == "pinned"
+    assert main(["unpin", notebook, "plan", "--store", pg_url]) == 0
+    assert state() == "recorded"
+    assert main(["clear", notebook, "plan", "--store", pg_url]) == 0
+    assert state() == "pending"
+    with Store(pg_url) as store:
+        assert store.scan("r/story.ipynb/") == [], "the step and its sub-steps are gone"
 
 
 def test_two_machines_share_a_run_one_at_a_time(tmp_path, pg_url):
@@ -185,3 +202,127 @@ def test_a_server_that_is_down_is_one_line_in_the_notebook(tmp_path, monkeypatch
     assert text.startswith("UsageError: cannot reach the nbdurable store at ")
     assert f"postgresql://postgres@127.0.0.1:{port}/test" in text and ":pw@" not in text
     assert "\n" not in text and "start the PostgreSQL server" in text
+
+
+# -- the server restarted mid-step (a server of the test's own) -------------------------------
+
+# Six sub-steps; the fourth call waits, as a slow model call would, until the test
+# has done to the server what it does, and tells it where it is through files.
+MID_STEP = [
+    "%load_ext nbdurable\nfrom nbdurable import step",
+    "%%step calls\n"
+    "import os, pathlib, time\n"
+    "sync = pathlib.Path(os.environ['SYNC_DIR'])\n"
+    "def call(i):\n"
+    "    with open(sync / 'ledger', 'a') as f:\n"
+    "        f.write(f'{i}\\n')  # every real call\n"
+    "    if i == 3:\n"
+    "        (sync / 'in-call').touch()\n"
+    "        deadline = time.monotonic() + 120\n"
+    "        while not (sync / 'go').exists():\n"
+    "            assert time.monotonic() < deadline, 'the test never let the call return'\n"
+    "            time.sleep(0.02)\n"
+    "        (sync / 'go').unlink()  # returning now: the record is written next\n"
+    "    return i * i\n"
+    "squares = [step(f'c{i}', call, i) for i in range(6)]\n"
+    "print(squares)",
+]
+
+
+def _wait_for(condition, what: str, kernel: Kernel) -> None:
+    deadline = time.monotonic() + 120
+    while not condition():
+        assert kernel.km.is_alive(), f"the kernel died before it {what}"
+        assert time.monotonic() < deadline, f"the kernel never {what}"
+        time.sleep(0.02)
+
+
+def _reply(kernel: Kernel, msg_id: str) -> tuple[str, str]:
+    """Wait for the cell ``msg_id`` to finish: its status and what it printed."""
+    out = []
+    while True:
+        msg = kernel.kc.get_iopub_msg(timeout=180)
+        if msg["parent_header"].get("msg_id") != msg_id:
+            continue
+        if msg["msg_type"] == "stream":
+            out.append(msg["content"]["text"])
+        elif msg["msg_type"] == "error":
+            out.append(f"{msg['content']['ename']}: {msg['content']['evalue']}")
+        elif msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+            break
+    reply = kernel.kc.get_shell_msg(timeout=60)
+    assert reply["parent_header"]["msg_id"] == msg_id
+    return reply["content"]["status"], "".join(out)
+
+
+@pytest.mark.parametrize("fault", ["restarted", "down-while-recording"])
+def test_a_server_restarted_mid_step_loses_nothing_and_repeats_nothing(fault, tmp_path, private_pg):
+    """The server goes away while a call runs; the kernel reconnects and records it once.
+
+    ``restarted``: a fast restart while the fourth call runs ends every session
+    of the kernel (its pooled connections, its lease's); the record after the
+    call finds its connection dead and reconnects. ``down-while-recording``:
+    the server crashes (immediate stop) during the call and is started again
+    only once the call has returned, while the kernel is recording it.
+    """
+    url = private_pg.url + "?namespace=team"
+    sync = tmp_path / "sync"
+    sync.mkdir()
+    env = {
+        "NBDURABLE_STORE": url,
+        "NBDURABLE_NOTEBOOK": str(tmp_path / "nb.ipynb"),
+        "SYNC_DIR": str(sync),
+    }
+    kernel = Kernel(tmp_path, env)
+    try:
+        assert kernel.run(MID_STEP[0])["status"] == "ok"
+        msg_id = kernel.kc.execute(MID_STEP[1])
+        _wait_for((sync / "in-call").exists, "reached the fourth call", kernel)
+        if fault == "restarted":
+            private_pg.restart()
+            (sync / "go").touch()
+        else:
+            private_pg.stop("immediate")
+            (sync / "go").touch()
+            _wait_for(lambda: not (sync / "go").exists(), "returned from the call", kernel)
+            private_pg.start()
+        status, printed = _reply(kernel, msg_id)
+    finally:
+        kernel.close()
+    assert (status, printed) == ("ok", "[0, 1, 4, 9, 16, 25]\n")
+    assert (sync / "ledger").read_text().split() == ["0", "1", "2", "3", "4", "5"]
+    rows = pg_sql(url, "SELECT count(*) FROM team.kv WHERE key LIKE 'r/%%/u/%%'")
+    assert rows == [(6,)], "each sub-step recorded once"
+
+    # A fresh kernel replays the step: no call is made again.
+    again = run_notebook(make_notebook(MID_STEP), cwd=tmp_path, env=env)
+    assert outputs_of(again, 1)[0]["text"] == "[0, 1, 4, 9, 16, 25]\n"
+    assert (sync / "ledger").read_text().split() == ["0", "1", "2", "3", "4", "5"]
+
+
+def test_the_magics_and_the_panel_on_the_team_store(tmp_path, pg_url):
+    cells = [
+        "%load_ext nbdurable",
+        "%%step greet\nword = 'hi'",
+        "%step pin greet",
+        "%step list",
+        "%step unpin greet",
+        "%step panel",
+        "%step clear greet",
+        "%step list",
+    ]
+    nbformat.write(make_notebook(cells), tmp_path / "nb.ipynb")
+    env = {"NBDURABLE_STORE": pg_url, "NBDURABLE_NOTEBOOK": str(tmp_path / "nb.ipynb")}
+    out = run_notebook(make_notebook(cells), cwd=tmp_path, env=env)
+    pinned = outputs_of(out, 3)[0]["text"]
+    assert pinned.startswith(f"run 'nb.ipynb' in {display(pg_url)}\n"), pinned
+    assert pinned.splitlines()[2].split()[1:3] == ["greet", "pinned"], pinned
+    (panel,) = outputs_of(out, 5)
+    assert panel["output_type"] == "display_data"
+    assert panel["data"]["text/plain"].splitlines()[0] == (
+        f"nbdurable run 'nb.ipynb' in {display(pg_url)}"
+    )
+    after = outputs_of(out, 7)[0]["text"].splitlines()
+    assert after[2].split()[1:3] == ["greet", "pending"], after
+    with Store(pg_url) as store:
+        assert store.scan("r/nb.ipynb/s/") == [], "cleared in the team store"

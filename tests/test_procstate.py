@@ -9,6 +9,7 @@ process is as right after the change.
 from __future__ import annotations
 
 import collections
+import decimal
 import enum
 import json
 import os
@@ -40,6 +41,8 @@ class _Saved:
         self.filters = list(warnings.filters)
         self.printoptions = np.get_printoptions()
         self.rc = dict(dict.items(mpl.rcParams))
+        self.limit = sys.getrecursionlimit()
+        self.decimal = decimal.getcontext().copy()
 
     def restore(self) -> None:
         os.environ.clear()
@@ -55,6 +58,8 @@ class _Saved:
             warnings.simplefilter("ignore")
             pd.reset_option("all")
             dict.update(mpl.rcParams, self.rc)
+        sys.setrecursionlimit(self.limit)
+        decimal.setcontext(self.decimal.copy())
 
 
 @pytest.fixture
@@ -266,6 +271,27 @@ def test_a_cached_gaussian_is_kept(saved):
 
 def _filters():
     return [tuple(f) for f in warnings.filters]
+
+
+def test_recursion_limit(saved):
+    d = change_and_replay(saved, lambda: sys.setrecursionlimit(4321), sys.getrecursionlimit)
+    assert d == {"recursionlimit": 4321}
+
+
+def test_decimal_context_settings_flags_and_traps(saved):
+    def change():
+        ctx = decimal.getcontext()
+        ctx.prec, ctx.rounding = 4, decimal.ROUND_DOWN
+        ctx.traps[decimal.DivisionByZero] = False
+        decimal.Decimal(1) / decimal.Decimal(3)  # sets Inexact and Rounded
+
+    def observe():
+        ctx = decimal.getcontext()
+        return (str(decimal.Decimal(2) / decimal.Decimal(3)), repr(ctx))
+
+    d = change_and_replay(saved, change, observe)
+    assert set(d) == {"decimal"}
+    assert set(d["decimal"]) == {"prec", "rounding", "flags", "traps"}, d
 
 
 def test_warnings_filters_in_front_and_at_the_back(saved):

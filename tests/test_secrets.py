@@ -60,7 +60,7 @@ def test_secrets_are_never_written(tmp_path):
 
     warnings = "".join(stream_text(outputs_of(first, i), "stderr") for i in range(1, 4))
     assert SECRET not in warnings, "a warning showed the secret"
-    assert "step 'creds'" in warnings and "api_key ($OPENAI_API_KEY)" in warnings
+    assert "step 'creds'" in warnings and "api_key (the value of $OPENAI_API_KEY)" in warnings
     assert "sub-step 'leaky' of step 'ask'" in warnings and "$OPENAI_API_KEY" in warnings
     assert "step 'show': its outputs or source showed the value of $OPENAI_API_KEY" in warnings
     assert calls.read_text().split() == ["leaky", "clean"]
@@ -74,3 +74,72 @@ def test_secrets_are_never_written(tmp_path):
     # its output with the secret redacted.
     shown = stream_text(outputs_of(second, 3))
     assert "[redacted $OPENAI_API_KEY]" in shown and SECRET not in shown
+
+
+# -- keys typed literally into the notebook ---------------------------------------------
+
+LITERAL = {
+    "openai": "sk-proj-Zq81literalKEYforTHEtest0123456789",
+    "anthropic": "sk-ant-api03-literalKEYforTHEtest0123456789",
+    "aws": "AKIAIOSFODNN7EXAMPLE",
+    "github": "ghp_" + "a1B2" * 9,
+    "google": "AIza" + "Sy0123456789abcdefghijklmnopqrstuvw",
+}
+
+
+def literal_cells(base_url: str) -> list[str]:
+    return [
+        "%load_ext nbdurable\nimport openai\nfrom nbdurable import step",
+        # a plain cell is never recorded: the client's key stays in the kernel
+        f"client = openai.OpenAI(api_key={LITERAL['openai']!r}, base_url={base_url!r})",
+        "%%step lit\n"
+        f"claude_key = {LITERAL['anthropic']!r}\n"
+        "model = 'small'\n"
+        f"print('aws', {LITERAL['aws']!r}, 'gh', {LITERAL['github']!r})\n"
+        "r = step('ask', client.chat.completions.create, model=model,\n"
+        "         messages=[{'role': 'user', 'content': 'hello'}])\n"
+        f"echo = step('echo', lambda: 'key ' + {LITERAL['google']!r})\n"
+        "print(r.choices[0].message.content)",
+    ]
+
+
+def test_literal_keys_are_never_written(tmp_path):
+    from llm_server import LLMServer
+
+    pytest.importorskip("openai")
+    env = {
+        "NBDURABLE_DIR": str(tmp_path / "store"),
+        "NBDURABLE_NOTEBOOK": str(tmp_path / "keys.ipynb"),
+    }
+    with LLMServer(lifetime=300) as server:
+        cells = literal_cells(server.openai_base_url)
+        first = run_notebook(make_notebook(cells), cwd=tmp_path, env=env)
+        assert server.total == 1
+        store = tmp_path / "store"
+        data = _store_bytes(store)
+        for kind, key in LITERAL.items():
+            assert key.encode() not in data, f"the literal {kind} key reached the store"
+        warnings = stream_text(outputs_of(first, 2), "stderr")
+        assert "step 'lit'" in warnings
+        assert "claude_key (a literal anthropic key)" in warnings
+        assert "sub-step 'echo' of step 'lit' returned a value holding a literal google key" in (
+            " ".join(warnings.split())
+        )
+        said = "showed literal anthropic, aws, github and google keys; it was recorded as [redact"
+        assert said in " ".join(warnings.split())
+        for kind, key in LITERAL.items():
+            assert key not in warnings, f"a warning showed the {kind} key"
+        # every file of the store is its owner's alone
+        modes = {p.name: p.stat().st_mode & 0o777 for p in store.rglob("*") if p.is_file()}
+        assert modes and set(modes.values()) == {0o600}, modes
+
+        # `claude_key` was not saved: the body runs again, the model call replays
+        second = run_notebook(make_notebook(cells), cwd=tmp_path, env=env)
+        assert server.total == 1
+        shown = stream_text(outputs_of(second, 2))
+        assert "aws [redacted aws key] gh [redacted github key]" not in shown  # ran again: real
+        assert f"aws {LITERAL['aws']} gh {LITERAL['github']}" in shown
+        assert stream_text(outputs_of(first, 2)).splitlines()[-1] == shown.splitlines()[-1]
+        data = _store_bytes(store)
+        for key in LITERAL.values():
+            assert key.encode() not in data

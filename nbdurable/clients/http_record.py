@@ -165,6 +165,8 @@ class HTTPSession:
         self._lock = threading.Lock()
         self._ordinal = 0
         self.served = 0  # requests answered from the record
+        #: the recorded exchanges that answered a request, as recorded
+        self.served_records: list[Exchange] = []
         self.sent = 0  # requests that went out
         #: every exchange this session used, served or newly recorded, numbered
         #: by this session's ordinals: what a step writes as its new record
@@ -183,6 +185,7 @@ class HTTPSession:
             if queue:
                 self.served += 1
                 ex = queue.pop(0)
+                self.served_records.append(ex)
                 self.exchanges.append(replace(ex, ordinal=ordinal))
                 return ex
             if self.on_miss == "raise":

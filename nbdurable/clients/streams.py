@@ -56,6 +56,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from .. import faults
 from .http_record import safe_url
 
 #: The SDKs whose streams are understood (by top-level module name).
@@ -140,6 +141,7 @@ def _tap_sync(raw: Any, record: StreamRecord, on_complete: Callable[[StreamRecor
         for chunk in inner:
             record.chunks.append(chunk)
             yield chunk
+            faults.point("stream-chunk")  # the reader has the chunk: a kill here is mid-stream
         on_complete(record)
 
     raw._iterator = tapped()
@@ -152,6 +154,7 @@ def _tap_async(raw: Any, record: StreamRecord, on_complete: Callable[[StreamReco
         async for chunk in inner:
             record.chunks.append(chunk)
             yield chunk
+            faults.point("stream-chunk")  # the reader has the chunk: a kill here is mid-stream
         on_complete(record)
 
     raw._iterator = tapped()

@@ -139,12 +139,16 @@ def validate_name(name: str, what: str = "step name") -> str:
     return name
 
 
+#: The ids of the HTTP exchanges a ``--http`` step records (``http:N``), no one else's.
+HTTP_PREFIX = "http:"
+
+
 def validate_sub_id(sub_id: object) -> str:
     r"""Return ``sub_id`` as a plain str if it is a valid sub-step id.
 
     Any non-empty str of at most 512 characters without control characters
-    (``\x00``-``\x1f``, ``\x7f``) is valid and kept exactly: no
-    normalization, so two different ids never collide. A non-str raises
+    (``\x00``-``\x1f``, ``\x7f``), not starting with :data:`HTTP_PREFIX`, is
+    valid and kept exactly: no normalization, so two different ids never collide. A non-str raises
     ``TypeError``; a bad str raises :class:`UsageProblem` (a ``ValueError``).
     """
     if not isinstance(sub_id, str):
@@ -154,6 +158,13 @@ def validate_sub_id(sub_id: object) -> str:
     if len(sub_id) > 512:
         raise UsageProblem(
             f"sub-step id {_shown(sub_id)} has {len(sub_id)} characters: at most 512 are allowed"
+        )
+    if sub_id.startswith(HTTP_PREFIX):
+        # A ``--http`` step keeps its exchanges as sub-steps ``http:N``: a user's
+        # own id there would be answered with (or overwrite) a recorded exchange.
+        raise UsageProblem(
+            f"sub-step id {_shown(sub_id)}: ids starting with {HTTP_PREFIX!r} are kept for "
+            "the HTTP exchanges of --http steps; choose another id"
         )
     bad = _CONTROL.search(sub_id)
     if bad:

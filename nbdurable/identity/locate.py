@@ -93,7 +93,7 @@ def find_by_cells(executed: list[str], cwd: Path | None = None) -> tuple[Path | 
 def _named_on_command_line() -> list[Path]:
     """``.ipynb`` files named on the command lines of the processes that started this one."""
     try:
-        import psutil  # an ipykernel dependency
+        import psutil  # ipykernel requires it
     except ImportError:  # pragma: no cover
         return []
     out: list[Path] = []
@@ -203,13 +203,15 @@ class StepArgs(NamedTuple):
     force: bool
     #: ``--inputs`` patterns, as written (checked by :func:`check_input_pattern`)
     inputs: tuple[str, ...] = ()
+    #: ``--http``: the body's HTTP is recorded (see ``nbdurable.kernel.httpsteps``)
+    http: bool = False
 
 
-_USAGE = "usage: %%step [NAME] [--force] [--inputs PATTERN ...]"
+_USAGE = "usage: %%step [NAME] [--force] [--http] [--inputs PATTERN ...]"
 
 
 def parse_step_line(line: str) -> StepArgs:
-    """The name, ``--force`` and ``--inputs`` patterns from the text after ``%%step``.
+    """The name, ``--force``, ``--http`` and ``--inputs`` patterns from the text after ``%%step``.
 
     The one parser of that line, for the magic and for reading saved notebooks
     alike; raises :class:`UsageProblem` for a line the magic refuses. Every
@@ -219,15 +221,16 @@ def parse_step_line(line: str) -> StepArgs:
         args = shlex.split(line)
     except ValueError as exc:
         raise UsageProblem(f"%%step: cannot parse arguments ({exc})") from None
-    force, rest, inputs = False, [], []
+    force, http, rest, inputs = False, False, [], []
     in_inputs = False
     for i, a in enumerate(args):
-        if a.startswith("-") and a not in ("--force", "-f", "--inputs"):
+        if a.startswith("-") and a not in ("--force", "-f", "--inputs", "--http"):
             raise UsageProblem(f"%%step: unknown option {_shown(a)}; {_USAGE}")
         if a == "--inputs" and (i + 1 == len(args) or args[i + 1].startswith("-")):
             raise UsageProblem(f"%%step: --inputs needs at least one PATTERN; {_USAGE}")
         if a.startswith("-"):
-            force = force or a != "--inputs"
+            force = force or a in ("--force", "-f")
+            http = http or a == "--http"
             in_inputs = a == "--inputs"
         elif in_inputs:
             inputs.append(check_input_pattern(a))
@@ -239,7 +242,7 @@ def parse_step_line(line: str) -> StepArgs:
         raise UsageProblem(
             f"%%step {rest[0]}: {rest[0]!r} is a %step command; use %step {rest[0]} on one line"
         )
-    return StepArgs((validate_name(rest[0]) if rest else None), force, tuple(inputs))
+    return StepArgs((validate_name(rest[0]) if rest else None), force, tuple(inputs), http)
 
 
 def check_input_pattern(pattern: str) -> str:

@@ -44,6 +44,7 @@ from IPython.core.error import UsageError
 
 from ..errors import LeaseHeld, NbdurableError, StoreError, UsageProblem
 from ..identity import keys, locate
+from . import httpsteps
 from .context import say, warn
 from .stepper import Replayed, Running
 
@@ -199,6 +200,7 @@ class StepCell:
         self._owner: object = None
         self._cell_file: str | None = None  # the file name IPython compiled that cell under
         self._unpatch: Any = None  # undoes replayed_value's display hook patch
+        self._http: httpsteps.StepHTTP | None = None  # --http: the body's HTTP session
 
     def __call__(self, line: str, body: str) -> bool:
         """Begin the step; True when its body must execute, False when it was replayed."""
@@ -222,6 +224,13 @@ class StepCell:
             self._replayed = started
             return False
         self._running = started
+        if httpsteps.wanted(args.http):
+            self._http = httpsteps.StepHTTP(get_session(self.shell), started.ctx)
+            try:
+                self._http.start()
+            except StoreError as exc:
+                self._http = None
+                warn(f"step {started.plan.label!r}: its HTTP is not recorded ({exc})")
         return True
 
     def executing(self) -> bool:
@@ -272,6 +281,12 @@ class StepCell:
         replayed, self._replayed = self._replayed, None
         self._owner = self._cell_file = None
         unpatch, self._unpatch = self._unpatch, None
+        http, self._http = self._http, None
+        try:
+            if http is not None:
+                http.stop()  # before the step's record: what it replayed counts for it
+        except Exception as exc:  # never leave IPython with a broken hook
+            warn(f"nbdurable could not stop the step's HTTP recording: {exc}")
         try:
             if unpatch is not None:
                 unpatch()

@@ -13,20 +13,14 @@ once per process and inert outside a step (one attribute test).
 
 from __future__ import annotations
 
-import hashlib
 import os
 import sys
 from collections.abc import Callable
 from typing import Any
 
+from ..identity import verdict
+
 _current: Callable[[], Any] | None = None  # the running StepContext, or None
-
-
-def value_digest(value: str | None) -> str | None:
-    """What a step's record keeps of an environment value: a digest, never the value."""
-    if value is None:
-        return None
-    return hashlib.sha256(value.encode("utf-8", "surrogateescape")).hexdigest()[:32]
 
 
 def install(current: Callable[[], Any]) -> None:
@@ -84,12 +78,4 @@ def _note(ctx: Any, key: Any, value: str | None) -> None:
         and not key.startswith("JPY_")  # the kernel's own, new on every start
         and _by_the_step()
     ):
-        ctx.env_reads[key] = value_digest(value)  # the value the step first saw decides
-
-
-def changed(recorded: dict[str, str | None]) -> list[str]:
-    """The recorded variables whose value in this process differs, in name order.
-
-    Called while planning a step, outside any step: the reads are not noted.
-    """
-    return [n for n in sorted(recorded) if value_digest(os.environ.get(n)) != recorded[n]]
+        ctx.env_reads[key] = verdict.value_digest(value)  # the value the step first saw decides

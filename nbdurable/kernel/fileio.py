@@ -27,7 +27,8 @@ effect, and the call replays, never repeated, so running the step again
 could not write them anew. A file the step both read and wrote is checked
 as an output only: the step itself changed what it read.
 
-A later run checks both kinds with :func:`changed`: same size and mtime, a
+A later run checks both kinds with
+:func:`~nbdurable.identity.verdict.files_changed`: same size and mtime, a
 file is unchanged; otherwise its content hash decides, and a changed or
 missing file runs the step again (its sub-steps still replay), naming it.
 
@@ -52,7 +53,6 @@ removed) or whose patterns were edited runs the step again, naming the file.
 from __future__ import annotations
 
 import glob
-import hashlib
 import os
 import stat
 import sys
@@ -61,7 +61,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .. import faults
-from ..identity import analysis, localcode
+from ..identity import analysis, localcode, verdict
 from .context import current_sub
 
 _current: Callable[[], Any] | None = None  # the running StepContext, or None
@@ -90,28 +90,10 @@ _KERNEL_FILES = ("/proc/", "/sys/", "/dev/")
 
 
 def content_digest(path: str, start: int = 0, end: int | None = None) -> str | None:
-    """SHA-256 (32 hex) of a file's bytes (``start`` to ``end``), None if it cannot be read.
-
-    Streamed in 1 MiB chunks: a file of any size costs one pass and no memory.
-    """
+    """:func:`~nbdurable.identity.verdict.file_digest`, its own open unseen by the hook."""
     _busy.on = True
     try:
-        h = hashlib.sha256()
-        with open(path, "rb") as fh:
-            fh.seek(start)
-            left = end - start if end is not None else None
-            while left is None or left > 0:
-                chunk = fh.read(_CHUNK if left is None else min(_CHUNK, left))
-                if not chunk:
-                    break
-                h.update(chunk)
-                if left is not None:
-                    left -= len(chunk)
-            if left:  # shorter than the recorded part: not the same bytes
-                return None
-        return h.hexdigest()[:32]
-    except OSError:
-        return None
+        return verdict.file_digest(path, start, end)
     finally:
         _busy.on = False
 
@@ -237,7 +219,7 @@ def _by_the_step(depth: int) -> bool:
 
 
 def outputs(written: dict[str, int | None]) -> dict[str, list[Any]]:
-    """The files a step wrote, as they are now (its end): path -> what :func:`changed` checks.
+    """The files a step wrote, as they are now (its end): path -> what is checked on replay.
 
     ``[size, mtime_ns, digest]`` for a file written whole, ``[end, mtime_ns,
     digest of start..end, start]`` for one only appended to. A path that is
@@ -263,36 +245,6 @@ def outputs(written: dict[str, int | None]) -> dict[str, list[Any]]:
     return out
 
 
-def changed(recorded: dict[str, list]) -> list[str]:
-    """The recorded files that are gone or whose content differs, in path order.
-
-    Takes inputs (``[size, mtime_ns, digest]``) and outputs alike (see
-    :func:`outputs`): the content is hashed only when size or mtime moved.
-    """
-    out = []
-    for path in sorted(recorded):
-        try:
-            size, mtime, digest, *rest = recorded[path]
-            start = int(rest[0]) if rest else None
-        except (TypeError, ValueError):
-            out.append(path)
-            continue
-        try:
-            st = os.stat(path)
-        except OSError:
-            out.append(path)
-            continue
-        if st.st_size == size and st.st_mtime_ns == mtime:
-            continue
-        if start is None:
-            same = st.st_size == size and content_digest(path) == digest
-        else:
-            same = st.st_size >= size and content_digest(path, start, size) == digest
-        if not same:
-            out.append(path)
-    return out
-
-
 def declared(patterns: tuple[str, ...] | list[str]) -> dict[str, list[str]]:
     """``--inputs`` patterns, made absolute, each with the regular files it matches (sorted)."""
     out: dict[str, list[str]] = {}
@@ -301,20 +253,3 @@ def declared(patterns: tuple[str, ...] | list[str]) -> dict[str, list[str]]:
         found = glob.glob(full, recursive=True)
         out[full] = sorted(os.path.abspath(f) for f in found if os.path.isfile(f))
     return out
-
-
-def declared_changes(recorded: dict[str, list[str]], now: dict[str, list[str]]) -> str | None:
-    """Why the declared files differ from those recorded (one phrase), or None.
-
-    The files' contents are compared by :func:`changed` (they are in the
-    record's files too); here only which files the patterns match.
-    """
-    if sorted(recorded) != sorted(now):
-        return "its --inputs patterns changed"
-    for pattern in sorted(now):
-        before, after = set(recorded[pattern]), set(now[pattern])
-        for verb, paths in (("added", after - before), ("removed", before - after)):
-            if paths:
-                listed = ", ".join(repr(os.path.basename(p)) for p in sorted(paths)[:5])
-                return f"file{'s' if len(paths) > 1 else ''} {listed} {verb}"
-    return None

@@ -7,7 +7,7 @@ import shlex
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 
-from .. import commands, status
+from .. import commands, config, status
 from ..errors import LeaseHeld, StoreError, UsageProblem
 from ..identity import keys, locate
 from . import cellstep
@@ -49,6 +49,11 @@ class StepMagics(Magics):
     def _cell(self, line: str, cell: str) -> None:
         __tracebackhide__ = True
         args = locate.parse_step_line(line)
+        if args.http:
+            raise UsageProblem(
+                "%%step --http records the HTTP of a cell's body; it cannot be used "
+                "from run_cell_magic: run the step as a cell, or wrap calls in step()"
+            )
         get_session(self.shell).run_step(
             cell, name=args.name, force=args.force, input_patterns=args.inputs
         )
@@ -63,9 +68,15 @@ class StepMagics(Magics):
         if cmd == "list":
             _no_args(cmd, rest)
             infos = status.step_infos(
-                session.store, session.run_id, session.notebook, session.status
+                session.store,
+                session.run_id,
+                session.notebook,
+                session.status,
+                session.steps.current_inputs,
             )
-            print(f"run {session.run_id!r} in {session.store.path}")
+            with session.lock:
+                spared = session.saved.line(config.get().prices)
+            print(f"run {session.run_id!r} in {session.store.path} — {spared}")
             print(status.format_table(infos) if infos else "no steps recorded yet")
         elif cmd == "clear":
             if rest == ["--all"]:

@@ -34,8 +34,7 @@ from typing import Any
 
 import ipywidgets as widgets
 
-from .. import commands, events, status
-from .._text import seconds
+from .. import commands, config, events, status
 from ..errors import NbdurableError
 from ..status import StepInfo
 from ..store import RUN_SCOPE, RunView
@@ -110,7 +109,9 @@ class StepPanel(widgets.VBox):
         self._saved_text = ""
         self._watching: Any = None  # the shell whose post_run_cell we listen to
 
-        self.header = widgets.HTML(layout=widgets.Layout(flex="1 1 auto"))
+        # Toolbar, confirm box and rows wrap: below ~22em of text beside them the
+        # buttons go on a line of their own rather than over the text.
+        self.header = widgets.HTML(layout=widgets.Layout(flex="1 1 22em", min_width="0"))
         self.refresh_button = widgets.Button(
             description="Refresh",
             icon="refresh",
@@ -123,14 +124,16 @@ class StepPanel(widgets.VBox):
             tooltip="Forget every record of this run",
             layout=widgets.Layout(width="8em", min_width="8em", margin="0 0 0 4px"),
         )
-        self.confirm_text = widgets.HTML()
+        self.confirm_text = widgets.HTML(layout=widgets.Layout(flex="1 1 16em", min_width="0"))
         self.confirm_button = widgets.Button(
             description="Confirm", button_style="danger", layout=_BUTTON
         )
         self.cancel_button = widgets.Button(description="Cancel", layout=_BUTTON)
         self.confirm_box = widgets.HBox(
             [self.confirm_text, self.cancel_button, self.confirm_button],
-            layout=widgets.Layout(align_items="center", padding="2px 0 4px 2em"),
+            layout=widgets.Layout(
+                align_items="center", flex_flow="row wrap", padding="2px 0 4px 2em"
+            ),
         )
         self.confirm_box.add_class("nbd-confirm")
         self._confirm_slot = widgets.VBox()
@@ -138,7 +141,7 @@ class StepPanel(widgets.VBox):
         self.message = widgets.HTML()
         toolbar = widgets.HBox(
             [self.header, self.refresh_button, self.clear_all_button],
-            layout=widgets.Layout(align_items="flex-start"),
+            layout=widgets.Layout(align_items="flex-start", flex_flow="row wrap"),
         )
         self.refresh_button.on_click(lambda _b: self.refresh())
         self.clear_all_button.on_click(lambda _b: self._ask_clear_all())
@@ -180,6 +183,10 @@ class StepPanel(widgets.VBox):
 
     def _after_cell(self, result: object = None) -> None:
         try:
+            # A button's message ("unpinned 'plan'") is about what the panel showed
+            # then; once a cell has run, it would read as news about this run.
+            if self.message.value:
+                self.message.value = ""
             self.refresh()
             text = self.text()
             if text == self._saved_text or self.closed:
@@ -233,7 +240,7 @@ class StepPanel(widgets.VBox):
         s = self.session
         self._run_id = s.run_id
         live = dict(s.status)
-        infos = status.step_infos(s.store, self._run_id, s.notebook, live)
+        infos = status.step_infos(s.store, self._run_id, s.notebook, live, s.steps.current_inputs)
         # A step now running in a cell not yet saved to the notebook has no
         # record or state yet, so the store does not know it: show it anyway.
         known = {i.key for i in infos}
@@ -275,15 +282,9 @@ class StepPanel(widgets.VBox):
         counts = Counter(_GROUP.get(i.state, i.state) for i in self.infos if i.key != RUN_SCOPE)
         totals = [f"{counts.get(g, 0)} {g}" for g in ("recorded", "pending", "invalidated")]
         totals += [f"{counts[g]} {g}" for g in ("failed", "orphaned") if counts.get(g)]
-        saved = self.session.saved
-        if not (saved.calls or saved.steps):
-            return " · ".join(totals), "nothing replayed in this kernel yet"
-        calls = f"{saved.calls} call{'s' if saved.calls != 1 else ''}"
-        steps = f"{saved.steps} step{'s' if saved.steps != 1 else ''}"
-        return (
-            " · ".join(totals),
-            f"replay saved {seconds(saved.seconds)} and {calls} in this kernel ({steps})",
-        )
+        with self.session.lock:
+            spared = self.session.saved.line(config.get().prices)
+        return " · ".join(totals), spared
 
     def _show_header(self) -> None:
         totals, spared = self._summary()
@@ -471,8 +472,13 @@ class StepPanel(widgets.VBox):
         super().close()
 
 
-def _place(path: Path, notebook: Path | None) -> str:
-    """A short form of a store path: beside the notebook, under home, else in full."""
+def _place(path: Path | str, notebook: Path | None) -> str:
+    """A short form of a store path: beside the notebook, under home, else in full.
+
+    A team store's path is its URL (without password), shown as it is.
+    """
+    if not isinstance(path, Path):
+        return path
     for base, prefix in ((notebook.parent if notebook else None, ""), (Path.home(), "~/")):
         if base is not None and path.is_relative_to(base):
             return f"{prefix}{path.relative_to(base).as_posix()}/"

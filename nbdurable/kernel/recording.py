@@ -1,9 +1,11 @@
 """Turning a finished step's variables and outputs into what the store keeps.
 
-Each variable is pickled and stored once by content (a blob, see
-:mod:`nbdurable.blobs`); modules are
-kept by name; a value that cannot be pickled, or that holds a secret from
-the environment, is kept as *unsaved* with the reason, never silently
+A step's variables are pickled together and stored once by content (one
+blob, see :mod:`nbdurable.store.blobs`), so what they share stays shared,
+and what they share with the rest of the namespace is kept as a reference
+to it (see :mod:`nbdurable.store.sharing`); modules are kept by name; a
+value that cannot be pickled, or that holds a secret from the environment,
+is kept as *unsaved* with the reason, never silently
 dropped. Outputs and the source are scrubbed of secrets before they are
 written. Everything that was not written is returned for one loud warning.
 
@@ -25,14 +27,17 @@ the step's :class:`Snapshot` holds such objects until the step ends.
 
 from __future__ import annotations
 
+import itertools
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from .. import config, faults, redact
-from ..store import Store, blobs, values
+from ..errors import CorruptRecord
+from ..store import Store, blobs, sharing, spill, values
 from ..store.records import VarRecord
+from . import changes
 
 
 @dataclass
@@ -49,6 +54,18 @@ class Saved:
     pending: dict[str, bytes] = field(default_factory=dict)
     unsaved_names: list[str] = field(default_factory=list)  # the names of ``unsaved``
 
+    def drop_unsaved(self, names: set[str]) -> None:
+        """Leave out of the record the variables of ``names`` that could not be saved."""
+        gone = {n for n in self.unsaved_names if n in names}
+        if not gone:
+            return
+        self.variables = [v for v in self.variables if not (v.kind == "unsaved" and v.name in gone)]
+        kept = [
+            (u, n) for u, n in zip(self.unsaved, self.unsaved_names, strict=True) if n not in gone
+        ]
+        self.unsaved = [u for u, _ in kept]
+        self.unsaved_names = [n for _, n in kept]
+
     def unsaved_beyond(self, known: frozenset[str]) -> list[str]:
         """The ``unsaved`` entries of names not in ``known``."""
         return [u for u, n in zip(self.unsaved, self.unsaved_names, strict=True) if n not in known]
@@ -62,8 +79,22 @@ def save_variables(
     fingerprint: Callable[[Any, str], str],
     secrets: dict[str, bytes],
     unloadable: Mapping[str, str] | None = None,
+    others: Iterable[str] = (),
+    checked: Iterable[str] = (),
+    replace: Mapping[str, Any] | None = None,
 ) -> Saved:
-    """Write a blob per variable of ``names`` (once by content); return the records.
+    """Write the values of ``names`` as one blob (once by content); return the records.
+
+    The values are pickled together, so objects they share stay shared
+    (``b = a`` loads back as one list), and objects they share with
+    ``others``, the user variables the step did not change, are written as
+    references to where they live (see :mod:`nbdurable.store.sharing`);
+    a reference rooted at a name of ``checked`` (the step's inputs, whose
+    fingerprints the plan compares) carries no fingerprint of its own.
+    ``replace`` maps names to what is pickled instead of their value (a
+    :class:`sharing.ClassPatch` for a notebook class changed in place);
+    those are pickled first, so the step's instances of such a class load
+    as instances of the live, changed class.
 
     ``names`` are the names the step bound or changed: a value that refers to
     one of them by name (``__main__.f``) cannot be restored (see
@@ -73,46 +104,232 @@ def save_variables(
     fresh kernel, would load here and fail again there).
     """
     out = Saved()
-    limit = config.get().warn_size_mb * 1024 * 1024
+    pending: list[str] = []
     for name in names:
         value = ns[name]
-        tname = values.type_name(value)
         if unloadable and name in unloadable:
-            _unsaved(out, name, tname, unloadable[name], fingerprint(value, name))
-            continue
-        if values.is_module(value):
+            _unsaved(out, name, values.type_name(value), unloadable[name], fingerprint(value, name))
+        elif values.is_module(value):
             ref = values.module_ref(value, imported)
             out.variables.append(VarRecord(name, "module", ref, fingerprint(value, name)))
-            continue
+        else:
+            pending.append(name)
+    if pending:
+        swap = dict(replace or {})
+        # Patches first (see above); then values that look like plain data:
+        # a part is known as plain only if all before it are (see
+        # values.dump_values). Stable otherwise.
+        pending.sort(key=lambda n: (n not in swap, not _looks_plain(ns[n])))
+        view = {**ns, **swap} if swap else ns
+        _save_joint(out, store, ns, view, pending, names, fingerprint, secrets, others, checked)
+    return out
+
+
+_CONTAINERS = (list, dict, tuple, set, frozenset)
+_SCALARS = (str, bytes, int, float, bool, type(None))
+
+
+def _looks_plain(value: Any, depth: int = 3) -> bool:
+    """A guess from a few items: builtin containers of builtin scalars (only orders values)."""
+    t = type(value)
+    if t in _SCALARS:
+        return True
+    if t not in _CONTAINERS or depth == 0:
+        return False
+    items = value.values() if t is dict else value
+    return all(_looks_plain(v, depth - 1) for v in itertools.islice(items, 8))
+
+
+def _save_joint(
+    out: Saved,
+    store: Store,
+    ns: dict[str, Any],
+    view: Mapping[str, Any],
+    pending: list[str],
+    produced: list[str],
+    fingerprint: Callable[[Any, str], str],
+    secrets: dict[str, bytes],
+    others: Iterable[str],
+    checked: Iterable[str],
+) -> None:
+    """Pickle ``pending`` together and write the blob; drop (as unsaved) what cannot be."""
+    limit = config.get().warn_size_mb * 1024 * 1024
+    roots = [n for n in others if n in ns]
+
+    def find_refs(held: set[int]) -> dict[int, tuple[sharing.Path, Any]]:
+        return sharing.index(ns, roots, held)
+
+    fps: dict[int, str | None] = {}
+    checked = set(checked)
+
+    def ref_fp(path: sharing.Path, obj: Any) -> str | None:
+        if id(obj) not in fps:
+            fps[id(obj)] = None if path[0] in checked else values.ref_fingerprint(obj)
+        return fps[id(obj)]
+
+    while pending:
         try:
-            pickled = values.dump_value(value)
-        except values.Unsaveable as exc:
-            _unsaved(out, name, tname, str(exc), fingerprint(value, name))
+            joint = values.dump_values([view[n] for n in pending], find_refs, ref_fp)
+        except values.PartFailed as exc:
+            name = pending.pop(exc.index)
+            _unsaved(out, name, values.type_name(ns[name]), str(exc), fingerprint(ns[name], name))
             continue
-        problem = values.restore_problem(pickled, names, ns)
+        notebook = any(p[3] for p in joint.parts)
+        problem = values.restore_problem(
+            values.Pickled(joint.stream, joint.buffers, False, notebook),
+            produced,
+            ns,
+            count=len(pending),
+        )
         if problem is not None:
-            _unsaved(out, name, tname, problem, fingerprint(value, name))
+            # One memo: the stream does not say whose value it is. Each is tried
+            # alone; those that fail alone are unsaved and the rest pickled again.
+            bad = _culprits(view, pending, produced, ns) or {n: problem for n in pending}
+            for name, why in bad.items():
+                pending.remove(name)
+                value = ns[name]
+                _unsaved(out, name, values.type_name(value), why, fingerprint(value, name))
             continue
-        stream, buffers = pickled.stream, pickled.buffers
-        size = len(stream) + sum(b.nbytes for b in buffers)
         try:
             # Searched for secrets in the very copy that is hashed and written.
-            sha, _written = store.put_blob(stream, buffers, defer=out.pending, secrets=secrets)
-        except blobs.SecretFound as exc:
-            out.secrets.append(f"{name} (${', $'.join(exc.names)})")
-            why = "holds the value of $" + ", $".join(exc.names)
-            out.variables.append(
-                VarRecord(name, "unsaved", why, fingerprint(value, name), 0, tname)
+            sha, spilled = spill.put(
+                store, joint.stream, joint.buffers, defer=out.pending, secrets=secrets
             )
+        except blobs.SecretFound:
+            holders = _secret_holders(joint, pending, secrets)
+            for name, found_names in holders:
+                pending.remove(name)
+                out.secrets.append(f"{name} ({redact.said(found_names)})")
+                why = "holds " + redact.said(found_names)
+                tname = values.type_name(ns[name])
+                out.variables.append(
+                    VarRecord(name, "unsaved", why, fingerprint(ns[name], name), 0, tname)
+                )
             continue
-        if size > limit:
-            out.large.append(f"{name} ({size / 1e6:.1f} MB)")
         faults.point("blob-written")
-        out.origins[name] = (value, sha, pickled.plain)
-        # A saved value's fingerprint is its blob's SHA-256 (already computed:
-        # a second pass over a 100 MB array would cost as much as writing it).
-        out.variables.append(VarRecord(name, "value", sha, "blob:" + sha[:32], size, tname))
-    return out
+        digest = spill.digest(sha, spilled)
+        start, first = 0, 0
+        for i, name in enumerate(pending):
+            end, last, plain, _nb = joint.parts[i]
+            size = end - start + sum(b.nbytes for b in joint.buffers[first:last])
+            own = tuple((pos, ref) for pos, ref in spilled if first <= pos < last)
+            start, first = end, last
+            if size > limit:
+                out.large.append(f"{name} ({size / 1e6:.1f} MB)")
+            out.origins[name] = (ns[name], digest, plain)
+            # A saved value's fingerprint is its blobs' SHA-256 and its place in them
+            # (already computed: a second pass over a 100 MB array would cost as much).
+            out.variables.append(
+                VarRecord(
+                    name,
+                    "shared",
+                    sha,
+                    f"blob:{digest}/{i}",
+                    size,
+                    values.type_name(ns[name]),
+                    own,
+                )
+            )
+        return
+
+
+def _culprits(
+    view: Mapping[str, Any], pending: list[str], produced: list[str], ns: dict[str, Any]
+) -> dict[str, str]:
+    """The names of ``pending`` whose value alone would not restore, with the reason."""
+    bad = {}
+    for name in pending:
+        try:
+            problem = values.restore_problem(values.dump_value(view[name]), produced, ns)
+        except values.Unsaveable as exc:  # pickled with the others, not alone: still its fault
+            problem = str(exc)
+        if problem is not None:
+            bad[name] = problem
+    return bad
+
+
+def _secret_holders(
+    joint: values.Joint, pending: list[str], secrets: dict[str, bytes]
+) -> list[tuple[str, list[str]]]:
+    """The names whose part of ``joint`` holds a secret (all of them if none alone does)."""
+    holders = []
+    start, first = 0, 0
+    for i, name in enumerate(pending):
+        end, last, _plain, _nb = joint.parts[i]
+        part = joint.stream[start:end]
+        # As the store searches (see its put_blob): environment secrets everywhere,
+        # well-known keys typed literally in the pickle stream only.
+        found: set[str] = set(blobs.scan(part, secrets) or redact.key_names(part))
+        for buf in joint.buffers[first:last]:
+            found.update(blobs.scan(buf, secrets))
+        start, first = end, last
+        if found:
+            holders.append((name, sorted(found)))
+    if not holders:  # a secret split across two parts: none can be written alone
+        every = sorted(
+            blobs.scan(joint.stream, secrets) or redact.key_names(joint.stream)
+        ) or sorted(secrets)
+        holders = [(name, every) for name in pending]
+    return holders
+
+
+class LoadFailed(Exception):
+    """Restoring a record's variables failed; ``names`` are the variables it concerned."""
+
+    def __init__(self, names: list[str], cause: BaseException) -> None:
+        super().__init__(str(cause))
+        self.names = names
+        self.cause = cause
+
+
+def load_variables(
+    store: Store, variables: Iterable[VarRecord], ns: dict[str, Any]
+) -> tuple[dict[str, Any], dict[str, bool]]:
+    """The values a record's variables restore to, and which of them are plain data.
+
+    Nothing is bound here. Raises :class:`LoadFailed` naming the variables
+    concerned (its ``cause`` is a :class:`~nbdurable.errors.CorruptRecord`
+    for a damaged or missing blob, a :class:`sharing.NotExact` when a
+    shared object is no longer what it was).
+    """
+    restored: dict[str, Any] = {}
+    pure: dict[str, bool] = {}
+    joint: dict[str, list[str]] = {}  # sha -> names in the blob's order
+    spilled: dict[str, list[Any]] = {}  # sha -> its spilled buffers (see spill)
+    for var in variables:
+        if var.kind == "shared":
+            joint.setdefault(var.ref, []).append(var.name)
+            spilled.setdefault(var.ref, []).extend(var.spilled)
+            continue
+        try:
+            faults.point("replay")
+            if var.kind == "module":
+                restored[var.name] = values.import_module(var.ref)
+                continue
+            blob = store.get_blob(var.ref)
+            if blob is None:
+                raise CorruptRecord(f"the saved value of {var.name!r} is missing")
+            value, pure[var.name] = values.load_value(blob.stream, ns, blob.buffers)
+            restored[var.name] = values.adopt(value, ns)
+        except Exception as exc:
+            raise LoadFailed([var.name], exc) from exc
+    for sha, names in joint.items():
+        try:
+            faults.point("replay")
+            blob = spill.get(store, sha, spilled[sha])
+            if blob is None:
+                raise CorruptRecord(f"the saved value of {names[0]!r} is missing")
+            got = values.load_values(blob.stream, len(names), ns, blob.buffers)
+            for name, (value, plain) in zip(names, got, strict=True):
+                restored[name] = values.adopt(value, ns)
+                pure[name] = plain
+        except values.PartUnloadable as exc:
+            # The values before it loaded: it is the one that does not (those
+            # after it were not tried, and are not blamed).
+            raise LoadFailed([names[exc.index]], exc.cause) from exc.cause
+        except Exception as exc:
+            raise LoadFailed(names, exc) from exc
+    return restored, pure
 
 
 def _unsaved(out: Saved, name: str, tname: str, why: str, fp: str) -> None:
@@ -238,6 +455,16 @@ class Snapshot(Mapping[str, Any]):
 
     def __init__(self, ns: Mapping[str, Any]) -> None:
         self._refs = {name: _ref(value) for name, value in ns.items()}
+        # What every user variable reaches, as cheap tokens (see changes.Tokens).
+        self.tokens = changes.Tokens(ns, changes.user_names(ns))
+
+    def class_patches(self, ns: Mapping[str, Any], names: Iterable[str]) -> dict[str, Any]:
+        """What to save instead of the notebook classes of ``names`` the step changed in place."""
+        return self.tokens.class_patches(ns, names)
+
+    def mutated(self, ns: Mapping[str, Any], known: Iterable[str]) -> list[str]:
+        """Names not in ``known``, bound to the same object, whose reachable objects changed."""
+        return self.tokens.changed(ns, known)
 
     def __getitem__(self, name: str) -> Any:
         return self._refs[name]()
@@ -252,15 +479,19 @@ class Snapshot(Mapping[str, Any]):
 def scrub_outputs(
     outputs: list[dict[str, Any]], secrets: dict[str, bytes]
 ) -> tuple[list[dict[str, Any]], list[str]]:
-    """Outputs with every secret replaced by ``[redacted $NAME]``; and the names found."""
-    if not secrets:
-        return outputs, []
+    """Outputs with secrets replaced, and the names found (see :func:`nbdurable.redact.said`).
+
+    An environment secret becomes ``[redacted $NAME]``, a well-known key
+    ``[redacted openai key]``.
+    """
     found: set[str] = set()
 
     def scrub(value: Any) -> Any:
         if isinstance(value, str):
             text, names = redact.redact_text(value, secrets)
+            text, kinds = redact.redact_keys(text)
             found.update(names)
+            found.update(f"{kind} key" for kind in kinds)
             return text
         if isinstance(value, list):
             return [scrub(v) for v in value]

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import ipywidgets as widgets
 
-from .._text import human_size, seconds
+from .._text import human_size, seconds, tokens
 from ..status import StepInfo
 from ..store.layout import RUN_SCOPE
 
@@ -49,6 +49,9 @@ STATE_HELP: dict[str, str] = {
     "orphaned": "recorded in the store, but no longer in the notebook",
 }
 
+#: Below this, a record's duration is not shown as time saved when it made calls.
+_MEASURABLE = 0.05
+
 _BUTTON = widgets.Layout(width="5.5em", min_width="5.5em", margin="0 0 0 4px")
 _HIDDEN_BUTTON = widgets.Layout(
     width="5.5em", min_width="5.5em", margin="0 0 0 4px", visibility="hidden"
@@ -60,14 +63,16 @@ class StepRow:
 
     def __init__(self, owner: StepPanel, info: StepInfo) -> None:
         self.info = info
-        self.html = widgets.HTML(layout=widgets.Layout(flex="1 1 auto", min_width="0"))
+        # The text takes the line; when less than ~22em would be left beside the
+        # buttons, they wrap onto a line of their own instead of covering it.
+        self.html = widgets.HTML(layout=widgets.Layout(flex="1 1 22em", min_width="0"))
         self.pin_button = widgets.Button(
             description="Pin", layout=_HIDDEN_BUTTON if info.key == RUN_SCOPE else _BUTTON
         )
         self.clear_button = widgets.Button(description="Clear", layout=_BUTTON)
         self.line = widgets.HBox(
             [self.html, self.pin_button, self.clear_button],
-            layout=widgets.Layout(align_items="center"),
+            layout=widgets.Layout(align_items="center", flex_flow="row wrap"),
         )
         self.box = widgets.VBox(
             [self.line],
@@ -152,17 +157,23 @@ def row_html(info: StepInfo, new: int = 0, replayed: int = 0) -> str:
         tone = colour if info.state in ("invalidated", "failed") or info.stale else _GREY
         detail = (
             f'<div class="nbd-detail" style="color:{tone};font-size:0.9em;'
-            f'padding-left:15.5em;white-space:normal">{_e(info.detail)}</div>'
+            f'padding-left:1.5em;white-space:normal;overflow-wrap:anywhere">'
+            f"{_e(info.detail)}</div>"
         )
     return (
         f'<div class="nbd-step" data-step="{_attr(info.label)}" data-state="{_attr(state)}">'
-        f'<div class="nbd-line" style="display:flex;align-items:baseline;gap:0.8em;'
-        f'line-height:1.6"><span class="nbd-name" title="{_attr(info.key)}" style="flex:0 0 14em;'
-        f'overflow:hidden;text-overflow:ellipsis;white-space:nowrap">'
+        # The line wraps between whole values, never inside one: at any width the
+        # name, the badge and each fact stay on one line each, and nothing runs
+        # under the buttons (the widget's box ends where they begin).
+        f'<div class="nbd-line" style="display:flex;flex-wrap:wrap;align-items:baseline;'
+        f'column-gap:0.8em;line-height:1.6"><span class="nbd-name" title="{_attr(info.key)}" '
+        f'style="flex:0 1 14em;min-width:0;max-width:100%;overflow:hidden;'
+        f'text-overflow:ellipsis;white-space:nowrap">'
         f'<span style="color:{_GREY}">{pos}</span><b>{_e(info.label)}</b></span>'
         f'<span class="nbd-badge" title="{_attr(hint)}" style="{badge_style}">'
         f"{glyph} {_e(text)}</span>"
-        f'<span class="nbd-facts" style="color:{_GREY}">{facts}</span></div>{detail}</div>'
+        f'<span class="nbd-facts" style="flex:1 1 auto;min-width:0;color:{_GREY}">{facts}</span>'
+        f"</div>{detail}</div>"
     )
 
 
@@ -185,11 +196,18 @@ def _facts(info: StepInfo, new: int, replayed: int) -> str:
         short = time.strftime("%H:%M" if today else "%b %d %H:%M", when)
         full = time.strftime("%Y-%m-%d %H:%M:%S", when)
         parts.append(f'<span title="recorded {full}">at {short}</span>')
-    calls = f", {info.calls} call{'s' if info.calls != 1 else ''}" if info.calls else ""
+    calls = f"{info.calls} call{'s' if info.calls != 1 else ''}" if info.calls else ""
+    spent_tokens = tokens(info.tokens) if info.tokens else ""
+    # A record made while its calls replayed took next to no time: its duration says
+    # nothing of what replay saves, so only the calls are named ("0.0 s, 10 calls" read
+    # as a contradiction).
+    counted = calls or spent_tokens
+    spent = seconds(info.duration) if info.duration >= _MEASURABLE or not counted else ""
+    saving = ", ".join(p for p in (spent, calls, spent_tokens) if p)
     if recorded and info.state == "replayed":
-        parts.append(f"saved {seconds(info.duration)}{calls}")
+        parts.append(f"saved {saving}")
     elif recorded and info.state in ("recorded", "pinned", "orphaned"):
-        parts.append(f"replay saves {seconds(info.duration)}{calls}")
+        parts.append(f"replay saves {saving}")
     elif recorded and info.state == "not replayable" and info.calls:
         parts.append(f"replay saves {info.calls} call{'s' if info.calls != 1 else ''}")
     if info.version:
@@ -201,7 +219,10 @@ def _facts(info: StepInfo, new: int, replayed: int) -> str:
         )
     if info.size:
         parts.append(human_size(info.size))
-    return " · ".join(parts)
+    # Each fact is one unbreakable value ("13.0 KB" never splits); lines break between them.
+    return " · ".join(
+        f'<span class="nbd-fact" style="white-space:nowrap">{p}</span>' for p in parts
+    )
 
 
 def _shown_state(info: StepInfo) -> str:

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import config, events
+from ..clients.usage import Tally
 from ..errors import LeaseHeld, UsageProblem
 from ..identity import keys, locate
 from ..store import RunKeys, RunView, Store, open_store
@@ -339,21 +340,36 @@ class Session:
             self._cell_ordinals[base] = n + 1
         return n
 
-    def count_replayed(self, seconds: float, steps: int = 0, calls: int = 1) -> None:
+    def count_replayed(
+        self, seconds: float, steps: int = 0, calls: int = 1, tokens: Tally | None = None
+    ) -> None:
         """Add to what replay saved in this kernel."""
         with self.lock:
             self.saved.steps += steps
             self.saved.calls += calls
             self.saved.seconds += seconds
+            if tokens:
+                self.saved.tokens = self.saved.tokens + tokens
 
     def summary(self) -> dict[str, Any]:
-        """What this kernel replayed: ``{"steps", "calls", "seconds", "run"}``."""
+        """What this kernel replayed: ``{"steps", "calls", "seconds", "tokens", "cost", "run"}``.
+
+        ``tokens`` is ``{"input", "output"}``; ``cost`` is what they cost at the
+        prices given to ``configure(prices=...)`` (None without prices), and
+        ``unpriced`` the models that had tokens but no price.
+        """
         with self.lock:
             saved = self.saved
+            total = saved.tokens.total
+            prices = config.get().prices
+            cost, unpriced = saved.tokens.cost(prices) if prices else (None, [])
             return {
                 "steps": saved.steps,
                 "calls": saved.calls,
                 "seconds": saved.seconds,
+                "tokens": {"input": total.input, "output": total.output},
+                "cost": cost,
+                "unpriced": unpriced,
                 "run": self.run_id,
             }
 

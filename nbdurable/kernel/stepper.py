@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import ast
 import hashlib
-import os
 import re
 import time
 import warnings
@@ -22,10 +21,11 @@ from dataclasses import dataclass
 from html import escape
 from typing import TYPE_CHECKING, Any
 
-from .. import config, events, faults, procstate, redact
+from .. import _text, config, events, faults, procstate, redact
+from ..clients.usage import Tally
 from ..errors import CorruptRecord, NbdurableError, StoreError, UsageProblem
-from ..identity import keys
-from ..store import values, versions
+from ..identity import keys, verdict
+from ..store import spill, values, versions
 from ..store.records import StepRecord, StepState
 from . import envreads, fileio, recording
 from .capture import WIDGET_VIEW_MIME, Capture, replay, strip_widget_views
@@ -181,7 +181,13 @@ class StepRunner:
         # Whatever nbdurable printed so far (warnings) reaches the frontend before
         # the step's own outputs: ipykernel buffers stdout and stderr apart.
         flush_streams()
-        reason = None if rec is None else _invalid_reason(rec, source_fp, inputs, state, declared)
+        reason = (
+            None
+            if rec is None
+            else verdict.invalid_reason(
+                rec, state, source_fp=source_fp, inputs=inputs, declared=declared
+            )
+        )
         if rec is not None and not force and (reason is None or state.pinned):
             replayed = self._replay(rec, label, reason, split) if rec.replayable else None
             if replayed is not None:
@@ -194,7 +200,7 @@ class StepRunner:
         if rec is not None and reason is not None and not force:
             self.session.status[key] = ("invalidated", reason)
             events.emit("step-invalidated", self.session.run_id, key, reason=reason, label=label)
-            if reason.startswith(_OUTPUT_REASON):
+            if reason.startswith(verdict.OUTPUT_REASON):
                 # A plain run would have written it: say why the body runs instead of replaying.
                 warn(
                     f"step {label!r} runs again: its {reason} (its sub-steps replay, "
@@ -258,34 +264,50 @@ class StepRunner:
             return fp
         return hashlib.sha256(f"{fp}:{sha}".encode()).hexdigest()[:32]
 
+    def current_inputs(self, rec: StepRecord) -> tuple[dict[str, str], frozenset[str]]:
+        """The record's inputs as they are in the namespace now, for a prediction.
+
+        Fingerprinted as :meth:`begin` does; names the namespace lacks are
+        returned apart (a Run All may restore them first: see
+        :func:`nbdurable.identity.verdict.invalid_reason`). Nothing is printed.
+        """
+        ns = self.session.user_ns
+        known: dict[str, str] = {}
+        unknown: set[str] = set()
+        for name in rec.inputs:
+            if self.producers.get(name) == rec.key:
+                continue  # begin() does not count it: the step made it in this kernel
+            if name not in ns:
+                unknown.add(name)
+                continue
+            value = ns[name]
+            try:
+                fp = keys.fingerprint(value)
+            except Exception:  # a failing custom hook: begin() warns when the step runs
+                fp = "type:" + values.type_name(value)
+            known[name] = self._input_fp(name, value, fp)
+        return known, frozenset(unknown)
+
     def _replay(
         self, rec: StepRecord, label: str, stale: str | None, split: bool
     ) -> Replayed | None:
         """Restore a record into the namespace and show its outputs; None if it cannot be."""
-        restored: dict[str, Any] = {}
-        pure: dict[str, bool] = {}  # plain data, remembered by id only (see recording.Origins)
         ns = self.session.user_ns
-        loading: str | None = None
         try:
-            for var in rec.variables:
-                loading = var.name
-                faults.point("replay")
-                if var.kind == "module":
-                    restored[var.name] = values.import_module(var.ref)
-                    continue
-                blob = self.session.store.get_blob(var.ref)
-                if blob is None:
-                    raise CorruptRecord(f"the saved value of {var.name!r} is missing")
-                value, pure[var.name] = values.load_value(blob.stream, ns, blob.buffers)
-                restored[var.name] = values.adopt(value, ns)
-            loading = None
-            result = self._load_result(rec, restored) if split else None
-        except Exception as exc:  # a damaged blob, a module gone, a failing __setstate__
-            if loading is not None and not isinstance(exc, NbdurableError):
+            restored, pure = recording.load_variables(self.session.store, rec.variables, ns)
+        except recording.LoadFailed as failed:
+            # A damaged blob, a module gone, a failing __setstate__, a shared object changed.
+            exc = failed.cause
+            if not isinstance(exc, NbdurableError):
                 # The value itself does not load (not its blob): record it as unsaved.
                 why = f"did not load back on replay ({type(exc).__name__}: {exc})"
-                self.unloadable[rec.key] = {loading: why}
+                self.unloadable[rec.key] = dict.fromkeys(failed.names, why)
             warn(f"step {label!r}: cannot restore its variables ({exc}); the step runs again.")
+            return None
+        try:
+            result = self._load_result(rec, restored) if split else None
+        except Exception as exc:  # a damaged blob, a failing __setstate__
+            warn(f"step {label!r}: cannot restore its result ({exc}); the step runs again.")
             return None
         try:  # the process state the step left: os.environ, RNGs, options...
             process = procstate.prepare(rec.process)  # resolved and checked, nothing changed yet
@@ -299,8 +321,11 @@ class StepRunner:
             return None
         for var in rec.variables:
             self.producers[var.name] = rec.key
-            if var.kind == "value":
+            if var.kind == "value":  # (records of format 2)
                 self.origins[var.name] = (restored[var.name], var.ref, pure[var.name])
+            elif var.kind == "shared":  # as recording.save_variables names it
+                digest = spill.digest(var.ref, var.spilled)
+                self.origins[var.name] = (restored[var.name], digest, pure[var.name])
         outputs = list(rec.outputs)
         cut = next(
             (i for i, o in enumerate(outputs) if o.get("output_type") == "execute_result"), None
@@ -308,7 +333,9 @@ class StepRunner:
         if not split or cut is None:
             cut = len(outputs)
         replay(self.session.shell, outputs[:cut])
-        self.session.count_replayed(rec.duration, steps=1, calls=rec.substeps)
+        self.session.count_replayed(
+            rec.duration, steps=1, calls=rec.substeps, tokens=Tally.from_json(rec.tokens)
+        )
         state = "replayed" if stale is None else "pinned-stale"
         self.session.status[rec.key] = (state, stale or "")
         events.emit(
@@ -331,10 +358,11 @@ class StepRunner:
             if saved["input"] not in ns:
                 raise CorruptRecord(f"its result was {saved['input']!r}, which is not defined")
             return ns[saved["input"]]
-        blob = self.session.store.get_blob(saved["ref"])
+        blob = spill.get(self.session.store, saved["ref"], saved.get("spilled", ()))
         if blob is None:
             raise CorruptRecord("the saved value of its result is missing")
-        return values.adopt(values.load_value(blob.stream, ns, blob.buffers)[0], ns)
+        # One pickle, alone or as the only one of a shared blob (see values.dump_values).
+        return values.adopt(values.load_values(blob.stream, 1, ns, blob.buffers)[0][0], ns)
 
     def finish_replay(self, replayed: Replayed) -> None:
         """After the replayed result was shown: the outputs recorded after it, then the note."""
@@ -345,6 +373,9 @@ class StepRunner:
     def _note(self, rec: StepRecord, label: str, stale: str | None) -> None:
         when = time.strftime("%Y-%m-%d %H:%M", time.localtime(rec.started + rec.duration))
         calls = f", {rec.substeps} call{'s' if rec.substeps != 1 else ''}" if rec.substeps else ""
+        used = Tally.from_json(rec.tokens).total.total
+        if used:
+            calls += f", {_text.tokens(used)}"
         saved = f"saved {rec.duration:.1f} s{calls}"
         text = f"↻ nbdurable: replayed step {label!r} (recorded {when}; {saved})"
         if stale:
@@ -363,6 +394,7 @@ class StepRunner:
         # compares it with after and records the difference with the step.
         proc = procstate.snapshot(ns, procstate.assigned_attributes(plan.py))
         ctx = StepContext(plan.key, plan.label, keys.step_version(plan.source_fp, plan.inputs))
+        ctx.attrs = _attributes(plan, ns)
         for paths in (plan.declared or {}).values():  # as they are when the body starts
             for path in paths:
                 fileio.note(ctx.file_reads, path)
@@ -424,7 +456,7 @@ class StepRunner:
     def _record(
         self,
         plan: Plan,
-        before: dict[str, Any],
+        before: recording.Snapshot,
         outputs: list[dict[str, Any]],
         started: float,
         duration: float,
@@ -435,10 +467,16 @@ class StepRunner:
         ns = self.session.user_ns
         key, label, position, py, state = plan.key, plan.label, plan.position, plan.py, plan.state
         changed = _changed_names(before, ns, plan.analysis)
-        changed += _mutated_inputs(plan.raw_fps, before, ns, set(changed))
-        deleted = tuple(sorted(n for n in before if n not in ns and not _HIDDEN.match(n)))
         secrets = redact.secrets_in_env()
         process = procstate.delta(proc, procstate.snapshot(ns, proc.watch), secrets) or None
+        # Changed in place: unless the object is a user module's data that the
+        # process delta updates in place on replay (`from helpers import REGISTRY`
+        # then `helpers.REGISTRY.append(..)`), which keeps the name bound to it.
+        kept = procstate.updated_in_place(process)
+        in_place = _mutated_inputs(plan.raw_fps, before, ns, set(changed))
+        in_place += before.mutated(ns, changed + in_place)  # by helpers, methods: unnamed
+        changed += [n for n in in_place if not any(ns[n] is obj for obj in kept)]
+        deleted = tuple(sorted(n for n in before if n not in ns and not _HIDDEN.match(n)))
         try:
             saved = recording.save_variables(
                 self.session.store,
@@ -448,7 +486,13 @@ class StepRunner:
                 _fingerprint,
                 secrets,
                 unloadable=self.unloadable.pop(key, {}),
+                others=[n for n in ns if n not in changed and not _HIDDEN.match(n)],
+                checked=plan.inputs,
+                replace=before.class_patches(ns, changed),
             )
+            # A method called on an object that cannot be saved (a model client) is
+            # not by itself a change: left out when nothing of it that can be seen changed.
+            saved.drop_unsaved(_untouched(plan, before, ns, ctx.attrs))
             shown = _result_record(result, saved, ns, outputs, plan.inputs)
             if shown is None and result is not None and _has_result(outputs):
                 extra = recording.save_variables(
@@ -456,12 +500,16 @@ class StepRunner:
                 )
                 var = extra.variables[0]
                 # An unsaved result is replayed as it looked (see Shown).
-                shown = {"ref": var.ref} if var.kind == "value" else None
+                shown = {"ref": var.ref} if var.kind in ("value", "shared") else None
+                if shown is not None and var.spilled:
+                    shown["spilled"] = [list(p) for p in var.spilled]
                 saved.pending.update(extra.pending)
         except StoreError as exc:
             raise StoreError(f"step {label!r} ran but was NOT recorded: {exc}") from exc
         outputs, leaked = recording.scrub_outputs(outputs, secrets)
         source, in_source = redact.redact_text(py, secrets)
+        source, kinds = redact.redact_keys(source)
+        in_source += [f"{kind} key" for kind in kinds]
         input_from = {n: self.producers[n] for n in plan.inputs if n in self.producers}
         fileio.note_imports(ctx.file_reads, py)  # `import helpers` in the step: helpers.py
         # Each file the step wrote, hashed once now; one it also read is its output only.
@@ -483,6 +531,7 @@ class StepRunner:
             duration=duration,
             substeps=ctx.subs_recorded + ctx.subs_replayed,
             substep_seconds=ctx.sub_seconds,
+            tokens=ctx.tokens.to_json(),
             process=process,
             result=shown,
             env=dict(ctx.env_reads),
@@ -549,14 +598,14 @@ class StepRunner:
             )
         if saved.secrets:
             warn(
-                f"step {label!r}: these variables hold a secret from the environment and "
+                f"step {label!r}: these variables hold a secret and "
                 f"were NOT written to the store: {'; '.join(saved.secrets)}. On replay "
                 "this step's body runs again (its sub-steps still replay)."
             )
         if leaked:
             warn(
-                f"step {label!r}: its outputs or source showed the value of "
-                f"${', $'.join(leaked)}; it was recorded as [redacted] instead."
+                f"step {label!r}: its outputs or source showed "
+                f"{redact.said(leaked)}; it was recorded as [redacted] instead."
             )
         if saved.large:
             warn(
@@ -603,7 +652,7 @@ def _result_record(
     if result is None or not _has_result(outputs):
         return None
     for var in saved.variables:
-        if var.kind == "value" and ns.get(var.name) is result:
+        if var.kind in ("value", "shared") and ns.get(var.name) is result:
             return {"var": var.name}
     for name in inputs:
         if ns.get(name) is result:
@@ -661,61 +710,6 @@ def _version(rec: StepRecord) -> str:
     return keys.step_version(rec.source_fp, rec.inputs)
 
 
-def _invalid_reason(
-    rec: StepRecord,
-    source_fp: str,
-    inputs: dict[str, str],
-    state: StepState,
-    declared: dict[str, list[str]],
-) -> str | None:
-    """Why a record cannot be replayed, or None if it can."""
-    if rec.source_fp != source_fp:
-        return "its code changed"
-    if state.stale:
-        return state.stale
-    gone = fileio.changed(rec.written)
-    if gone:
-        return _output_reason(gone)
-    matched = fileio.declared_changes(rec.declared, declared)
-    if matched:
-        return matched
-    files = fileio.changed(rec.files)
-    if files:
-        listed = ", ".join(repr(os.path.basename(p)) for p in files[:5])
-        return f"file{'s' if len(files) > 1 else ''} {listed} changed"
-    env = envreads.changed(rec.env)
-    if env:
-        listed = ", ".join(f"${n}" for n in env[:5])
-        return f"environment variable{'s' if len(env) > 1 else ''} {listed} changed"
-    changed = sorted(n for n in set(rec.inputs) | set(inputs) if rec.inputs.get(n) != inputs.get(n))
-    if changed:
-        listed = ", ".join(repr(n) for n in changed[:5])
-        return f"input{'s' if len(changed) > 1 else ''} {listed} changed"
-    return None
-
-
-#: How the reason a step's output files invalidate it begins (see _output_reason).
-_OUTPUT_REASON = "output file"
-
-
-def _output_reason(paths: list[str]) -> str:
-    """``output file 'out/result.csv' is missing``: the first few, each missing or changed."""
-    said = [f"{_shown_path(p)!r} {'changed' if os.path.exists(p) else 'is missing'}"
-            for p in paths[:3]]  # fmt: skip
-    more = f" (and {len(paths) - 3} more)" if len(paths) > 3 else ""
-    plural = "s" if len(paths) > 1 else ""
-    return f"{_OUTPUT_REASON}{plural} {', '.join(said)}{more}"
-
-
-def _shown_path(path: str) -> str:
-    """A path as the user wrote it, most likely: relative when under the working directory."""
-    try:
-        rel = os.path.relpath(path)
-    except ValueError:  # another drive
-        return path
-    return path if rel.startswith(os.pardir) else rel
-
-
 def _changed_names(
     before: dict[str, Any], after: dict[str, Any], analysis: keys.CellAnalysis
 ) -> list[str]:
@@ -734,6 +728,51 @@ def _changed_names(
                 continue
             out.add(name)
     return sorted(out)
+
+
+def _attributes(plan: Plan, ns: dict[str, Any]) -> dict[str, dict[str, int]]:
+    """For each name the step's syntax may mutate (not bind): the ids its attributes hold.
+
+    Only objects with attributes: one without (a database connection, a
+    generator) shows nothing of its state, so a method call on it stays a change.
+    """
+    out = {}
+    for name in plan.analysis.mutates - plan.analysis.binds:
+        attrs = getattr(ns.get(name), "__dict__", None)
+        if isinstance(attrs, dict) and attrs and not values.is_module(ns[name]):
+            # An attribute that held nothing yet (None, an SDK's NOT_GIVEN) is left
+            # out: filling it is a lazy cache, not a change (-1 never matches an id).
+            out[name] = {k: -1 if _unset(v) else id(v) for k, v in attrs.items()}
+    return out
+
+
+def _unset(value: Any) -> bool:
+    return value is None or type(value).__name__ in ("NotGiven", "Omit", "_NotGiven")
+
+
+def _untouched(
+    plan: Plan, before: dict[str, Any], after: dict[str, Any], attrs: dict[str, dict[str, int]]
+) -> set[str]:
+    """Names the step's syntax may have mutated (a method call) whose object did not change.
+
+    The same object, not rebound, with the content fingerprint it had before
+    the step (see :func:`_mutated_inputs`), every attribute it had then still
+    holding the same object (attributes added since are lazily made parts,
+    such as an SDK client's ``chat``, and so are attributes that held nothing).
+    """
+    out = set()
+    for name, ids in attrs.items():
+        fp = plan.raw_fps.get(name)
+        if fp is None or name not in after or after[name] is not before.get(name):
+            continue
+        now = getattr(after[name], "__dict__", None)
+        if not isinstance(now, dict) or any(
+            i != -1 and id(now.get(k)) != i for k, i in ids.items()
+        ):
+            continue
+        if _fingerprint(after[name], name) == fp:
+            out.add(name)
+    return out
 
 
 def _mutated_inputs(

@@ -25,6 +25,21 @@ NumPy arrays, objects with a ``__dict__``), so the caller sees what a real
 call leaves. An argument changed in a way that cannot be put back is not
 recorded at all (with a one-line note): the call is made again next time,
 never half replayed.
+
+Sync or async, and streams, are told by what the call *returns*, not by
+what the function looks like (the model SDKs wrap their ``async def``
+methods in synchronous decorators): a call that returned an awaitable is
+recorded when it is awaited, and replay hands back an awaitable again
+(:mod:`nbdurable.clients.awaitables`), so ``await step(...)``,
+``asyncio.gather`` and ``TaskGroup`` work on every run. A call that returned
+a stream is handed back as that stream, tapped, and recorded only once it
+has been read to its end; replay hands back a stream that yields the
+recorded chunks: the SDK's own stream class for OpenAI and Anthropic
+streams and stream managers (:mod:`nbdurable.clients.streams`), a generator
+for other iterators of chunks (a generator, LangChain's ``.stream()``,
+litellm's stream wrapper), an async generator for async iterators. A stream
+abandoned half way, or cut by a crash, is not recorded: the call is made
+again next time. The record's ``returns`` field names the shape.
 """
 
 from __future__ import annotations
@@ -38,6 +53,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from .. import config, events, faults, redact
+from ..clients import awaitables, streams, usage
 from ..errors import CorruptRecord, DivergenceError, StoreError, UsageProblem
 from ..identity import keys
 from ..identity.callables import CallableFingerprint, callable_fingerprint, first_change
@@ -153,6 +169,7 @@ class _Call:
         "callee",
         "ctx",
         "fn",
+        "returns",
         "scope",
         "session",
         "started",
@@ -167,6 +184,7 @@ class _Call:
         self.session, self.ctx, self.sub_id, self.fn = session, ctx, sub_id, fn
         self.scope = ctx.key if ctx is not None else RUN_SCOPE
         self.where = f"sub-step {sub_id!r}" + (f" of step {ctx.label!r}" if ctx else "")
+        self.returns = ""
 
     def take_id(self) -> None:
         """Claim the id within the running step: each call of a step needs its own."""
@@ -196,13 +214,12 @@ class _Call:
         self.callee = _callee_fingerprint(self.fn, self.where)
         self.args = _labelled(args, kwargs)
         value = self.lookup()
-        is_async = inspect.iscoroutinefunction(self.fn)
         if value is not _ENOVAL:
             if ctx is not None:
                 with ctx.lock:
                     ctx.subs_replayed += 1
             events.emit("sub-replayed", session.run_id, self.scope, id=self.sub_id)
-            return _ready(value) if is_async else value
+            return _replayed(value, self.returns, self.fn)
         if ctx is None:
             session.claim(verify=False)  # inside a step, the step already holds the lease
         token = current_sub.set(self.sub_id)
@@ -213,22 +230,50 @@ class _Call:
             result = self.fn(*args, **kwargs)
         finally:
             current_sub.reset(token)
-        if inspect.isawaitable(result):  # a coroutine function's call: it runs when awaited
+        kind = awaitables.result_kind(result)
+        if kind == "awaitable":  # a coroutine's body runs when it is awaited
             return self.finish(result)
-        self.save(result)
-        return result
+        if kind == "both" and streams.stream_kind(result) is None:
+            # A paginator: ``await page`` and ``async for x in page`` both work, and
+            # which one the caller will do cannot be known here.
+            warn(
+                f"{self.where} returned a {values.type_name(result)}, which can be awaited "
+                "and iterated alike; it was NOT recorded and will be called again on the next "
+                "run. Await or iterate it inside the function given to step()."
+            )
+            return result
+        return self.hand_over(result, "")
 
     async def finish(self, awaitable: Any) -> Any:
         """Await a coroutine's body, then record its result as :meth:`run` does a plain one."""
         token = current_sub.set(self.sub_id)  # the body runs now: idempotency_key() sees its id
         try:
             result = await awaitable
-            self.save(result)
+            result = self.hand_over(result, "awaitable")
         except BaseException:
             self.forget()
             raise
         finally:
             current_sub.reset(token)
+        return result
+
+    def hand_over(self, result: Any, outer: str) -> Any:
+        """``result`` recorded now, or a stream of it that records itself once read to its end."""
+        prefix = outer + ":" if outer else ""
+
+        def save_as(shape: str) -> Callable[[Any], None]:
+            return lambda value: self.save(value, prefix + shape)
+
+        if streams.stream_kind(result) is not None:
+            return streams.record_stream(result, save_as("stream"))
+        kind = awaitables.result_kind(result)
+        # litellm's stream wrapper iterates both ways: awaited, it is read with
+        # `async for`; returned at once, with `for`.
+        if kind == "async_iter" and (outer or not _chunk_iterator(result)):
+            return awaitables.record_async_iter(result, save_as("async_iter"))
+        if _chunk_iterator(result):
+            return streams.record_iter(result, save_as("iter"))
+        self.save(result, outer)
         return result
 
     def index(self) -> SubIndex | None:
@@ -256,8 +301,9 @@ class _Call:
         if got is None:
             return _ENOVAL
         header, body = got
-        # Only two fields matter here: no SubRecord is built on the replay path.
+        # Only a few fields matter here: no SubRecord is built on the replay path.
         recorded_fp, duration = header.get("args_fp"), header.get("duration")
+        self.returns = header.get("returns", None)
         if not isinstance(recorded_fp, str) or not isinstance(duration, (int, float)):
             warn(f"{where}: its record is malformed (no args_fp or duration); calling again.")
             return _ENOVAL
@@ -298,8 +344,17 @@ class _Call:
         except Exception as exc:
             warn(f"{where}: its recorded value cannot be loaded ({exc!r}); calling again.")
             return _ENOVAL
-        session.count_replayed(duration)
+        tokens = usage.Tally.from_json(header.get("tokens"))
+        session.count_replayed(duration, tokens=tokens)
+        self.count_tokens(tokens)
         return value
+
+    def count_tokens(self, tokens: usage.Tally) -> None:
+        """Add a reply's tokens to its step's (made or replayed, a step's record holds all)."""
+        ctx = self.ctx
+        if ctx is not None and tokens:
+            with ctx.lock:
+                ctx.tokens = ctx.tokens + tokens
 
     def put_back(self, loaded: Any, labels: list[str]) -> Any:
         """Restore the recorded state of the arguments the call changed; its result.
@@ -348,8 +403,11 @@ class _Call:
         with ctx.lock:
             ctx.subs_unchecked += 1
 
-    def save(self, result: Any) -> None:
-        """Record ``result`` (one transaction); say so loudly if it cannot be."""
+    def save(self, result: Any, returns: str = "") -> None:
+        """Record ``result`` (one transaction); say so loudly if it cannot be.
+
+        ``returns`` is the shape the call handed it over in (see ``SubRecord.returns``).
+        """
         where, fn = self.where, self.fn
         duration = time.perf_counter() - self.t0
         mutated = sorted(k for k, fp in self.before.items() if _arg_fp(self.args[k]) != fp)
@@ -376,11 +434,14 @@ class _Call:
                 "data (e.g. the text or a dict) from the function given to step()."
             )
             return
+        tokens = usage.Tally()
+        tokens.add(result.chunks if isinstance(result, streams.StreamRecord) else result)
         faults.point("sub-returned")
-        found = redact.find_secrets(body, redact.secrets_in_env())
+        # An environment secret is named by its variable, even when it is a key too.
+        found = redact.find_secrets(body, redact.secrets_in_env()) or redact.key_names(body)
         if found:
             warn(
-                f"{where} returned a value holding the value of ${', $'.join(found)}; secrets "
+                f"{where} returned a value holding {redact.said(found)}; secrets "
                 "are never written to the store, so it was NOT recorded and will be called "
                 "again on the next run."
             )
@@ -406,6 +467,8 @@ class _Call:
             "size": len(body),
             "type": values.type_name(result),
             "format": FORMAT_VERSION,
+            "returns": returns,
+            "tokens": tokens.to_json(),
             "kind": "sub",
         }
         try:
@@ -421,13 +484,39 @@ class _Call:
             with ctx.lock:
                 ctx.subs_recorded += 1
                 ctx.sub_seconds += duration
+        self.count_tokens(tokens)
         events.emit(
             "sub-recorded", self.session.run_id, self.scope, id=self.sub_id, duration=duration
         )
 
 
-async def _ready(value: Any) -> Any:
-    return value
+def _replayed(value: Any, returns: str | None, fn: Callable[..., Any]) -> Any:
+    """The recorded ``value`` handed back in the shape the first call returned it."""
+    if returns is None:  # a record from before shapes were recorded
+        returns = "awaitable" if inspect.iscoroutinefunction(fn) else ""
+    outer, _, shape = returns.rpartition(":")
+    if not outer and shape == "awaitable":
+        outer, shape = "awaitable", ""
+    if shape == "stream":
+        value = streams.replay_stream(value)
+    elif shape == "async_iter":
+        value = awaitables.replay_async_iter(value)
+    elif shape == "iter":
+        value = streams.replay_iter(value)
+    return awaitables.replay_awaitable(value) if outer else value
+
+
+#: Iterators of chunks that are not generators, by top-level module: their
+#: streams are recorded chunk by chunk (any other iterator is a plain value).
+_CHUNK_ITERATORS = ("litellm",)
+
+
+def _chunk_iterator(result: Any) -> bool:
+    """Whether ``result`` is a stream of chunks to record as they are read (see module doc)."""
+    if isinstance(result, types.GeneratorType):
+        return True
+    t = type(result)
+    return hasattr(t, "__next__") and t.__module__.split(".")[0] in _CHUNK_ITERATORS
 
 
 def _parts_digest(parts: dict[str, str], skip: Any) -> str:

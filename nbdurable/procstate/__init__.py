@@ -13,25 +13,28 @@ cell. Replaying the cell's variables alone would not, so around each step:
 
 What is tracked, and how each part of a delta is re-applied:
 
-===============  ===================================  =====================================
-part             seen as                              re-applied as
-===============  ===================================  =====================================
-``env``          variables set / unset                ``os.environ`` set / unset
-``cwd``          the new working directory            ``os.chdir``
-``path``         entries added in front / at the      the same insertions, or the whole
-                 back of ``sys.path``, else the list  list when entries were reordered
-``random``       ``random.getstate()`` if changed     ``random.setstate``
-``numpy_random`` NumPy's global (legacy) generator    ``np.random.set_state``
-``warnings``     filters added in front / at the      ``warnings``' own add-filter rule,
-                 back, else the whole list            or the whole list
-``printoptions`` changed ``np.get_printoptions()``    ``np.set_printoptions``
-``pandas``       changed pandas options               ``pd.set_option``
-``rcparams``     changed matplotlib ``rcParams``      ``matplotlib.rcParams[k] = v``
-``modules``      module-level data of user modules    set, or updated in place (a list
-                 (files outside the stdlib and        stays the same list), or deleted
-                 site-packages) and attributes the
-                 step's source assigns on modules
-===============  ===================================  =====================================
+==================  ===================================  =====================================
+part                seen as                              re-applied as
+==================  ===================================  =====================================
+``env``             variables set / unset                ``os.environ`` set / unset
+``cwd``             the new working directory            ``os.chdir``
+``path``            entries added in front / at the      the same insertions, or the whole
+                    back of ``sys.path``, else the list  list when entries were reordered
+``random``          ``random.getstate()`` if changed     ``random.setstate``
+``numpy_random``    NumPy's global (legacy) generator    ``np.random.set_state``
+``warnings``        filters added in front / at the      ``warnings``' own add-filter rule,
+                    back, else the whole list            or the whole list
+``printoptions``    changed ``np.get_printoptions()``    ``np.set_printoptions``
+``pandas``          changed pandas options               ``pd.set_option``
+``rcparams``        changed matplotlib ``rcParams``      ``matplotlib.rcParams[k] = v``
+``recursionlimit``  ``sys.getrecursionlimit()``          ``sys.setrecursionlimit``
+``decimal``         the decimal context's settings,      set on ``decimal.getcontext()``
+                    flags and traps that changed         (if ``decimal`` was imported)
+``modules``         module-level data of user modules    set, or updated in place (a list
+                    (files outside the stdlib and        stays the same list), or deleted
+                    site-packages) and attributes the
+                    step's source assigns on modules
+==================  ===================================  =====================================
 
 A module (NumPy, pandas, matplotlib) is looked at only if already imported:
 nothing here imports a heavy module to take a snapshot, and :func:`apply`
@@ -53,7 +56,7 @@ literal name counts).
 """
 
 from .core import Snapshot, apply, delta, describe_filter, prepare, replayable_reasons, snapshot
-from .modules import assigned_attributes, is_user_module
+from .modules import assigned_attributes, is_user_module, updated_in_place
 from .plain import MAX_VALUE_CHARS, NotPlain, decode, encode
 
 __all__ = [
@@ -70,4 +73,5 @@ __all__ = [
     "prepare",
     "replayable_reasons",
     "snapshot",
+    "updated_in_place",
 ]

@@ -43,6 +43,8 @@ class Snapshot:
     #: (module name, attribute) -> the object (or ABSENT) for watched attributes
     watched: dict[tuple[str, str], Any]
     watch: tuple[tuple[str, str], ...] = ()
+    recursionlimit: int = 0
+    decimal: dict[str, Any] | None = None  # None: decimal not imported
 
 
 def snapshot(
@@ -82,7 +84,39 @@ def snapshot(
         modules=user_modules(),
         watched=watched(namespace, watch),
         watch=watch,
+        recursionlimit=sys.getrecursionlimit(),
+        decimal=_decimal_context(),
     )
+
+
+#: The settings of a decimal context, each an int, or a str for ``rounding``.
+_DECIMAL_FIELDS = ("prec", "rounding", "Emin", "Emax", "capitals", "clamp")
+
+
+def _decimal_context() -> dict[str, Any] | None:
+    """The current thread's decimal context as plain data (its settings, flags and traps)."""
+    dec = sys.modules.get("decimal")
+    if dec is None:
+        return None
+    ctx = dec.getcontext()
+    out: dict[str, Any] = {f: getattr(ctx, f) for f in _DECIMAL_FIELDS}
+    # A signal's name, for the classes decimal itself exports (all of them).
+    out["flags"] = sorted(sig.__name__ for sig, on in ctx.flags.items() if on)
+    out["traps"] = sorted(sig.__name__ for sig, on in ctx.traps.items() if on)
+    return out
+
+
+def _apply_decimal(change: Mapping[str, Any]) -> None:
+    dec = importlib.import_module("decimal")
+    ctx = dec.getcontext()
+    for field_ in _DECIMAL_FIELDS:
+        if field_ in change:
+            setattr(ctx, field_, change[field_])
+    for part, table in (("flags", ctx.flags), ("traps", ctx.traps)):
+        if part in change:
+            on = set(change[part])
+            for sig in list(table):
+                table[sig] = sig.__name__ in on
 
 
 def _pandas_options() -> dict[str, Any] | None:
@@ -160,6 +194,11 @@ def delta(
         base = _pandas_defaults()
     _options_delta("pandas", "pandas option", base, after.pandas, out, why)
     _rcparams_delta(before.rcparams, after.rcparams, out, why)
+    if after.recursionlimit != before.recursionlimit:
+        out["recursionlimit"] = after.recursionlimit
+    if after.decimal is not None and after.decimal != before.decimal:
+        base = before.decimal or {}
+        out["decimal"] = {k: v for k, v in after.decimal.items() if base.get(k) != v}
     modules_delta(before, after, out, why)
     if secrets:
         for part in [k for k in out if k != "env"]:
@@ -383,6 +422,16 @@ def prepare(process: Mapping[str, Any] | None) -> list[Callable[[], None]]:
             if key not in mpl.rcParams:
                 raise KeyError(f"matplotlib has no rcParams[{key!r}]")
             quiet.append(functools.partial(mpl.rcParams.__setitem__, key, decode(value)))
+    if "recursionlimit" in process:
+        limit = int(process["recursionlimit"])
+        quiet.append(lambda: sys.setrecursionlimit(limit))
+    if "decimal" in process:
+        change = process["decimal"]
+        dec = importlib.import_module("decimal")
+        for name in (*change.get("flags", ()), *change.get("traps", ())):
+            if not isinstance(getattr(dec, name, None), type):
+                raise LookupError(f"decimal has no signal {name}")
+        quiet.append(lambda: _apply_decimal(change))
     for name, change in (process.get("modules") or {}).items():
         mod = sys.modules.get(name) or importlib.import_module(name)
         check_fresh(name, mod, change.get("fresh", {}))

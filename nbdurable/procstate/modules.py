@@ -95,7 +95,9 @@ def user_modules() -> dict[str, dict[str, tuple[Any, str | None]]]:
     """``{module name: {global: (object, fingerprint or None)}}`` of every user module."""
     cache = _user
     out = {}
-    for name, mod in list(sys.modules.items()):
+    # dict.copy runs without releasing the GIL: list(items()) could meet an import
+    # made meanwhile by another thread ("dictionary changed size during iteration").
+    for name, mod in sys.modules.copy().items():
         known = cache.get(name)
         mine = known[1] if known is not None and known[0] is mod else is_user_module(name, mod)
         if mine:
@@ -232,6 +234,18 @@ def modules_delta(before: Any, after: Any, out: dict, why: list[str]) -> None:
     changes = {m: c for m, c in changes.items() if c}
     if changes:
         out["modules"] = changes
+
+
+def updated_in_place(process: Mapping[str, Any] | None) -> list[Any]:
+    """The live objects of user modules that ``process`` (a delta) updates in place."""
+    out = []
+    for mod, change in ((process or {}).get("modules") or {}).items():
+        module = sys.modules.get(mod)
+        for attr in change.get("update") or ():
+            obj = getattr(module, attr, ABSENT) if module is not None else ABSENT
+            if obj is not ABSENT:
+                out.append(obj)
+    return out
 
 
 def fresh_module(

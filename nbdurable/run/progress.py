@@ -7,7 +7,7 @@ import threading
 import time
 from typing import IO
 
-from .._text import plural, seconds
+from .._text import plural, seconds, tokens
 from .result import Attempt, CellOutcome, RunResult
 
 
@@ -184,8 +184,15 @@ class ConsoleProgress(Progress):
             ),
             "steps: " + (", ".join(parts) or "none"),
             f"calls: {result.calls_made} made, {saved.get('calls', 0)} replayed"
-            f" · time saved {saved.get('seconds', 0.0):.1f} s",
+            f" · time saved {saved.get('seconds', 0.0):.1f} s" + _tokens_saved(saved),
         ]
         if result.output is not None:
             lines.append(f"wrote {result.output}")
         self._line("\n".join(lines))
+
+
+def _tokens_saved(saved: dict) -> str:
+    """`` · tokens saved 1,234 ($0.0123)``, or nothing when replay saved no tokens."""
+    got = saved.get("tokens") or {}
+    n = int(got.get("input", 0)) + int(got.get("output", 0))
+    return f" · {tokens(n, saved.get('cost'))} saved" if n else ""

@@ -82,8 +82,10 @@ class RunResult:
     attempts: list[Attempt] = field(default_factory=list)
     error: CellError | None = None
     interrupted: bool = False
-    #: What replay saved over all attempts (``steps``, ``calls``, ``seconds``); None
-    #: when the notebook does not use nbdurable.
+    #: What replay saved over all attempts (``steps``, ``calls``, ``seconds``,
+    #: ``tokens`` as ``{"input", "output"}``, and ``cost`` at the prices the
+    #: notebook gave to ``configure(prices=...)``, None without); None when the
+    #: notebook does not use nbdurable.
     saved: dict[str, Any] | None = None
     seconds: float = 0.0
 
@@ -129,10 +131,14 @@ class RunResult:
         said = [a.saved for a in self.attempts if a.saved is not None]
         if not said and self.saved is None:
             return
+        tokens = [s.get("tokens") or {} for s in said]
+        costs = [float(s["cost"]) for s in said if isinstance(s.get("cost"), (int, float))]
         self.saved = {
             "steps": sum(int(s.get("steps", 0)) for s in said),
             "calls": sum(int(s.get("calls", 0)) for s in said),
             "seconds": round(sum(float(s.get("seconds", 0.0)) for s in said), 3),
+            "tokens": {k: sum(int(t.get(k, 0)) for t in tokens) for k in ("input", "output")},
+            "cost": round(sum(costs), 6) if costs else None,
         }
 
     @property
@@ -165,6 +171,8 @@ class RunResult:
             },
             "calls": {"made": self.calls_made, "replayed": saved.get("calls")},
             "seconds_saved": saved.get("seconds"),
+            "tokens_saved": saved.get("tokens"),
+            "cost_saved": saved.get("cost"),
             "attempts": [asdict(a) for a in self.attempts],
             "error": asdict(self.error) if self.error else None,
         }

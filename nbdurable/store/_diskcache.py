@@ -15,6 +15,8 @@ values, so a planted pickle in the directory never runs (CVE-2025-69872).
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
 import sqlite3
 import time
@@ -47,6 +49,10 @@ _INSERT_INLINE = (
 Row = tuple[int, "str | None", Any]  # (mode, filename, value) of one key
 
 
+#: Every file of the store is its owner's alone (its directory is 0700 too).
+FILE_MODE = 0o600
+
+
 class SafeDisk(diskcache.Disk):
     """A diskcache ``Disk`` that only stores and loads bytes, never pickles."""
 
@@ -71,6 +77,7 @@ class SafeDisk(diskcache.Disk):
             # 100 MB binary pickle became ~300,000 write() calls. One write.
             filename, full_path = self.filename(key, value)
             self._write(full_path, (value,), "xb")
+            os.chmod(full_path, FILE_MODE)
             return len(value), diskcache.core.MODE_BINARY, filename, None
         return super().store(value, read, key=key)
 
@@ -102,6 +109,10 @@ class Rows:
             timeout=60,
             sqlite_synchronous=2 if durability == "power" else 1,
         )
+        # SQLite gives its -wal and -shm files the database file's mode.
+        for suffix in ("", "-wal", "-shm"):
+            with contextlib.suppress(FileNotFoundError):
+                os.chmod(os.path.join(directory, diskcache.core.DBNAME + suffix), FILE_MODE)
 
     def close(self) -> None:
         """Close the connections."""

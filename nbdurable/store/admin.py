@@ -25,7 +25,7 @@ from ..errors import CorruptRecord, UsageProblem
 from . import layout
 from .base import Store
 from .layout import RUN_SCOPE, RunKeys
-from .records import blob_refs
+from .records import BLOB_KINDS, blob_refs
 from .versions import KEEP_VERSIONS, excess
 from .view import RunView, read_header
 
@@ -222,7 +222,7 @@ def export_run(
                     "input_from": rec["input_from"],
                     "deleted": rec["deleted"],
                     "substep_calls": rec.get("substeps", 0),
-                    "variables": [_variable(store, v, with_values) for v in rec["variables"]],
+                    "variables": _variables(store, rec["variables"], with_values),
                     "outputs": len(rec["outputs"]),
                 }
             )
@@ -243,9 +243,43 @@ def export_run(
     }
 
 
+def _variables(
+    store: Store, variables: list[dict[str, Any]], with_values: bool
+) -> list[dict[str, Any]]:
+    out = [_variable(store, v, with_values) for v in variables]
+    if with_values:  # a step's shared variables: one blob, its pickles in the record's order
+        joint: dict[str, list[dict[str, Any]]] = {}
+        spilled: dict[str, list[Any]] = {}
+        for var, row in zip(variables, out, strict=True):
+            if var.get("kind") == "shared":
+                joint.setdefault(var["ref"], []).append(row)
+                spilled.setdefault(var["ref"], []).extend(var.get("spilled") or ())
+        for sha, rows in joint.items():
+            got = _load_shared(store, sha, spilled[sha], len(rows))
+            for row, value in zip(rows, got, strict=True):
+                row.update(value)
+    return out
+
+
+def _load_shared(store: Store, sha: str, spilled: list[Any], count: int) -> list[dict[str, Any]]:
+    from . import spill, values
+
+    try:
+        blob = spill.get(store, sha, spilled)
+    except CorruptRecord as exc:
+        return [{"error": str(exc)}] * count
+    if blob is None:
+        return [{"error": "its saved value is missing from the store"}] * count
+    try:
+        got = values.load_values(blob.stream, count, None, blob.buffers)
+    except Exception as exc:  # unpickling imports modules; they may be missing here
+        return [{"error": f"cannot load here: {type(exc).__name__}: {exc}"}] * count
+    return [{"value": _jsonable(value)} for value, _plain in got]
+
+
 def _variable(store: Store, var: dict[str, Any], with_values: bool) -> dict[str, Any]:
     out = {k: var.get(k) for k in ("name", "kind", "type", "size", "fp")}
-    if var.get("kind") == "value":
+    if var.get("kind") in BLOB_KINDS:
         out["sha256"] = var["ref"]
     if with_values:
         if var.get("kind") == "module":

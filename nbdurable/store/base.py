@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from .. import redact
 from ..errors import CorruptRecord, FormatVersionError, StoreError
 from . import blobs, codec, layout
 from .records import FORMAT_VERSION
@@ -251,8 +252,16 @@ class Store(abc.ABC):
         :meth:`apply` to write in the same transaction as the record that
         refers to it (one commit per step, not one per variable). Raises
         :class:`blobs.SecretFound` (writing nothing) if the bytes hold one of
-        ``secrets``: they are searched in the very copy that is hashed and written.
+        ``secrets``: they are searched in the very copy that is hashed and written;
+        or if ``stream`` holds a well-known key (:func:`nbdurable.redact.key_names`).
         """
+        # Keys typed literally are text, so in the pickle stream: the out-of-band
+        # buffers (array data) are not searched for them (it would cost more than
+        # the write; environment secrets are searched everywhere).
+        # An environment secret is named by its variable, even when it is a key too.
+        found = blobs.scan(stream, secrets or {}) or redact.key_names(stream)
+        if found:
+            raise blobs.SecretFound(found)
         bufs = [memoryview(b).cast("B") for b in buffers]
         parts: list[blobs.Buffer] = [blobs.head(stream, bufs), stream, *bufs]
         total = sum(memoryview(p).nbytes for p in parts)

@@ -69,7 +69,11 @@ def head(stream: Buffer, buffers: Sequence[memoryview]) -> bytes:
 
 
 class SecretFound(Exception):
-    """The value holds a secret from the environment: nothing was written."""
+    """The value holds a secret (from the environment, or a literal key): nothing was written.
+
+    ``names``: environment variables, or ``"openai key"``-style kinds of well-known
+    keys (see :func:`nbdurable.redact.said`).
+    """
 
     def __init__(self, names: list[str]) -> None:
         super().__init__(", ".join(names))

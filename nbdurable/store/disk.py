@@ -279,7 +279,8 @@ class DiskStore(Store):
             os.makedirs(os.path.dirname(full_path), exist_ok=True)
             key, committed = "", False
             try:
-                with open(full_path, "xb") as f:
+                fd = os.open(full_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+                with open(fd, "wb") as f:
                     sha = blobs.write(f, parts, secrets)
                 key = layout.blob(sha)
                 if key in self._suspect or not self.has(key):

@@ -24,7 +24,10 @@ open: an unsigned shared store would let anyone with write access to the
 database plant a pickle that every kernel replaying it unpickles.
 
 Faults: a lost connection (server restarted, backend terminated) is retried
-on a fresh connection from the pool, for at most :data:`RETRIES` attempts.
+on a fresh connection from the pool, for at most :data:`RETRIES` attempts,
+each waiting up to ``connect_timeout`` + 5 s for the pool to reconnect (a
+server that restarts, or crashes and is started again, within that time
+costs a running step nothing but the wait).
 Every write is an idempotent upsert of signed bytes under a fixed key, so a
 transaction whose COMMIT was lost in flight and is then retried records the
 same row once; the lease's compare-and-set (:meth:`PgStore.swap`) runs under
@@ -41,6 +44,7 @@ The medium cannot be deleted from under an open store as a directory can:
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import tempfile
 import threading
@@ -64,6 +68,13 @@ try:
 except ImportError:  # pragma: no cover - the error is raised on open
     psycopg = None  # type: ignore[assignment]
     psycopg_pool = None  # type: ignore[assignment]
+else:
+    # The pool warns as it drops a connection the server ended ("discarding
+    # closed connection"); with no logging configured, Python prints that to
+    # stderr, which is a notebook cell's output. Reconnecting is this module's
+    # business and a failure is its one-line StoreError: the warnings go to
+    # logging only (a configured root logger still receives them).
+    logging.getLogger("psycopg.pool").addHandler(logging.NullHandler())
 
 
 class PgStore(Store):
@@ -255,38 +266,47 @@ class PgStore(Store):
 
     # -- writing ------------------------------------------------------------------------
     def write(self, values: dict[str, bytes], deletes: Sequence[str] = ()) -> None:
-        """Write and delete in one transaction (upserts: a retried write lands once)."""
-        rows = [(k, v, len(v)) for k, v in values.items()]
+        """Write and delete in one transaction (upserts: a retried write lands once).
+
+        One statement, sent in one round trip: in autocommit a statement is
+        its own transaction, so every row of it commits together or none
+        does, with one WAL flush. A step's record, its state and its small
+        blobs are one ``unnest`` of arrays (one prepared statement whatever
+        their number); deletes and the chunks of a rewritten blob go in
+        data-modifying ``WITH`` clauses of the same statement.
+        """
+        gone = set(deletes)
+        keys = [k for k in values if k not in gone]  # put then deleted: deleted, as on disk
+        # A key that held a chunked blob gives its chunks up (rare: a rewritten blob).
+        chunked = [k for k in keys if k.startswith(layout.BLOBS)] + list(deletes)
+        t = self._t
+        upsert = (
+            "ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value, "
+            "size = EXCLUDED.size, blob = NULL"
+        )
+        if len(keys) == 1 and not chunked:  # a sub-step's record: the plainest statement
+            sql = f"INSERT INTO {t}.kv (key, value, size) VALUES (%s, %b, %s) {upsert}"
+            args: tuple[Any, ...] = (keys[0], values[keys[0]], len(values[keys[0]]))
+        else:
+            sql = (
+                f"WITH dropped AS (DELETE FROM {t}.chunks WHERE blob IN "
+                f"(SELECT blob FROM {t}.kv WHERE key = ANY(%s) AND blob IS NOT NULL)), "
+                f"removed AS (DELETE FROM {t}.kv WHERE key = ANY(%s)) "
+                f"INSERT INTO {t}.kv (key, value, size) "
+                f"SELECT * FROM unnest(%s::text[], %b::bytea[], %s::bigint[]) {upsert}"
+            )
+            data = [values[k] for k in keys]
+            args = (chunked, list(deletes), keys, data, [len(v) for v in data])
 
         def fn(conn: Any) -> None:
-            with conn.cursor() as cur:
-                # A key that held a chunked blob gives its chunks up (rare: a rewritten blob).
-                chunked = [k for k in values if k.startswith(layout.BLOBS)] + list(deletes)
-                if chunked:
-                    self._drop_chunks(cur, chunked)
-                upsert = (
-                    f"INSERT INTO {self._t}.kv (key, value, size) VALUES (%s, %b, %s) "
-                    "ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value, "
-                    "size = EXCLUDED.size, blob = NULL"
-                )
-                if len(rows) == 1:
-                    cur.execute(upsert, rows[0])
-                else:
-                    cur.executemany(upsert, rows)
-                if deletes:
-                    cur.execute(f"DELETE FROM {self._t}.kv WHERE key = ANY(%s)", (list(deletes),))
-                faults.point("store-write")  # inside the transaction, before its commit
+            conn.execute(sql, args)
+            faults.point("store-write")  # inside the transaction, before its commit
 
         if deletes:
             self.deletions += 1
-        # One plain record (a sub-step's) is one statement: it commits alone, in one round trip.
-        alone = (
-            len(rows) == 1
-            and not deletes
-            and not rows[0][0].startswith(layout.BLOBS)
-            and not faults.armed("store-write")
-        )
-        self._run("write", fn, tx=not alone)
+        # The fault point needs a client-side transaction to fall inside; the
+        # statement alone commits as it ends.
+        self._run("write", fn, tx=faults.armed("store-write"))
         self._suspect.difference_update(values)
 
     def _drop_chunks(self, cur: Any, keys: Sequence[str]) -> None:

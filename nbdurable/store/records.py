@@ -19,18 +19,26 @@ FORMAT_VERSION = 1
 #: Newest record format this version reads and writes. A step record of
 #: format 2 refers to format-2 blobs (see :mod:`nbdurable.store.blobs`), which
 #: nbdurable 0.1 cannot read: it refuses such a record as "newer, upgrade
-#: nbdurable" instead of finding its blobs damaged. Sub-step records are
-#: unchanged and still written as format 1.
-RECORD_FORMAT = 2
+#: nbdurable" instead of finding its blobs damaged. Format 3 adds variables of
+#: kind ``"shared"`` (a step's values pickled together into one blob, whose
+#: pickles a format-2 reader would take one for all); its blobs are still
+#: format 2. Formats 2 and 3 are both read. Sub-step records are unchanged
+#: and still written as format 1.
+RECORD_FORMAT = 3
 
 
 @dataclass(frozen=True)
 class VarRecord:
     """One variable a step bound or mutated.
 
-    ``kind`` is ``"value"`` (pickled into the blob ``ref``), ``"module"``
-    (re-imported by the module name ``ref`` on replay), or ``"unsaved"``
-    (could not be pickled; ``ref`` holds the reason).
+    ``kind`` is ``"shared"`` (pickled with the step's other shared variables
+    into the blob ``ref``: one pickle per variable, one after the other in the
+    order of the record's ``"shared"`` variables, with one memo, see
+    :func:`nbdurable.store.values.dump_values`; its large buffers are blobs
+    of their own, listed in ``spilled``), ``"value"`` (alone in the
+    blob ``ref``; records of format 2), ``"module"`` (re-imported by the
+    module name ``ref`` on replay), or ``"unsaved"`` (could not be pickled;
+    ``ref`` holds the reason).
     """
 
     name: str
@@ -39,6 +47,10 @@ class VarRecord:
     fp: str
     size: int = 0
     type: str = ""
+    #: for ``"shared"``: the large buffers of this variable's pickle kept as blobs
+    #: of their own, ``[position among the blob's buffers, sha]`` (see
+    #: :mod:`nbdurable.store.spill`)
+    spilled: tuple[tuple[int, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -65,8 +77,9 @@ class StepRecord:
     process: dict[str, Any] | None = None
     #: The value the last expression showed: ``{"var": name}`` (the object that
     #: saved variable holds), ``{"input": name}`` (the object that input holds)
-    #: or ``{"ref": sha}`` (a blob); None when none was saved.
-    result: dict[str, str] | None = None
+    #: or ``{"ref": sha}`` (a blob, with ``"spilled"`` buffers: see
+    #: :mod:`nbdurable.store.spill`); None when none was saved.
+    result: dict[str, Any] | None = None
     format: int = RECORD_FORMAT
     #: environment variables the step read: name -> SHA-256 digest of the value it
     #: saw (None: unset); never the value. See :mod:`nbdurable.kernel.envreads`.
@@ -74,6 +87,9 @@ class StepRecord:
     #: files the step read: absolute path -> [size, mtime_ns, SHA-256 of the content];
     #: see :mod:`nbdurable.kernel.fileio`
     files: dict[str, list[Any]] = field(default_factory=dict)
+    #: tokens the step's sub-steps' model replies reported, per model, as
+    #: ``nbdurable.clients.usage.Tally.to_json`` gives them: what a replay saves
+    tokens: list[list[Any]] = field(default_factory=list)
     #: ``%%step --inputs`` patterns, made absolute -> the files each matched (sorted);
     #: those files are in ``files`` too
     declared: dict[str, list[str]] = field(default_factory=dict)
@@ -133,6 +149,12 @@ class SubRecord:
     #: labels (``#0``, a keyword) of the arguments the call changed in place; the
     #: body is then the pickle of ``(result, {label: the argument after the call})``
     mutated: list[str] = field(default_factory=list)
+    #: how the call handed its value over, when not plainly: ``awaitable``,
+    #: ``stream``, ``async_iter``, ``iter``, or ``awaitable:`` one of the last
+    #: three (an awaited stream); replay hands back the same shape
+    returns: str = ""
+    #: tokens the reply reported (``Tally.to_json``: ``[[model, input, output, replies]]``)
+    tokens: list[list[Any]] = field(default_factory=list)
 
     def to_header(self) -> dict[str, Any]:
         """Encode as a JSON-able dict."""
@@ -149,12 +171,24 @@ class SubRecord:
         return cls(**d)
 
 
+#: Variable kinds whose ``ref`` is a blob.
+BLOB_KINDS = ("value", "shared")
+
+
 def blob_refs(header: dict[str, Any]) -> list[str]:
-    """The blobs a step record's header refers to: its saved variables' and its result's."""
-    refs = [v["ref"] for v in header.get("variables", ()) if v.get("kind") == "value"]
+    """The blobs a step record's header refers to: its saved variables' and its result's.
+
+    Spilled buffers (see :mod:`nbdurable.store.spill`) are blobs too.
+    """
+    refs = []
+    for v in header.get("variables", ()):
+        if v.get("kind") in BLOB_KINDS:
+            refs.append(v["ref"])
+            refs += [sha for _pos, sha in v.get("spilled") or ()]
     result = header.get("result")
     if isinstance(result, dict) and isinstance(result.get("ref"), str):
         refs.append(result["ref"])
+        refs += [sha for _pos, sha in result.get("spilled") or ()]
     return refs
 
 

@@ -40,12 +40,13 @@ import pickletools
 import sys
 import threading
 import types
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, NamedTuple
 
 import cloudpickle
 
 from ..identity import keys
+from . import sharing
 
 PROTOCOL = 5
 
@@ -206,6 +207,156 @@ def dump_value(value: Any) -> Pickled:
         raise Unsaveable(f"{type(exc).__name__}: {exc}") from exc
 
 
+class Joint(NamedTuple):
+    """Values pickled together by :func:`dump_values`: one stream, one memo."""
+
+    stream: bytes
+    buffers: list[memoryview]
+    #: per value: (end of its pickle in ``stream``, end of its buffers, plain, notebook)
+    parts: list[tuple[int, int, bool, bool]]
+
+
+class PartFailed(Unsaveable):
+    """The value at ``index`` could not be pickled (the message says why)."""
+
+    def __init__(self, index: int, why: str) -> None:
+        super().__init__(why)
+        self.index = index
+
+
+def dump_values(
+    items: list[Any],
+    find_refs: Callable[[set[int]], dict[int, tuple[sharing.Path, Any]]] | None = None,
+    ref_fp: Callable[[sharing.Path, Any], str | None] | None = None,
+) -> Joint:
+    """Pickle ``items`` one after the other with one pickler, so they share its memo.
+
+    An object two items hold is written once and loads back as one object.
+    ``find_refs(ids)`` returns, of the objects whose ids are given (those the
+    pickle holds), the ones that live elsewhere, as ``id -> (path, obj)``:
+    each is written as a reference to where it lives (see
+    :mod:`nbdurable.store.sharing`) carrying ``ref_fp(path, obj)``. Raises
+    :class:`PartFailed` naming the first item that cannot be pickled (the
+    caller pickles the others again without it: a failed item leaves the
+    memo half written).
+    """
+    buffers: list[memoryview] = []
+
+    def keep(pb: pickle.PickleBuffer) -> bool:
+        try:
+            buffers.append(pb.raw())
+        except BufferError:  # not contiguous: pickle copies it in band
+            return True
+        return False
+
+    def run(cls: type[_Pickler]) -> tuple[Joint, Any]:
+        del buffers[:]
+        out = io.BytesIO()
+        pickler = cls(out, protocol=PROTOCOL, buffer_callback=keep)
+        pickler.refs, pickler.ref_fp = refs, ref_fp
+        parts = []
+        so_far = True  # every part before this one is plain data
+        for i, item in enumerate(items):
+            pickler.plain, pickler.notebook = True, False
+            n = len(buffers)
+            try:
+                pickler.dump(item)
+            except RecursionError as exc:
+                raise PartFailed(i, f"too deeply nested to pickle ({exc})") from exc
+            except Exception as exc:  # pickling runs arbitrary __reduce__ code
+                raise PartFailed(i, f"{type(exc).__name__}: {exc}") from exc
+            # An object an earlier part wrote is not looked at again (a memo
+            # hit): it is plain data only if every earlier part was, so a part
+            # is plain only if all before it are (load_values reads it back
+            # under the same rule; callers put likely plain values first).
+            so_far = so_far and pickler.plain and len(buffers) == n
+            parts.append((out.tell(), len(buffers), so_far, pickler.notebook))
+        return Joint(out.getvalue(), list(buffers), parts), pickler
+
+    # First without references: asking about every object (persistent_id) costs
+    # a Python call per object, five times the pickling of a list of ints. Only if
+    # an object it wrote (every object but atoms is in its memo) lives elsewhere
+    # is the stream written again, with references.
+    refs: dict[int, tuple[sharing.Path, Any]] = {}
+    joint, pickler = _deep_safe(run, _Pickler)
+    if find_refs is not None:
+        held = set(pickler.memo.copy())
+        del pickler
+        refs.update(find_refs(held))
+        del held
+    if refs:
+        joint, _ = _deep_safe(run, _RefPickler)
+    return joint
+
+
+class PartUnloadable(Exception):
+    """The value at ``index`` of a :func:`dump_values` stream did not load (``cause``)."""
+
+    def __init__(self, index: int, cause: BaseException) -> None:
+        super().__init__(str(cause))
+        self.index = index
+        self.cause = cause
+
+
+def load_values(
+    data: bytes | memoryview,
+    count: int,
+    namespace: dict[str, Any] | None = None,
+    buffers: list[memoryview] | None = None,
+) -> list[tuple[Any, bool]]:
+    """The ``count`` values of a :func:`dump_values` stream, each with its plainness.
+
+    References resolve in ``namespace`` and are checked against their
+    recorded fingerprints (:class:`sharing.NotExact` if one differs); with no
+    namespace they load as placeholder strings (for an export).
+    """
+    token = _namespace.set(namespace)
+    try:
+        used = [0]  # out-of-band buffers taken so far
+
+        def taken() -> Iterator[memoryview]:
+            for buf in buffers or ():
+                used[0] += 1
+                yield buf
+
+        unpickler = _Unpickler(io.BytesIO(data), buffers=taken())
+        unpickler.live = namespace
+
+        def run() -> list[tuple[Any, bool]]:
+            out = []
+            so_far = True  # the rule of dump_values: plain if every earlier part was
+            for i in range(count):
+                unpickler.plain, before = True, used[0]
+                try:
+                    value = unpickler.load()
+                except Exception as exc:  # unpickling runs arbitrary code; imports modules
+                    raise PartUnloadable(i, exc) from exc
+                so_far = so_far and unpickler.plain and used[0] == before
+                out.append((value, so_far))
+            return out
+
+        return _deep_safe(run)
+    finally:
+        _namespace.reset(token)
+
+
+def live_namespace() -> dict[str, Any] | None:
+    """The namespace a load in progress resolves notebook names in (None outside one)."""
+    return _namespace.get()
+
+
+def _fp(obj: Any) -> str:
+    try:
+        return keys.fingerprint(obj)
+    except Exception:  # a user's fingerprint hook failing: such a reference never matches
+        return "unfingerprintable"
+
+
+def ref_fingerprint(obj: Any) -> str:
+    """The fingerprint a reference to ``obj`` is checked against on replay."""
+    return _fp(obj)
+
+
 def loads(
     data: bytes | memoryview,
     namespace: dict[str, Any] | None = None,
@@ -239,13 +390,28 @@ def load_value(
 
 
 class _Unpickler(pickle.Unpickler):
-    """An unpickler that notes whether it looked up any global."""
+    """An unpickler that notes whether it looked up any global, and resolves references."""
 
     plain = True
+    #: Where references (see :mod:`sharing`) are resolved; None: they load as placeholders.
+    live: dict[str, Any] | None = None
+    check = True  # compare a reference's fingerprint with the recorded one
 
     def find_class(self, module: str, name: str) -> Any:
         self.plain = False
         return super().find_class(module, name)
+
+    def persistent_load(self, pid: Any) -> Any:
+        if not (isinstance(pid, tuple) and len(pid) == 3 and pid[0] == sharing.TAG):
+            raise pickle.UnpicklingError(f"unknown persistent id {pid!r}")
+        self.plain = False
+        _tag, path, fp = pid
+        if self.live is None:
+            return f"<the object at {sharing.describe(path)}>"
+        obj = sharing.resolve(self.live, path)
+        if self.check and fp is not None and _fp(obj) != fp:
+            raise sharing.NotExact(f"{sharing.describe(path)} is not the object it was")
+        return obj
 
 
 #: Pickles whose stream (not counting out-of-band buffers, which a load
@@ -254,7 +420,10 @@ TRIAL_MAX = 2 * 1024 * 1024
 
 
 def restore_problem(
-    pickled: Pickled, produced: Iterable[str], namespace: dict[str, Any] | None = None
+    pickled: Pickled,
+    produced: Iterable[str],
+    namespace: dict[str, Any] | None = None,
+    count: int = 1,
 ) -> str | None:
     """Why this pickle would not restore on replay, or None if it would.
 
@@ -272,6 +441,7 @@ def restore_problem(
     it refers to in the notebook (``__main__.X``) are checked: one that the
     step itself binds (``produced``) is not defined yet when the step is
     replayed in a fresh kernel, or is an older object of that name.
+    ``count`` is how many pickles the stream holds (see :func:`dump_values`).
     """
     stream = pickled.stream
     if not pickled.notebook and b"__main__" not in stream:
@@ -281,7 +451,8 @@ def restore_problem(
         token = _namespace.set(namespace)
         unpickler = _TrialUnpickler(io.BytesIO(stream), buffers=pickled.buffers)
         try:
-            _deep_safe(unpickler.load)
+            for _ in range(count):
+                _deep_safe(unpickler.load)
             refs = unpickler.main_refs
         except _Untried:
             pass
@@ -326,9 +497,12 @@ class _TrialUnpickler(_Unpickler):
     ``__main__.Class.method``).
     """
 
+    check = False  # a trial resolves references but does not fingerprint them
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.main_refs: list[str] = []
+        self.live = _namespace.get()
 
     def find_class(self, module: str, name: str) -> Any:
         if module.split(".", 1)[0] not in _TRIAL_MODULES:
@@ -338,6 +512,8 @@ class _TrialUnpickler(_Unpickler):
         found = super().find_class(module, name)
         if found is _live_class:
             return self._live_class
+        if found is sharing._patch_class:  # a trial changes no class: the live one is it
+            return lambda name, *_: (self.live or {}).get(name)
         return found
 
     def _live_class(self, qualname: str, fingerprint: str, copy: bytes) -> type:
@@ -355,34 +531,37 @@ def _main_refs(stream: bytes) -> list[str]:
 
     ``STACK_GLOBAL`` takes the module and name the two pushes before it left
     (literal strings or memo reads of them), which is how pickle writes it.
+    A stream of several pickles (see :func:`dump_values`) is read to its end.
     """
     refs: list[str] = []
     memo: dict[int, str | None] = {}
     pushed: list[str | None] = [None, None]
+    data = io.BytesIO(stream)
     try:
-        for op, arg, _pos in pickletools.genops(stream):
-            name = op.name
-            if name in _STRINGS:
-                pushed = [pushed[-1], arg]
-            elif name in _GETS:
-                pushed = [pushed[-1], memo.get(arg)]
-            elif name == "MEMOIZE":
-                memo[len(memo)] = pushed[-1]
-            elif name in ("PUT", "BINPUT", "LONG_BINPUT"):
-                memo[arg] = pushed[-1]
-            elif name == "STACK_GLOBAL":
-                if pushed[0] == "__main__" and pushed[1] is not None:
-                    refs.append(pushed[1])
-                pushed = [None, None]
-            elif name in ("GLOBAL", "INST"):
-                module, _, attr = str(arg).partition(" ")
-                if module == "__main__":
-                    refs.append(attr)
-            elif name in _BYTES and arg[:1] == b"\x80" and b"__main__" in arg:
-                refs += _main_refs(arg)  # a notebook class's saved copy (see _live_class)
-                pushed = [pushed[-1], None]
-            elif name not in ("FRAME", "PROTO"):
-                pushed = [pushed[-1], None]
+        while data.tell() < len(stream):  # one pickle after the other (see dump_values)
+            for op, arg, _pos in pickletools.genops(data):
+                name = op.name
+                if name in _STRINGS:
+                    pushed = [pushed[-1], arg]
+                elif name in _GETS:
+                    pushed = [pushed[-1], memo.get(arg)]
+                elif name == "MEMOIZE":
+                    memo[len(memo)] = pushed[-1]
+                elif name in ("PUT", "BINPUT", "LONG_BINPUT"):
+                    memo[arg] = pushed[-1]
+                elif name == "STACK_GLOBAL":
+                    if pushed[0] == "__main__" and pushed[1] is not None:
+                        refs.append(pushed[1])
+                    pushed = [None, None]
+                elif name in ("GLOBAL", "INST"):
+                    module, _, attr = str(arg).partition(" ")
+                    if module == "__main__":
+                        refs.append(attr)
+                elif name in _BYTES and arg[:1] == b"\x80" and b"__main__" in arg:
+                    refs += _main_refs(arg)  # a notebook class's saved copy (see _live_class)
+                    pushed = [pushed[-1], None]
+                elif name not in ("FRAME", "PROTO"):
+                    pushed = [pushed[-1], None]
     except Exception:  # a stream we just wrote always parses; never fail the record on it
         return refs
     return refs
@@ -391,8 +570,15 @@ def _main_refs(stream: bytes) -> list[str]:
 class _Pickler(cloudpickle.Pickler):
     plain = True  # see Pickled
     notebook = False
+    #: id -> (path, object) of objects written as references (see sharing)
+    refs: dict[int, tuple[sharing.Path, Any]] | None = None
+    ref_fp: Any = None  # (path, object) -> the fingerprint a reference carries, or None
 
     def reducer_override(self, obj: Any) -> Any:
+        reduced = sharing.reduce_array(obj) if self.refs is not None else None
+        if reduced is not None:
+            self.plain = False
+            return reduced
         t = type(obj)
         if t not in _PLAIN_CONTAINERS:
             self.plain = False
@@ -408,6 +594,23 @@ class _Pickler(cloudpickle.Pickler):
             copy = cloudpickle.dumps(obj, protocol=PROTOCOL)
             return _live_class, (obj.__qualname__, keys.fingerprint(obj), copy)
         return super().reducer_override(obj)
+
+
+class _RefPickler(_Pickler):
+    """A :class:`_Pickler` that writes the objects of ``refs`` as references."""
+
+    def persistent_id(self, obj: Any) -> Any:
+        # Asked about every object, atoms and memoized ones included, before
+        # anything else: kept to one lookup for the common answer (None).
+        got = self.refs.get(id(obj))  # type: ignore[union-attr]
+        if got is None:
+            if type(obj) not in _PLAIN_CONTAINERS and type(obj) not in _PLAIN:
+                self.plain = False  # (memoized objects never reach reducer_override)
+            return None
+        if got[1] is not obj:
+            return None
+        self.plain = False
+        return (sharing.TAG, got[0], self.ref_fp(*got) if self.ref_fp else None)
 
 
 def _live_class(qualname: str, fingerprint: str, copy: bytes) -> type:

@@ -577,35 +577,7 @@ CASES = SHARING + MUTATION + PROCESS + ITERATORS + HISTORY + CLASSES + UNRESTORA
 
 #: Cases that fail against the library today, and what differs. A strict xfail:
 #: a fix that makes one pass must remove it from here.
-FAILS_TODAY: dict[str, str] = {
-    "generator-consumed-then-plain-cell": (
-        "a generator consumed by a replayed step is not advanced: the consuming step "
-        "must be not replayable (passed before the fingerprint and memory changes merged)"
-    ),
-    "alias-append-in-later-step": "after replay a and b are separate copies: a lacks the append, a is b is False",
-    "alias-made-in-one-step": "two names of one list are pickled apart: a later append to b misses a",
-    "dict-holds-object-of-earlier-step": "reg['h'] is a copy of h after replay, so a later change to h misses it",
-    "sentinel-from-plain-cell": "a sentinel from a plain cell comes back as a new object: reg['x'] is MISSING is False",
-    "handler-registered-in-dict": "a function registered in a dict comes back as a copy: is handler is False",
-    "numpy-view-written-in-step": "a view comes back as its own array: writes through v no longer reach arr",
-    "numpy-view-made-in-step-written-later": "a view made in a step is restored as a copy: mid[:] = 5 misses arr",
-    "large-array-and-alias": "an array and its alias come back as two arrays",
-    "pandas-alias-new-column": "train = df comes back as two DataFrames: train is df is False",
-    "config-shared-across-steps": "model['cfg'] is a copy of cfg after replay: a later cfg change misses it",
-    "wrap-object-of-plain-cell": "wrap[0] is a copy of base from a plain cell: base.append misses it",
-    "tuple-of-shared-lists": "x and t are pickled apart: t[0] is x is False, x misses the append",
-    "two-names-one-dict-across-steps": "current = state comes back as a copy of state",
-    "helper-mutates-global": "a global mutated by a helper the step calls is not recorded",
-    "set-filled-by-helper": "a set filled by a helper the step calls is not recorded",
-    "element-reached-through-list": "the list is restored as a copy: ship misses the append, fleet[0] is ship is False",
-    "class-attribute-changed-by-step": "the class is restored as a new object: m0 keeps the old scale, isinstance fails",
-    "method-added-by-step": "the class is restored as a new object: m0 lacks the method, isinstance fails",
-    "closure-counter": "a closure's state advanced by a step is not recorded",
-    "callable-instance-state": "a callable instance's state advanced by a step is not recorded",
-    "log-appended-by-helper": "a list appended to by a helper the step calls is not recorded",
-    "decimal-context": "decimal context precision set in a step is not re-applied",
-    "recursion-limit": "sys.setrecursionlimit in a step is not re-applied",
-}
+FAILS_TODAY: dict[str, str] = {}
 
 
 @pytest.mark.parametrize("case", params(CASES, FAILS_TODAY))

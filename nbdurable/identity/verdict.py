@@ -1,0 +1,214 @@
+"""Whether a step's record replays: the one decision the step runner acts on and every view shows.
+
+:func:`invalid_reason` takes a step's record and state and what is known
+now, and returns why the record cannot be replayed (one phrase: "its code
+changed", "input 'x' changed", "file 'data.csv' changed", ...) or None when
+it replays. The step runner (:mod:`nbdurable.kernel.stepper`) calls it with
+everything known in the kernel at the moment the cell runs; the panel,
+``%step list`` and ``nbdurable status`` (through :mod:`nbdurable.status`)
+call it with what they know, so what they show is what running does.
+
+What is known differs by caller, never the rule:
+
+- ``source_fp``: the cell's code as Python; None when the cell is not known
+  (a step no longer in the saved notebook): its code is not compared.
+- ``inputs``: the current fingerprint of each input name the caller can
+  see. The step runner sees the whole namespace (a name the record read
+  and the namespace lacks is a change); the panel sees the kernel's
+  namespace as it is between cells; ``nbdurable status`` sees none.
+- ``unknown``: input names whose current value the caller cannot see (not
+  yet in a restarted kernel's namespace, or no kernel at all). For those
+  the store decides: when the step that made the value (the record's
+  ``input_from``) has been recorded again since this record, the value
+  came from an older execution of it and the input changed (a cascade
+  from an upstream change). Otherwise a Run All restores the same value
+  first, and the input counts as unchanged.
+- ``declared``: the ``--inputs`` patterns with the files they match now;
+  None when the cell's patterns are not known here.
+- ``environment``: compare the environment variables the step read with
+  this process's environment: only a kernel's environment is the step's.
+
+Recorded files are always checked: they are absolute paths read from disk;
+the files a step wrote first (a missing or changed one is named: "output
+file 'out/result.csv' is missing").
+The comparisons of files and environment variables with what a record
+keeps live here too (:func:`files_changed`, :func:`declared_changes`,
+:func:`env_changed`), with the digests the kernel records them by
+(:func:`file_digest`, :func:`value_digest`), so recording and judging
+cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Collection, Mapping
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ..store.records import StepRecord, StepState
+
+
+def invalid_reason(
+    rec: StepRecord,
+    state: StepState,
+    *,
+    source_fp: str | None,
+    inputs: Mapping[str, str],
+    unknown: Collection[str] = (),
+    upstream: Mapping[str, StepRecord] | None = None,
+    declared: dict[str, list[str]] | None = None,
+    environment: bool = True,
+) -> str | None:
+    """Why ``rec`` cannot be replayed, or None if it can (see the module docstring)."""
+    if source_fp is not None and rec.source_fp != source_fp:
+        return "its code changed"
+    if state.stale:
+        return state.stale
+    gone = files_changed(rec.written)
+    if gone:
+        return output_reason(gone)
+    if declared is not None:
+        matched = declared_changes(rec.declared, declared)
+        if matched:
+            return matched
+    files = files_changed(rec.files)
+    if files:
+        listed = ", ".join(repr(os.path.basename(p)) for p in files[:5])
+        return f"file{'s' if len(files) > 1 else ''} {listed} changed"
+    if environment:
+        env = env_changed(rec.env)
+        if env:
+            listed = ", ".join(f"${n}" for n in env[:5])
+            return f"environment variable{'s' if len(env) > 1 else ''} {listed} changed"
+    names = set(rec.inputs) | set(inputs)
+    changed = sorted(n for n in names - set(unknown) if rec.inputs.get(n) != inputs.get(n))
+    remade = sorted(n for n in set(unknown) & set(rec.inputs) if _remade(rec, n, upstream))
+    if remade and not changed:
+        maker = (upstream or {})[rec.input_from[remade[0]]]
+        listed = ", ".join(repr(n) for n in remade[:5])
+        s = "s" if len(remade) > 1 else ""
+        return f"input{s} {listed} changed (step {maker.name or maker.key!r} ran again)"
+    changed = sorted(set(changed) | set(remade))
+    if changed:
+        listed = ", ".join(repr(n) for n in changed[:5])
+        return f"input{'s' if len(changed) > 1 else ''} {listed} changed"
+    return None
+
+
+def _remade(rec: StepRecord, name: str, upstream: Mapping[str, StepRecord] | None) -> bool:
+    """Whether the step that made input ``name`` was recorded again after ``rec`` was."""
+    maker_key = rec.input_from.get(name)
+    if not upstream or maker_key is None or maker_key == rec.key:
+        return False
+    maker = upstream.get(maker_key)
+    return maker is not None and maker.started > rec.started
+
+
+def file_digest(path: str, start: int = 0, end: int | None = None) -> str | None:
+    """SHA-256 (32 hex) of a file's bytes (``start`` to ``end``), None if it cannot be read.
+
+    Streamed in 1 MiB chunks: a file of any size costs one pass and no memory.
+    A file shorter than ``end`` is None: it no longer holds those bytes.
+    """
+    try:
+        h = hashlib.sha256()
+        with open(path, "rb") as fh:
+            fh.seek(start)
+            left = end - start if end is not None else None
+            while left is None or left > 0:
+                chunk = fh.read(1 << 20 if left is None else min(1 << 20, left))
+                if not chunk:
+                    break
+                h.update(chunk)
+                if left is not None:
+                    left -= len(chunk)
+            if left:
+                return None
+        return h.hexdigest()[:32]
+    except OSError:
+        return None
+
+
+def files_changed(recorded: dict[str, list[Any]]) -> list[str]:
+    """The recorded files that are gone or whose content differs, in path order.
+
+    Same size and mtime: unchanged; otherwise the content digest decides.
+    Files read and written whole are ``[size, mtime_ns, digest]``; a file a
+    step appended to is ``[end, mtime_ns, digest of start..end, start]``
+    (see :mod:`nbdurable.kernel.fileio`): it may have grown since, its part
+    must be intact.
+    """
+    out = []
+    for path in sorted(recorded):
+        try:
+            size, mtime, digest, *rest = recorded[path]
+            start = int(rest[0]) if rest else None
+        except (TypeError, ValueError):
+            out.append(path)
+            continue
+        try:
+            st = os.stat(path)
+        except OSError:
+            out.append(path)
+            continue
+        if st.st_size == size and st.st_mtime_ns == mtime:
+            continue
+        if start is None:
+            same = st.st_size == size and file_digest(path) == digest
+        else:
+            same = st.st_size >= size and file_digest(path, start, size) == digest
+        if not same:
+            out.append(path)
+    return out
+
+
+#: How the reason a step's output files invalidate it begins (see output_reason).
+OUTPUT_REASON = "output file"
+
+
+def output_reason(paths: list[str]) -> str:
+    """``output file 'out/result.csv' is missing``: the first few, each missing or changed."""
+    said = [f"{_shown_path(p)!r} {'changed' if os.path.exists(p) else 'is missing'}"
+            for p in paths[:3]]  # fmt: skip
+    more = f" (and {len(paths) - 3} more)" if len(paths) > 3 else ""
+    plural = "s" if len(paths) > 1 else ""
+    return f"{OUTPUT_REASON}{plural} {', '.join(said)}{more}"
+
+
+def _shown_path(path: str) -> str:
+    """A path as the user wrote it, most likely: relative when under the working directory."""
+    try:
+        rel = os.path.relpath(path)
+    except ValueError:  # another drive
+        return path
+    return path if rel.startswith(os.pardir) else rel
+
+
+def declared_changes(recorded: dict[str, list[str]], now: dict[str, list[str]]) -> str | None:
+    """Why the declared files differ from those recorded (one phrase), or None.
+
+    The files' contents are compared by :func:`files_changed` (they are in
+    the record's files too); here only which files the patterns match.
+    """
+    if sorted(recorded) != sorted(now):
+        return "its --inputs patterns changed"
+    for pattern in sorted(now):
+        before, after = set(recorded[pattern]), set(now[pattern])
+        for verb, paths in (("added", after - before), ("removed", before - after)):
+            if paths:
+                listed = ", ".join(repr(os.path.basename(p)) for p in sorted(paths)[:5])
+                return f"file{'s' if len(paths) > 1 else ''} {listed} {verb}"
+    return None
+
+
+def value_digest(value: str | None) -> str | None:
+    """What a step's record keeps of an environment value: a digest, never the value."""
+    if value is None:
+        return None
+    return hashlib.sha256(value.encode("utf-8", "surrogateescape")).hexdigest()[:32]
+
+
+def env_changed(recorded: dict[str, str | None]) -> list[str]:
+    """The recorded variables whose value in this process differs, in name order."""
+    return [n for n in sorted(recorded) if value_digest(os.environ.get(n)) != recorded[n]]

@@ -1,0 +1,274 @@
+"""Objects a step's values share with the namespace, and numpy views, across a replay.
+
+A step's changed variables are pickled together (one pickler, one memo: see
+:func:`nbdurable.store.values.dump_values`), so two of its names bound to one
+object load back as one object. What they share with the rest of the
+namespace is not theirs to copy: a sentinel from a plain cell, a handler, a
+list an earlier step made. Such an object is written as a *reference*, a
+pickle persistent id naming where it lives::
+
+    ("nbdurable.ref", path, fingerprint or None)
+
+``path`` is a variable name followed by steps: ``("i", 3)`` an index of a
+list or tuple, ``("k", key)`` a dict key (a string, number or None), ``("a",
+name)`` an instance attribute. On replay the path is followed in the live
+namespace; if it does not lead anywhere, or to an object whose fingerprint
+differs from the recorded one, the replay would not be exact, so it is
+refused (:class:`NotExact`) and the step's body runs again. The fingerprint
+is left out (None) when the path's variable is one of the step's inputs,
+whose fingerprints the plan already compared.
+
+Which objects are references: those the step's pickle holds that are
+reachable (:func:`index`) from the variables the step did not change (the
+pickle is written first without references; only the objects in its memo
+are looked for, and only if one is found is it written again with
+references), through lists, tuples, dicts and
+instance attributes, within :data:`BUDGET` objects and :data:`DEPTH` steps;
+classes, functions, arrays and DataFrames are leaves (referenced whole,
+never walked), and of an instance of a library class only its own
+attributes are looked at, not what lies below them. An object beyond those
+bounds is not found, and is pickled by value like the step's own objects.
+
+numpy. An array's pickle is its memory (out of band, see
+:mod:`nbdurable.store.blobs`) rebuilt with that memory as its base, and a
+view (``v = arr[:5]``) is pickled as "this window of that array": the array
+once, the view rebuilt on it, so writes through the view still reach the
+array after a replay and ``v.base is arr`` holds as in a plain run.
+"""
+
+from __future__ import annotations
+
+import pickle
+import sys
+import types
+from collections.abc import Collection, Iterable, Mapping
+from typing import Any
+
+from ..errors import NbdurableError
+from ..identity import localcode
+
+#: The tag of a reference persistent id.
+TAG = "nbdurable.ref"
+#: At most this many objects are visited when indexing the namespace...
+BUDGET = 200_000
+#: ...at most this many steps below a variable (a 200,000-node linked list is
+#: not walked to its end, and no path grows longer than this).
+DEPTH = 64
+_ATOMS = (str, bytes, int, float, bool, complex, type(None))
+_KEYS = (str, int, float, bool, type(None))
+
+
+class NotExact(NbdurableError, LookupError):
+    """A reference did not resolve to the recorded object: the replay would not be exact."""
+
+
+Path = tuple[Any, ...]
+
+
+def index(
+    ns: Mapping[str, Any], names: Iterable[str], wanted: Collection[int]
+) -> dict[int, tuple[Path, Any]]:
+    """``id(obj) -> (path, obj)`` for objects of ``wanted`` (ids) reachable from ``names``.
+
+    The first path found wins (variables in the order given, breadth first),
+    so a top-level name is preferred to a path through another object. Only
+    the wanted objects are kept, and only objects that hold others are
+    remembered while walking: indexing a namespace of a million objects for
+    a step whose values share three of them costs no memory per object.
+    """
+    found: dict[int, tuple[Path, Any]] = {}
+    seen: set[int] = set()
+    known: dict[str, bool] = {}
+    todo: list[tuple[Path, Any]] = []
+    for name in names:
+        obj = ns[name]
+        if isinstance(obj, (types.ModuleType, *_ATOMS)):
+            continue
+        if id(obj) in wanted and id(obj) not in found:
+            found[id(obj)] = ((name,), obj)
+        if id(obj) not in seen and _holds(obj):
+            seen.add(id(obj))
+            todo.append(((name,), obj))
+    budget, depth = BUDGET, 0
+    while todo and budget > 0 and depth < DEPTH:
+        depth += 1
+        nxt: list[tuple[Path, Any]] = []
+        for path, obj in todo:
+            # A library object's own attributes can be referenced; what lies
+            # below them (a logger's handlers' streams, a client's pools: the
+            # kernel's whole object graph) is not walked, as changes.Tokens
+            # does not walk it either.
+            inside = not _library(obj, known)
+            for step, child in _children(obj):
+                budget -= 1
+                if isinstance(child, (types.ModuleType, *_ATOMS)):
+                    continue
+                key = id(child)
+                if key in wanted and key not in found:
+                    found[key] = (path + (step,), child)
+                if inside and key not in seen and _holds(child):
+                    seen.add(key)
+                    nxt.append((path + (step,), child))
+            if budget <= 0:
+                break
+        todo = nxt
+    return found
+
+
+def _library(obj: Any, known: dict[str, bool]) -> bool:
+    """True for an instance of a class that is neither the notebook's nor a local module's.
+
+    ``known`` caches the answer by module name for one walk.
+    """
+    t = type(obj)
+    if t is list or t is tuple or t is dict:
+        return False
+    mod = getattr(t, "__module__", None) or ""
+    if mod not in known:
+        try:
+            known[mod] = not localcode.is_local_module_name(mod)
+        except Exception:  # no source to look at: not the user's
+            known[mod] = True
+    return known[mod]
+
+
+def _holds(obj: Any) -> bool:
+    """True if ``obj`` has a child worth walking to (not only atoms)."""
+    return any(not isinstance(c, _ATOMS) for _s, c in _children(obj))
+
+
+def _children(obj: Any) -> Iterable[tuple[tuple[str, Any], Any]]:
+    t = type(obj)
+    if t is list or t is tuple:
+        return ((("i", i), v) for i, v in enumerate(obj))
+    if t is dict:
+        return ((("k", k), v) for k, v in obj.items() if type(k) in _KEYS)
+    if isinstance(obj, type) or callable(obj) and not hasattr(obj, "__dict__"):
+        return ()
+    if isinstance(obj, (types.FunctionType, types.MethodType, types.BuiltinFunctionType)):
+        return ()
+    mod = getattr(t, "__module__", "") or ""
+    if mod.split(".", 1)[0] in ("numpy", "pandas", "builtins"):
+        return ()
+    attrs = getattr(obj, "__dict__", None)
+    if type(attrs) is not dict:
+        return ()
+    return ((("a", k), v) for k, v in attrs.items() if type(k) is str)
+
+
+def resolve(ns: Mapping[str, Any], path: Path) -> Any:
+    """The object ``path`` leads to in ``ns``; :class:`NotExact` if it leads nowhere."""
+    try:
+        obj = ns[path[0]]
+        for kind, key in path[1:]:
+            if kind == "a":
+                obj = vars(obj)[key]
+            else:
+                obj = obj[key]
+    except Exception as exc:
+        raise NotExact(f"{describe(path)} is gone from the namespace") from exc
+    return obj
+
+
+def describe(path: Path) -> str:
+    """``reg['x'].items[0]`` for a path."""
+    text = str(path[0])
+    for kind, key in path[1:]:
+        text += f".{key}" if kind == "a" else f"[{key!r}]"
+    return text
+
+
+# -- notebook classes changed in place ---------------------------------------------------
+
+
+class ClassPatch:
+    """What a step changed on a notebook class it did not define (``Model.scale = 5``).
+
+    Pickled in place of the class: on replay the attributes are set on the
+    live class of that name (the one its instances made by plain cells are
+    instances of), after checking that class is the one the step changed
+    (``fingerprint``, taken before the step; None when the plan checks it).
+    """
+
+    def __init__(
+        self, name: str, fingerprint: str | None, attrs: dict[str, Any], removed: list[str]
+    ) -> None:
+        self.name, self.fingerprint, self.attrs, self.removed = name, fingerprint, attrs, removed
+
+    def __reduce__(self) -> Any:
+        return _patch_class, (self.name, self.fingerprint, self.attrs, self.removed)
+
+
+def _patch_class(name: str, fingerprint: str | None, attrs: dict, removed: list[str]) -> type:
+    from . import values
+
+    live = resolve(values.live_namespace() or {}, (name,))
+    if not isinstance(live, type) or (
+        fingerprint is not None and values.ref_fingerprint(live) != fingerprint
+    ):
+        raise NotExact(f"class {name} is not the class the step changed")
+    for key, value in attrs.items():
+        setattr(live, key, value)
+    for key in removed:
+        if key in vars(live):
+            delattr(live, key)
+    return live
+
+
+# -- numpy -------------------------------------------------------------------------------
+
+
+def reduce_array(obj: Any) -> Any:
+    """A reduction for an exact ``numpy.ndarray`` that keeps views and bases, or None."""
+    np = sys.modules.get("numpy")
+    if np is None or type(obj) is not np.ndarray or obj.dtype.hasobject:
+        return None
+    try:
+        base = obj.base
+        if type(base) is np.ndarray and not base.dtype.hasobject and _contiguous(base):
+            offset = obj.__array_interface__["data"][0] - base.__array_interface__["data"][0]
+            return _view, (base, obj.dtype, obj.shape, obj.strides, offset, obj.flags.writeable)
+        if not _contiguous(obj):
+            return None
+        order = "C" if obj.flags.c_contiguous else "F"
+        # As bytes: a buffer cannot carry every dtype (datetime64 is refused).
+        raw = pickle.PickleBuffer(_bytes_of(obj))
+        return _array, (raw, obj.dtype, obj.shape, order, obj.flags.writeable)
+    except Exception:  # numpy's own reduction copies, but never fails where this did
+        return None
+
+
+def _bytes_of(a: Any) -> Any:
+    """The memory of a contiguous array as a flat uint8 view of it (no copy)."""
+    import numpy as np
+
+    return a.ravel(order="K").view(np.uint8)
+
+
+def _contiguous(a: Any) -> bool:
+    return bool(a.flags.c_contiguous or a.flags.f_contiguous)
+
+
+def _array(buf: Any, dtype: Any, shape: tuple[int, ...], order: str, writeable: bool) -> Any:
+    import numpy as np
+
+    mem = memoryview(buf)  # not an ndarray: views of the result keep it as their base
+    if mem.readonly and writeable:
+        mem = memoryview(bytearray(mem))
+    arr = np.ndarray(shape, dtype, buffer=mem.cast("B") if mem.nbytes else None, order=order)
+    if not writeable:
+        arr.flags.writeable = False
+    return arr
+
+
+def _view(
+    base: Any, dtype: Any, shape: tuple[int, ...], strides: tuple[int, ...], off: int, w: bool
+) -> Any:
+    import numpy as np
+
+    # Through bytes of the base (it may be of a dtype no buffer can carry); the
+    # view's base is still ``base``: numpy collapses the chain to it.
+    view = np.ndarray(shape, dtype, buffer=_bytes_of(base), offset=off, strides=strides)
+    if not w:
+        view.flags.writeable = False
+    return view

@@ -1,0 +1,294 @@
+"""A step's values keep what they share: with each other, with the namespace, numpy views.
+
+In-process, on a real store in tmp_path (the kernel corpus in tests/fidelity
+checks the same against plain runs): values are saved the way a step records
+them, then loaded into a "fresh kernel" namespace rebuilt as a rerun would.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from nbdurable.identity import keys
+from nbdurable.kernel import recording
+from nbdurable.store import Store, sharing, values
+
+
+def _fp(value, _name):
+    return keys.fingerprint(value)
+
+
+def save(store: Store, ns: dict, names: list[str], checked=()) -> recording.Saved:
+    others = [n for n in ns if n not in names]
+    saved = recording.save_variables(
+        store, ns, names, set(), _fp, {}, others=others, checked=checked
+    )
+    store.apply(puts=[], blobs=saved.pending)
+    return saved
+
+
+def load(store: Store, saved: recording.Saved, ns: dict) -> dict:
+    restored, _pure = recording.load_variables(store, saved.variables, ns)
+    return restored
+
+
+def test_names_bound_to_one_object_load_back_as_one(store):
+    a = [1, 2]
+    ns = {"a": a, "b": a, "t": (a, a), "grid": [a, a]}
+    saved = save(store, ns, ["a", "b", "t", "grid"])
+    assert {v.kind for v in saved.variables} == {"shared"}
+    assert len({v.ref for v in saved.variables}) == 1, "one blob for the step"
+    got = load(store, saved, {})
+    assert got["a"] is got["b"] is got["t"][0] is got["t"][1] is got["grid"][1]
+    assert got["a"] is not a
+
+
+def test_an_object_of_the_namespace_is_referenced_not_copied(store):
+    missing, cfg = object(), {"lr": 1}
+
+    def handler(x):
+        return x + 1
+
+    ns = {"MISSING": missing, "cfg": cfg, "handler": handler, "reg": None}
+    ns["reg"] = {"x": missing, "cfg": cfg, "on": handler, "nested": [cfg]}
+    saved = save(store, ns, ["reg"])
+    # A rerun: the plain cells make new objects; the replayed step refers to them.
+    fresh = {"MISSING": object(), "cfg": {"lr": 1}, "handler": handler}
+    got = load(store, saved, fresh)["reg"]
+    assert got["x"] is fresh["MISSING"]
+    assert got["cfg"] is fresh["cfg"] and got["nested"][0] is fresh["cfg"]
+    assert got["on"] is handler
+
+
+def test_a_path_through_containers_and_attributes_is_followed(store):
+    class Box:
+        pass
+
+    box = Box()
+    box.items = [{"k": [1]}]
+    inner = box.items[0]["k"]
+    ns = {"box": box, "mine": [inner]}
+    saved = save(store, ns, ["mine"])
+    got = load(store, saved, ns)["mine"]
+    assert got[0] is inner
+
+
+def test_a_referenced_object_that_changed_refuses_the_replay(store):
+    cfg = {"lr": 1}
+    ns = {"cfg": cfg, "model": {"cfg": cfg}}
+    saved = save(store, ns, ["model"])
+    with pytest.raises(recording.LoadFailed) as failed:
+        load(store, saved, {"cfg": {"lr": 2}})
+    assert isinstance(failed.value.cause, sharing.NotExact)
+    assert "cfg" in str(failed.value.cause)
+    with pytest.raises(recording.LoadFailed):
+        load(store, saved, {})  # gone from the namespace
+
+
+def test_a_reference_rooted_at_a_checked_input_carries_no_fingerprint(store):
+    cfg = {"lr": 1}
+    ns = {"cfg": cfg, "model": {"cfg": cfg}}
+    saved = save(store, ns, ["model"], checked=["cfg"])
+    # The plan compares the inputs' fingerprints; the reference itself is not checked again.
+    other = {"lr": 2}
+    assert load(store, saved, {"cfg": other})["model"]["cfg"] is other
+
+
+def test_numpy_views_stay_views_of_their_array(store):
+    arr = np.arange(10.0)
+    ns = {"arr": arr, "v": arr[2:8:2], "r": arr[::-1], "alias": arr}
+    saved = save(store, ns, ["arr", "v", "r", "alias"])
+    got = load(store, saved, {})
+    a = got["arr"]
+    assert got["alias"] is a and got["v"].base is a and got["r"].base is a
+    assert got["v"].tolist() == [2.0, 4.0, 6.0] and got["r"][0] == 9.0
+    got["v"][0] = 99
+    assert a[2] == 99 and got["r"][7] == 99
+    assert a[1:].base is a, "a view made after the replay has the array as its base"
+
+
+def test_a_view_of_an_array_of_the_namespace_refers_to_it(store):
+    arr = np.zeros(4)
+    ns = {"arr": arr, "mid": arr[1:3]}
+    saved = save(store, ns, ["mid"], checked=["arr"])
+    fresh = {"arr": np.zeros(4)}
+    mid = load(store, saved, fresh)["mid"]
+    assert mid.base is fresh["arr"]
+    mid[:] = 5
+    assert fresh["arr"].tolist() == [0, 5, 5, 0]
+
+
+def test_a_large_array_stays_out_of_band(store):
+    big = np.ones(1_000_000)
+    saved = save(store, {"big": big, "alias": big}, ["big", "alias"])
+    sha = saved.variables[0].ref
+    blob = store.get_blob(sha)
+    assert len(blob.buffers) == 1 and blob.buffers[0].nbytes == big.nbytes
+    assert len(blob.stream) < 10_000
+    got = load(store, saved, {})
+    assert got["big"] is got["alias"] and got["big"].flags.writeable
+
+
+def test_an_aliased_dataframe_loads_as_one(store):
+    df = pd.DataFrame({"x": [1, 2, 3]})
+    saved = save(store, {"df": df, "train": df}, ["df", "train"])
+    got = load(store, saved, {})
+    assert got["train"] is got["df"]
+
+
+def test_one_unpicklable_value_does_not_lose_the_others(store):
+    def gen():
+        yield 1
+
+    a = [1]
+    ns = {"g": gen(), "a": a, "b": a}
+    saved = save(store, ns, ["a", "g", "b"])
+    kinds = {v.name: v.kind for v in saved.variables}
+    assert kinds == {"g": "unsaved", "a": "shared", "b": "shared"}
+    shared = [v for v in saved.variables if v.kind == "shared"]
+    got, _pure = recording.load_variables(store, shared, {})
+    assert got["a"] is got["b"]
+
+
+def test_a_secret_in_one_value_keeps_only_that_one_out(store, monkeypatch):
+    ns = {"token": "s3cr3t-value-123", "a": [1], "b": None}
+    ns["b"] = ns["a"]
+    secrets = {"API_KEY": b"s3cr3t-value-123"}
+    saved = recording.save_variables(store, ns, ["token", "a", "b"], set(), _fp, secrets, others=[])
+    kinds = {v.name: v.kind for v in saved.variables}
+    assert kinds == {"token": "unsaved", "a": "shared", "b": "shared"}
+    assert saved.secrets == ["token (the value of $API_KEY)"]
+
+
+def test_an_old_record_of_one_value_per_blob_still_loads(store):
+    from nbdurable.store.records import VarRecord
+
+    stream, buffers = values.dumps_parts([1, 2])
+    sha, _ = store.put_blob(stream, buffers)
+    restored, _ = recording.load_variables(store, [VarRecord("x", "value", sha, "")], {})
+    assert restored == {"x": [1, 2]}
+
+
+def test_a_deep_linked_list_in_the_namespace_is_indexed_within_bounds():
+    class Node:
+        def __init__(self, nxt):
+            self.nxt = nxt
+
+    head = None
+    for _ in range(5000):
+        head = Node(head)
+    every, node = set(), head
+    while node is not None:
+        every.add(id(node))
+        node = node.nxt
+    found = sharing.index({"head": head}, ["head"], every)
+    assert len(found) == sharing.DEPTH + 1
+    assert max(len(path) for path, _obj in found.values()) == sharing.DEPTH + 1
+
+
+def test_each_large_array_is_a_blob_of_its_own(store):
+    from nbdurable.store import blobs
+
+    n = blobs.MAP_OVER // 8 + 1
+    big, big2 = np.ones(n), np.full(n, 2.0)
+    ns = {"big": big, "big2": big2, "small": np.arange(10), "view": big[:5]}
+    saved = save(store, ns, ["big", "big2", "small", "view"])
+    by = {v.name: v for v in saved.variables}
+    assert len(by["big"].spilled) == 1 and len(by["big2"].spilled) == 1, by
+    assert by["small"].spilled == () and by["view"].spilled == ()
+    assert by["big"].spilled[0][1] != by["big2"].spilled[0][1]
+    got = load(store, saved, {})
+    assert got["big"][0] == 1.0 and got["big2"][-1] == 2.0 and list(got["small"]) == list(range(10))
+    got["view"][0] = 9
+    assert got["big"][0] == 9, "the view still writes into its array"
+    # Two arrays of one shape: one step blob, told apart by their spilled blobs.
+    other = save(store, {"big": np.zeros(n), "big2": big2}, ["big", "big2"])
+    first = save(store, {"big": big, "big2": big2}, ["big", "big2"])
+    assert other.variables[0].ref == first.variables[0].ref
+    assert other.variables[0].fp != first.variables[0].fp
+
+
+def test_plain_data_after_an_object_is_still_known_as_plain(store):
+    class Obj:
+        pass
+
+    rows, objs, arr = [{"i": 1}], [Obj()], np.ones(3)
+    ns = {"arr": arr, "objs": objs, "rows": rows, "more": [rows]}
+    saved = save(store, ns, ["arr", "objs", "rows", "more"])
+    plain = {name: got[2] for name, got in saved.origins.items()}
+    assert plain == {"rows": True, "more": True, "objs": False, "arr": False}, plain
+    _restored, pure = recording.load_variables(store, saved.variables, {})
+    assert pure == plain
+
+
+def test_one_value_that_would_not_restore_keeps_only_itself_unsaved(store, monkeypatch):
+    class Weird:
+        def __reduce__(self):
+            return (int, ("not a number",))
+
+    import sys
+
+    Weird.__module__, Weird.__qualname__ = "__main__", "Weird"  # as if the notebook's
+    monkeypatch.setattr(sys.modules["__main__"], "Weird", Weird, raising=False)
+    ns = {"w": Weird(), "v": [7], "u": {"k": 1}}
+    saved = save(store, ns, ["w", "v", "u"])
+    kinds = {v.name: v.kind for v in saved.variables}
+    assert kinds == {"w": "unsaved", "v": "shared", "u": "shared"}, kinds
+    shared = [v for v in saved.variables if v.kind == "shared"]
+    assert recording.load_variables(store, shared, {})[0] == {"v": [7], "u": {"k": 1}}
+
+
+def test_a_value_that_fails_to_load_is_the_one_blamed(store):
+    from nbdurable.store.records import VarRecord
+
+    class Later:
+        def __reduce__(self):
+            return (_raise_on_load, ())
+
+    ns = {"a": [1], "bad": Later(), "c": [3]}
+    # Recorded as a trial load would not see it fail (it fails only on replay).
+    stream_parts = values.dump_values([ns["a"], ns["bad"], ns["c"]])
+    sha, _ = store.put_blob(stream_parts.stream, stream_parts.buffers)
+    variables = [VarRecord(n, "shared", sha, "") for n in ("a", "bad", "c")]
+    with pytest.raises(recording.LoadFailed) as failed:
+        recording.load_variables(store, variables, {})
+    assert failed.value.names == ["bad"]
+
+
+def _raise_on_load():
+    raise ValueError("not here")
+
+
+def test_gc_keeps_the_spilled_blobs_a_record_names(store):
+    from nbdurable.store import admin, blobs
+    from nbdurable.store.records import StepRecord
+
+    big = np.ones(blobs.MAP_OVER // 8 + 1)
+    saved = save(store, {"big": big}, ["big"])
+    rec = StepRecord("run", "key", "s", 0, "", "", {}, {}, tuple(saved.variables), (), (), 0.0, 0.0)
+    refs = admin._blob_refs(rec.to_header())
+    (var,) = saved.variables
+    assert refs == {var.ref, var.spilled[0][1]}
+
+
+def test_a_library_object_is_indexed_by_its_own_attributes_only():
+    import logging
+
+    handler = logging.StreamHandler()
+    log = logging.Logger("indexed")
+    log.addHandler(handler)
+    wanted = {id(log.handlers), id(handler), id(handler.stream)}
+    found = sharing.index({"log": log}, ["log"], wanted)
+    assert {path for path, _obj in found.values()} == {("log", ("a", "handlers"))}
+
+
+def test_a_literal_key_in_one_value_keeps_only_that_one_out(store):
+    key = "sk-proj-" + "Ab3x" * 12
+    ns = {"cfg": {"api_key": key}, "a": [1], "b": None}
+    ns["b"] = ns["a"]
+    saved = recording.save_variables(store, ns, ["cfg", "a", "b"], set(), _fp, {}, others=[])
+    kinds = {v.name: v.kind for v in saved.variables}
+    assert kinds == {"cfg": "unsaved", "a": "shared", "b": "shared"}
+    assert saved.secrets == ["cfg (a literal openai key)"]
