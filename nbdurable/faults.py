@@ -8,6 +8,8 @@ n-th time (1-based) execution passes :func:`point` with that name. Points:
 - ``blob-written``: a step's variable was saved (a large one written, a small one
   queued for the record's transaction), the step record not yet written;
 - ``step-written``: a step's record was just written;
+- ``file-hashed``: a file the step wrote was hashed (one of its outputs), the
+  step record not yet written;
 - ``replay``: in the middle of restoring a step's variables.
 - ``store-write``: inside a store transaction, before it commits.
 - ``http-written``: a ``--http`` step's exchange was just recorded;

@@ -3,10 +3,11 @@
 The step reads its files through ``cat`` in a subprocess, which Python's
 audit hook cannot see: only the declaration makes them inputs. Each run is a
 fresh kernel on the same store; every real run of the body appends to
-``calls.log``; the reason a step was invalidated is taken from the events
-the panel shows. A changed, added or removed matching file runs the step
-again and the reason names the file; an unchanged set replays; a bad
-pattern is a one-line UsageError that records nothing.
+``calls.log`` (read, never emptied: it is an output of the step); the
+reason a step was invalidated is taken from the events the panel shows. A
+changed, added or removed matching file runs the step again and the reason
+names the file; an unchanged set replays; a bad pattern is a one-line
+UsageError that records nothing.
 """
 
 from __future__ import annotations
@@ -49,10 +50,16 @@ def run(tmp: Path, step: str = STEP):
 
 
 def ran(tmp: Path) -> int:
-    log = tmp / "calls.log"
-    made = log.read_text().split() if log.exists() else []
-    log.unlink(missing_ok=True)
-    return len(made)
+    """Real runs of the body since the last look.
+
+    The log is only read, never emptied: the body appends to it, so it is an
+    output of the step, and emptying it would run the step again.
+    """
+    log, seen = tmp / "calls.log", tmp / "calls.seen"
+    made = len(log.read_text().split()) if log.exists() else 0
+    before = int(seen.read_text()) if seen.exists() else 0
+    seen.write_text(str(made))
+    return made - before
 
 
 def test_a_changed_added_or_removed_declared_file_runs_the_step_again_naming_it(tmp_path):

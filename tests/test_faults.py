@@ -1,22 +1,27 @@
 """Crash at any moment: kill a real kernel, rerun to completion, check the invariants.
 
 Each kill runs the fault notebook (cell steps, a sub-step loop, async
-sub-steps, a large variable, and a mail sent through a provider that
-deduplicates on idempotency keys) until the kernel dies, then reruns it in
-fresh kernels until it completes, then once more. Kills come from inside
-(``os._exit`` at a named point, see ``nbdurable.faults``, or inside a model
-call) and from outside (SIGKILL after a random delay). After every kill:
+sub-steps, a large variable, a mail sent through a provider that
+deduplicates on idempotency keys, and a step that writes files, one whole
+and one appended to, which the last cell reads) until the kernel dies, then
+reruns it in fresh kernels until it completes, then once more. Kills come
+from inside (``os._exit`` at a named point, see ``nbdurable.faults``, or
+inside a model call) and from outside (SIGKILL after a random delay); one
+kind deletes the step's output files after a complete run and kills the
+rerun while it hashes the files written anew. After every kill:
 
 - the store opens and passes an integrity check (orphan files from an
   interrupted write are cleaned, and a second check is clean);
 - every sub-step recorded before the kill is replayed, never executed again;
 - the provider delivered the notification exactly once;
 - the final variables and outputs are those of the recorded values: a
-  further full rerun makes no call and prints the same digest.
+  further full rerun makes no call and prints the same digest;
+- the file the step wrote holds the recorded report, and that further rerun
+  replays the step (its appended log does not grow).
 
 CI runs a fixed set that hits every phase, seeded (the seed is printed;
 ``NBDURABLE_FAULT_SEED`` fixes it). The soak mode runs hundreds of random
-kills: ``python tests/test_faults.py --soak 200 [--seed S]``; with
+kills: ``python tests/test_faults.py --soak 500 [--seed S]``; with
 ``--store postgresql://...`` the soak runs on the team store (the fixed set
 runs on it in tests/test_postgres_kernels.py).
 """
@@ -26,6 +31,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import signal
 import threading
 import time
@@ -44,6 +50,7 @@ pytestmark = pytest.mark.kernel
 
 N_QUESTIONS = 10
 N_ASYNC = 4
+N_WRITTEN = 2  # files the export step writes: out/report.txt, out/exports.log
 
 CELLS = [
     "%load_ext nbdurable\n"
@@ -54,6 +61,9 @@ CELLS = [
     "    llm_plan, search_web, llm_answer, llm_synthesize, MailProvider\n"
     ")\n"
     "Path(os.environ['FAULT_PID_FILE']).write_text(str(os.getpid()))\n"
+    "def append(path, text):\n"
+    "    with open(path, 'a') as fh:\n"
+    "        fh.write(text)\n"
     "topic = 'crash safety'",
     f'%%step plan\nplan = step("plan", llm_plan, topic, {N_QUESTIONS})\nprint(plan["title"])',
     "%%step research\n"
@@ -78,6 +88,10 @@ CELLS = [
     "receipt = step('notify', lambda: MailProvider().send(\n"
     "    to='user@example.com', body=report[:80], idempotency_key=idempotency_key('notify')))\n"
     "print(receipt['id'])",
+    "%%step export\n"
+    "os.makedirs('out', exist_ok=True)\n"
+    "Path('out/report.txt').write_text(report)\n"
+    "append('out/exports.log', 'exported\\n')",
     "digest = {\n"
     "    'title': plan['title'],\n"
     "    'findings': [hashlib.sha256(f.encode()).hexdigest()[:12] for f in findings],\n"
@@ -85,6 +99,7 @@ CELLS = [
     "    'big': hashlib.sha256(big.tobytes()).hexdigest()[:12],\n"
     "    'report': hashlib.sha256(report.encode()).hexdigest()[:12],\n"
     "    'receipt': receipt['id'],\n"
+    "    'export': hashlib.sha256(Path('out/report.txt').read_bytes()).hexdigest()[:12],\n"
     "}\n"
     "print('DIGEST ' + json.dumps(digest, sort_keys=True))",
 ]
@@ -98,6 +113,8 @@ FIXED_KILLS = [
     ("point", "blob-written", 4),  # a step's variables written, its record not yet
     ("point", "step-written", 3),  # just after a step's record
     ("replay", 3),  # in the middle of restoring variables on replay
+    ("point", "file-hashed", 2),  # hashing the files a step wrote, its record not yet written
+    ("gone", 1),  # output files deleted, then a kill while the rerun hashes them anew
     ("sigkill", None),  # SIGKILL from outside at a random moment
 ]
 
@@ -189,6 +206,11 @@ def _digest(nb) -> dict:
     raise AssertionError(f"no digest printed: {nb.cells[-1].outputs}")
 
 
+def _exports(root: Path) -> int:
+    """How many times the export step's body ran since its output directory was made."""
+    return (root / "out" / "exports.log").read_text().count("exported")
+
+
 def _calls(ledger: Path) -> Counter:
     return Counter((c["kind"], c["arg"]) for c in ledger_calls(ledger))
 
@@ -218,10 +240,14 @@ def run_scenario(root: Path, kill: tuple, rng: random.Random, store_url: str | N
     elif kind == "replay":
         assert sc.attempt() is not None
         first = sc.attempt({"NBDURABLE_FAULT": f"replay:{kill[1]}"})
+    elif kind == "gone":
+        assert sc.attempt() is not None
+        shutil.rmtree(root / "out")  # `git clean`: the export step must write them again
+        first = sc.attempt({"NBDURABLE_FAULT": f"file-hashed:{kill[1]}"})
     else:
         first = sc.attempt(sigkill_after=kill[1] if kill[1] is not None else rng.uniform(0, 2.5))
     died = first is None
-    if kind in ("sim", "point", "replay"):
+    if kind in ("sim", "point", "replay", "gone"):
         assert died, f"{kill}: the kernel was supposed to die"
 
     sc.check_store()
@@ -249,10 +275,13 @@ def run_scenario(root: Path, kill: tuple, rng: random.Random, store_url: str | N
     # The final values are the recorded ones: one more full run calls nothing
     # and prints the same digest.
     digest = _digest(final)
+    assert digest["export"] == digest["report"], f"{kill}: the exported file is not the report"
+    exports = _exports(root)
     again = sc.attempt()
     assert again is not None
     assert _calls(sc.ledger) == after, f"{kill}: a fully recorded run still made calls"
     assert _digest(again) == digest
+    assert _exports(root) == exports, f"{kill}: the export step ran again with its files intact"
     # ...and each finding is the value its last (recorded) call returned.
     last_out = {}
     for c in ledger_calls(sc.ledger):
@@ -277,13 +306,17 @@ def test_survives_a_kill(kill, tmp_path, seed):
 def random_kill(rng: random.Random) -> tuple:
     """A kill drawn at random from every phase."""
     points = ["sub-returned", "sub-written", "store-write", "blob-written", "step-written"]
-    choice = rng.randrange(4)
+    choice = rng.randrange(5)
     if choice == 0:
         return ("sim", rng.randint(1, N_QUESTIONS + N_ASYNC))
     if choice == 1:
         return ("point", rng.choice(points), rng.randint(1, 6))
     if choice == 2:
         return ("replay", rng.randint(1, 3))
+    if choice == 3:  # the export step hashes N_WRITTEN files: a kill at one of them
+        kind = rng.choice(["point", "gone"])
+        n = rng.randint(1, N_WRITTEN)
+        return ("point", "file-hashed", n) if kind == "point" else ("gone", n)
     return ("sigkill", rng.uniform(0, 3.0))
 
 

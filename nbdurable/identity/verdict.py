@@ -28,7 +28,9 @@ What is known differs by caller, never the rule:
 - ``environment``: compare the environment variables the step read with
   this process's environment: only a kernel's environment is the step's.
 
-Recorded files are always checked: they are absolute paths read from disk.
+Recorded files are always checked: they are absolute paths read from disk;
+the files a step wrote first (a missing or changed one is named: "output
+file 'out/result.csv' is missing").
 The comparisons of files and environment variables with what a record
 keeps live here too (:func:`files_changed`, :func:`declared_changes`,
 :func:`env_changed`), with the digests the kernel records them by
@@ -63,6 +65,9 @@ def invalid_reason(
         return "its code changed"
     if state.stale:
         return state.stale
+    gone = files_changed(rec.written)
+    if gone:
+        return output_reason(gone)
     if declared is not None:
         matched = declared_changes(rec.declared, declared)
         if matched:
@@ -100,13 +105,26 @@ def _remade(rec: StepRecord, name: str, upstream: Mapping[str, StepRecord] | Non
     return maker is not None and maker.started > rec.started
 
 
-def file_digest(path: str) -> str | None:
-    """SHA-256 (32 hex) of a file's bytes, None if it cannot be read."""
+def file_digest(path: str, start: int = 0, end: int | None = None) -> str | None:
+    """SHA-256 (32 hex) of a file's bytes (``start`` to ``end``), None if it cannot be read.
+
+    Streamed in 1 MiB chunks: a file of any size costs one pass and no memory.
+    A file shorter than ``end`` is None: it no longer holds those bytes.
+    """
     try:
         h = hashlib.sha256()
         with open(path, "rb") as fh:
-            for chunk in iter(lambda: fh.read(1 << 20), b""):
+            fh.seek(start)
+            left = end - start if end is not None else None
+            while left is None or left > 0:
+                chunk = fh.read(1 << 20 if left is None else min(1 << 20, left))
+                if not chunk:
+                    break
                 h.update(chunk)
+                if left is not None:
+                    left -= len(chunk)
+            if left:
+                return None
         return h.hexdigest()[:32]
     except OSError:
         return None
@@ -116,11 +134,16 @@ def files_changed(recorded: dict[str, list[Any]]) -> list[str]:
     """The recorded files that are gone or whose content differs, in path order.
 
     Same size and mtime: unchanged; otherwise the content digest decides.
+    Files read and written whole are ``[size, mtime_ns, digest]``; a file a
+    step appended to is ``[end, mtime_ns, digest of start..end, start]``
+    (see :mod:`nbdurable.kernel.fileio`): it may have grown since, its part
+    must be intact.
     """
     out = []
     for path in sorted(recorded):
         try:
-            size, mtime, digest = recorded[path]
+            size, mtime, digest, *rest = recorded[path]
+            start = int(rest[0]) if rest else None
         except (TypeError, ValueError):
             out.append(path)
             continue
@@ -131,9 +154,35 @@ def files_changed(recorded: dict[str, list[Any]]) -> list[str]:
             continue
         if st.st_size == size and st.st_mtime_ns == mtime:
             continue
-        if st.st_size != size or file_digest(path) != digest:
+        if start is None:
+            same = st.st_size == size and file_digest(path) == digest
+        else:
+            same = st.st_size >= size and file_digest(path, start, size) == digest
+        if not same:
             out.append(path)
     return out
+
+
+#: How the reason a step's output files invalidate it begins (see output_reason).
+OUTPUT_REASON = "output file"
+
+
+def output_reason(paths: list[str]) -> str:
+    """``output file 'out/result.csv' is missing``: the first few, each missing or changed."""
+    said = [f"{_shown_path(p)!r} {'changed' if os.path.exists(p) else 'is missing'}"
+            for p in paths[:3]]  # fmt: skip
+    more = f" (and {len(paths) - 3} more)" if len(paths) > 3 else ""
+    plural = "s" if len(paths) > 1 else ""
+    return f"{OUTPUT_REASON}{plural} {', '.join(said)}{more}"
+
+
+def _shown_path(path: str) -> str:
+    """A path as the user wrote it, most likely: relative when under the working directory."""
+    try:
+        rel = os.path.relpath(path)
+    except ValueError:  # another drive
+        return path
+    return path if rel.startswith(os.pardir) else rel
 
 
 def declared_changes(recorded: dict[str, list[str]], now: dict[str, list[str]]) -> str | None:

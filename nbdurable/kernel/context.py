@@ -6,6 +6,7 @@ execution, never part of a step's recorded output.
 
 from __future__ import annotations
 
+import contextvars
 import sys
 import threading
 import warnings
@@ -17,6 +18,13 @@ from ..clients.usage import Tally
 from ..errors import NbdurableWarning
 from ..store import Store
 from .capture import unrecorded
+
+#: The id of the sub-step call executing now (None: none). Its effects are the
+#: call's, which replays and is never repeated: idempotency keys name it, and
+#: files it writes are not outputs of the step (see :mod:`.fileio`).
+current_sub: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "nbdurable_sub", default=None
+)
 
 
 def warn(message: str) -> None:
@@ -119,6 +127,9 @@ class StepContext:
     env_reads: dict[str, str | None] = field(default_factory=dict)
     #: files read while the step ran: absolute path -> [size, mtime_ns, content digest]
     file_reads: dict[str, list[Any]] = field(default_factory=dict)
+    #: files written while the step ran: absolute path -> None (written whole) or the
+    #: offset its first append started at (see :mod:`.fileio`)
+    file_writes: dict[str, int | None] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
     sub_index: SubIndex = field(default_factory=lambda: SubIndex())
 

@@ -2,10 +2,12 @@
 
 Plan: the cell's key, its code as Python, what it reads (each input's
 fingerprint) and the record and state the store holds for it. A record is
-replayed when its code and inputs match (or it is pinned): its variables are
-restored and its outputs shown, nothing runs. Otherwise the body executes
-(the run's lease is taken first) and what it bound, mutated or deleted is
-recorded with its outputs in one transaction.
+replayed when its code and inputs match and the files it wrote are as it
+left them (or it is pinned): its variables are restored and its outputs
+shown, nothing runs. Otherwise the body executes (the run's lease is taken
+first; a missing or changed output file is said in one line) and what it
+bound, mutated or deleted is recorded with its outputs and the files it
+read and wrote (:mod:`.fileio`) in one transaction.
 """
 
 from __future__ import annotations
@@ -76,7 +78,7 @@ class StepRunner:
         # (warned when it was recorded; a rerun that finds the same says nothing)
         self.process_known: dict[str, frozenset[str]] = {}
         envreads.install(lambda: session.current)  # environment reads of a running step
-        fileio.install(lambda: session.current)  # files a running step reads
+        fileio.install(lambda: session.current)  # files a running step reads and writes
 
     def forget(self) -> None:
         """Forget what this kernel produced (the run changed)."""
@@ -198,6 +200,12 @@ class StepRunner:
         if rec is not None and reason is not None and not force:
             self.session.status[key] = ("invalidated", reason)
             events.emit("step-invalidated", self.session.run_id, key, reason=reason, label=label)
+            if reason.startswith(verdict.OUTPUT_REASON):
+                # A plain run would have written it: say why the body runs instead of replaying.
+                warn(
+                    f"step {label!r} runs again: its {reason} (its sub-steps replay, "
+                    "so no recorded call repeats)."
+                )
         plan = Plan(
             key, label, position, py, source_fp, analysis, inputs, raw_fps, state, reason, declared
         )
@@ -504,6 +512,9 @@ class StepRunner:
         in_source += [f"{kind} key" for kind in kinds]
         input_from = {n: self.producers[n] for n in plan.inputs if n in self.producers}
         fileio.note_imports(ctx.file_reads, py)  # `import helpers` in the step: helpers.py
+        # Each file the step wrote, hashed once now; one it also read is its output only.
+        written = fileio.outputs(ctx.file_writes)
+        files = {p: v for p, v in ctx.file_reads.items() if p not in ctx.file_writes}
         rec = StepRecord(
             run=self.session.run_id,
             key=key,
@@ -524,7 +535,8 @@ class StepRunner:
             process=process,
             result=shown,
             env=dict(ctx.env_reads),
-            files=dict(ctx.file_reads),
+            files=files,
+            written=written,
             declared=dict(plan.declared or {}),
         )
         kept = StepState(pinned=state.pinned, name=label, position=position)

@@ -44,7 +44,6 @@ again next time. The record's ``returns`` field names the shape.
 
 from __future__ import annotations
 
-import contextvars
 import functools
 import hashlib
 import inspect
@@ -61,14 +60,11 @@ from ..identity.callables import CallableFingerprint, callable_fingerprint, firs
 from ..store import values
 from ..store.layout import RUN_SCOPE
 from ..store.records import FORMAT_VERSION
-from .context import SubIndex, warn
+from .context import SubIndex, current_sub, warn
 from .session import Session, get_session
 
 T = TypeVar("T")
 _ENOVAL = object()  # "no record": a recorded value may well be None
-_current_sub: contextvars.ContextVar[str | None] = contextvars.ContextVar(
-    "nbdurable_sub", default=None
-)
 
 
 def step(step_id: str, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
@@ -129,7 +125,7 @@ def idempotency_key(name: str = "") -> str:
     scope = ctx.key if ctx is not None else RUN_SCOPE
     if ctx is not None and ctx.version:
         scope += "@" + ctx.version
-    sub = _current_sub.get() or ""
+    sub = current_sub.get() or ""
     raw = "\0".join((session.run_id, scope, sub, name)).encode("utf-8")
     return "nbd-" + hashlib.sha256(raw).hexdigest()[:32]
 
@@ -226,14 +222,14 @@ class _Call:
             return _replayed(value, self.returns, self.fn)
         if ctx is None:
             session.claim(verify=False)  # inside a step, the step already holds the lease
-        token = _current_sub.set(self.sub_id)
+        token = current_sub.set(self.sub_id)
         # Arguments a call could change in place, fingerprinted before it (see save)
         self.before = {k: _arg_fp(v) for k, v in self.args.items() if not _immutable(v)}
         self.started, self.t0 = time.time(), time.perf_counter()
         try:
             result = self.fn(*args, **kwargs)
         finally:
-            _current_sub.reset(token)
+            current_sub.reset(token)
         kind = awaitables.result_kind(result)
         if kind == "awaitable":  # a coroutine's body runs when it is awaited
             return self.finish(result)
@@ -250,7 +246,7 @@ class _Call:
 
     async def finish(self, awaitable: Any) -> Any:
         """Await a coroutine's body, then record its result as :meth:`run` does a plain one."""
-        token = _current_sub.set(self.sub_id)  # the body runs now: idempotency_key() sees its id
+        token = current_sub.set(self.sub_id)  # the body runs now: idempotency_key() sees its id
         try:
             result = await awaitable
             result = self.hand_over(result, "awaitable")
@@ -258,7 +254,7 @@ class _Call:
             self.forget()
             raise
         finally:
-            _current_sub.reset(token)
+            current_sub.reset(token)
         return result
 
     def hand_over(self, result: Any, outer: str) -> Any:

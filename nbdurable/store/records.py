@@ -93,6 +93,10 @@ class StepRecord:
     #: ``%%step --inputs`` patterns, made absolute -> the files each matched (sorted);
     #: those files are in ``files`` too
     declared: dict[str, list[str]] = field(default_factory=dict)
+    #: files the step wrote, as it left them: absolute path -> [size, mtime_ns, SHA-256],
+    #: or [end, mtime_ns, SHA-256 of its part, start] for a file it appended to; see
+    #: :mod:`nbdurable.kernel.fileio`
+    written: dict[str, list[Any]] = field(default_factory=dict)
 
     @property
     def replayable(self) -> bool:
