@@ -237,7 +237,15 @@ def test_live_updates_while_a_step_runs(session):
 
     def probe(text):
         # Runs inside the step's body: the timer thread must update the panel meanwhile.
-        wait_for(lambda: row_says(text), timeout=60)
+        # On failure, say what the panel showed: its row and its message line.
+        wait_for(
+            lambda: row_says(text),
+            timeout=60,
+            msg=lambda: (
+                f"row: {getattr(getattr(p.rows.get('name:loop'), 'html', None), 'value', None)!r}; "
+                f"message: {p.message.value!r}"
+            ),
+        )
         seen_q.put((p.rows["name:loop"].state, text))
 
     def seen():
