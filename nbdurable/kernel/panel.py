@@ -25,6 +25,7 @@ Where widgets cannot render (plain IPython, nbconvert), the widget's
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import threading
 import time
 from collections import Counter
@@ -94,7 +95,12 @@ class StepPanel(widgets.VBox):
         # held only for a few dictionary operations).
         self._lock = threading.Lock()
         self._reload = True
-        self._new: Counter[str] = Counter()  # sub-steps recorded since the last reload
+        # Sub-steps recorded since the last reload, by id: the reload reads the
+        # store while the step goes on recording, so one sub-step can be both in
+        # what the reload read and in an event that arrives after it. Counting
+        # ids, never events, is what keeps it from being counted twice.
+        self._new: dict[str, set[str]] = {}
+        self._stored: dict[str, set[str]] = {}  # sub-step ids the last reload read, live steps
         self._replayed: Counter[str] = Counter()  # sub-steps replayed by the running step
         self._dirty: set[str] = set()
         self._labels: dict[str, str] = {}
@@ -218,23 +224,43 @@ class StepPanel(widgets.VBox):
                 self._last_flush = time.monotonic()
                 reload, self._reload = self._reload, False
                 dirty, self._dirty = self._dirty, set()
-                counted = dict(self._new)
             if reload:
-                infos = self._load()
-                with self._lock:
-                    # Those sub-steps are in the store's count now.
-                    self._new.subtract(counted)
-                    self._new = +self._new
-                self._set_rows(infos)
+                self._set_rows(self._reread())
                 dirty = set(self.rows)
             with self._lock:
-                new, replayed = dict(self._new), dict(self._replayed)
+                new = {key: len(ids) for key, ids in self._new.items()}
+                replayed = dict(self._replayed)
             for key in dirty:
                 row = self.rows.get(key)
                 if row is not None:
                     row.show(new.get(key, 0), replayed.get(key, 0))
             self._show_header()
             self.flushes += 1
+
+    def _reread(self) -> list[StepInfo]:
+        """Read the store again; sub-steps of live steps are counted by id.
+
+        For a step that is running or has sub-steps counted from events, the
+        store's ids are read after the rows, and that one read is the count:
+        a sub-step written while the rows were read is in it exactly once,
+        and an event for an id it holds adds nothing.
+        """
+        infos = self._load()
+        with self._lock:
+            live = set(self._new)
+        live |= {i.key for i in infos if i.state == "running"}
+        view = RunView(self.session.store, self._run_id)
+        stored = {key: view.sub_ids(key) for key in live}
+        with self._lock:
+            self._stored = stored
+            for key, ids in stored.items():
+                left = self._new.pop(key, set()) - ids
+                if left:
+                    self._new[key] = left
+        return [
+            dataclasses.replace(i, substeps=len(stored[i.key])) if i.key in stored else i
+            for i in infos
+        ]
 
     def _load(self) -> list[StepInfo]:
         s = self.session
@@ -323,7 +349,10 @@ class StepPanel(widgets.VBox):
             return
         with self._lock:
             if kind == "sub-recorded" and key is not None:
-                self._new[key] += 1
+                sub_id = str(event.data.get("id"))
+                if sub_id in self._stored.get(key, ()):
+                    return  # the last reload read it from the store already
+                self._new.setdefault(key, set()).add(sub_id)
                 self._dirty.add(key)
             elif kind == "sub-replayed" and key is not None:
                 self._replayed[key] += 1

@@ -104,6 +104,11 @@ class RunView:
         """``(count, bytes)`` of the sub-step records of ``scope``."""
         return self.store.stats(self.keys.subs_prefix(scope))
 
+    def sub_ids(self, scope: str) -> set[str]:
+        """The ids of the sub-step records of ``scope`` (a key scan: no value is read)."""
+        prefix = self.keys.subs_prefix(scope)
+        return {k[len(prefix) :] for k in self.store.scan(prefix)}
+
     def known(self) -> bool:
         """True if the store holds any record of this run."""
         return self.store.stats(self.keys.base)[0] > 0
