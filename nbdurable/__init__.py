@@ -15,6 +15,7 @@ from .errors import (
     LeaseHeld,
     NbdurableError,
     NbdurableWarning,
+    SettingError,
     StoreError,
     UsageProblem,
 )
@@ -46,6 +47,7 @@ __all__ = [
     "LeaseHeld",
     "NbdurableError",
     "NbdurableWarning",
+    "SettingError",
     "StoreError",
     "UsageProblem",
     "configure",

@@ -6,7 +6,7 @@ from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from .clients.usage import check_prices
-from .errors import UsageProblem
+from .errors import SettingError, StoreError
 from .store.versions import KEEP_VERSIONS
 
 _DIVERGENCE = ("warn", "error", "rerun", "replay")
@@ -68,39 +68,59 @@ def configure(**changes: object) -> Settings:
     known = {f.name for f in fields(Settings)}
     for key in changes:
         if key not in known:
-            raise UsageProblem(
+            raise SettingError(
                 f"unknown setting {key!r}; known settings: {', '.join(sorted(known))}"
             )
     if "on_divergence" in changes and changes["on_divergence"] not in _DIVERGENCE:
-        raise UsageProblem(
+        raise SettingError(
             f"on_divergence must be one of {', '.join(_DIVERGENCE)} "
             f"(got {changes['on_divergence']!r})"
         )
     if "durability" in changes and changes["durability"] not in _DURABILITY:
-        raise UsageProblem(
+        raise SettingError(
             f"durability must be one of {', '.join(_DURABILITY)} (got {changes['durability']!r})"
         )
     if "http" in changes and not isinstance(changes["http"], bool):
-        raise UsageProblem(f"http must be True or False (got {changes['http']!r})")
+        raise SettingError(f"http must be True or False (got {changes['http']!r})")
     if "replay_note" in changes and not isinstance(changes["replay_note"], bool):
-        raise UsageProblem(f"replay_note must be True or False (got {changes['replay_note']!r})")
+        raise SettingError(f"replay_note must be True or False (got {changes['replay_note']!r})")
     store = changes.get("store")
-    if store is not None and (not isinstance(store, str) or not store.strip()):
-        raise UsageProblem(f"store must be a directory or a postgresql:// URL (got {store!r})")
+    if store is not None:
+        _check_store(store)
     size = changes.get("warn_size_mb", 1)
     if isinstance(size, bool) or not isinstance(size, (int, float)) or size <= 0:
-        raise UsageProblem(f"warn_size_mb must be a positive number (got {size!r})")
+        raise SettingError(f"warn_size_mb must be a positive number (got {size!r})")
     if changes.get("prices") is not None:
         changes["prices"] = _prices(changes["prices"])
     keep = changes.get("keep_versions", 1)
     if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
-        raise UsageProblem(f"keep_versions must be a whole number of at least 1 (got {keep!r})")
+        raise SettingError(f"keep_versions must be a whole number of at least 1 (got {keep!r})")
     _settings = replace(_settings, **changes)  # type: ignore[arg-type]
     return _settings
+
+
+def _check_store(store: object) -> None:
+    """A store setting must name a directory, or a URL whose store opens now.
+
+    A URL is opened (and closed) here, so a bad URL, a missing key or a server
+    that is down is said at the ``configure`` line and the setting stays as it
+    was; a kernel already recording moves to the new store between steps
+    (see ``kernel.session``).
+    """
+    if not isinstance(store, str) or not store.strip():
+        raise SettingError(f"store must be a directory or a postgresql:// URL (got {store!r})")
+    from .store import engine
+
+    try:
+        engine.engine_for(store)
+        if engine.is_url(store):
+            engine.open_store(store).close()
+    except StoreError as exc:
+        raise SettingError(f"store not changed: {exc}") from None
 
 
 def _prices(prices: Any) -> dict[str, tuple[float, float]]:
     try:
         return check_prices(prices)
     except ValueError as exc:
-        raise UsageProblem(str(exc)) from None
+        raise SettingError(str(exc)) from None

@@ -20,6 +20,14 @@ class UsageProblem(NbdurableError, ValueError):
     """
 
 
+class SettingError(UsageProblem):
+    """A bad argument to :func:`nbdurable.configure`.
+
+    After ``%load_ext nbdurable`` a notebook shows it in one line, as the
+    magics show a UsageProblem: a setting is input, not a bug to trace.
+    """
+
+
 class StoreError(NbdurableError, OSError):
     """The store cannot be opened, read or written; the message says what to do."""
 

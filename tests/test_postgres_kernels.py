@@ -26,7 +26,7 @@ from test_story import CELLS
 from nbdurable.cli import main
 from nbdurable.demo.sim import ledger_calls
 from nbdurable.kernel import lease
-from nbdurable.store import Store
+from nbdurable.store import RunKeys, Store
 from nbdurable.store.postgres import display
 
 pytestmark = [pytest.mark.postgres, pytest.mark.kernel]
@@ -328,3 +328,56 @@ def test_the_magics_and_the_panel_on_the_team_store(tmp_path, pg_url):
     assert after[2].split()[1:3] == ["greet", "pending"], after
     with Store(pg_url) as store:
         assert store.scan("r/nb.ipynb/s/") == [], "cleared in the team store"
+
+
+def test_configure_store_in_a_running_kernel_moves_the_run_and_its_lease(tmp_path, pg_url):
+    """``configure(store=URL)`` after steps ran on the directory store: the run moves there.
+
+    A URL whose server is down is refused at the configure line, in one line,
+    and the kernel goes on recording where it was.
+    """
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        down = f"postgresql://postgres@127.0.0.1:{sock.getsockname()[1]}/test"
+    directory = tmp_path / "store"
+    env = {
+        "NBDURABLE_DIR": str(directory),
+        "NBDURABLE_NOTEBOOK": str(tmp_path / "nb.ipynb"),
+        "RUNS": str(tmp_path / "runs.log"),
+        "JPY_SESSION_NAME": "",
+    }
+    count = "open(os.environ['RUNS'], 'a').write('{}\\n')"
+    a = "%%step a\nimport os\n" + count.format("a") + "\nx = 1"
+    b = "%%step b\n" + count.format("b") + "\ny = x + 1"
+    k = Kernel(tmp_path, env)
+    try:
+        assert k.run("%load_ext nbdurable\nimport nbdurable, os")["status"] == "ok"
+        assert k.run(a)["status"] == "ok"
+        bad = k.run(f"nbdurable.configure(store={down!r})")
+        assert bad["ename"] == "SettingError", bad
+        # IPython's one-line UsageError display, no traceback.
+        assert bad["stdout"].startswith("UsageError: store not changed: cannot reach"), bad
+        assert bad["stdout"].count("\n") == 1 and down.split("//")[1] in bad["stdout"]
+        assert k.run("print(nbdurable.configure().store)")["stdout"] == "None\n"
+
+        assert k.run(f"nbdurable.configure(store={pg_url!r})")["status"] == "ok"
+        moved = k.run(b)
+        assert moved["status"] == "ok", moved
+        (line,) = moved["stdout"].splitlines()
+        assert line.startswith(f"nbdurable: run 'nb.ipynb' now records in {display(pg_url)} ")
+        assert f"--from {directory} --to {display(pg_url)}" in line
+        pid = k.pid
+        again = k.run(b)  # replays from the team store: the body does not run
+        assert again["status"] == "ok" and again["stdout"] == "", again
+        with Store(pg_url) as team, Store(directory) as local:
+            holder = lease.read(team, "nb.ipynb")
+            assert holder is not None and holder.pid == pid, "the lease moved with the run"
+            assert lease.read(local, "nb.ipynb") is None, "the old store's lease was given back"
+            rk = RunKeys("nb.ipynb")
+            assert team.has(rk.step("name:b")) and not team.has(rk.step("name:a"))
+            assert local.has(rk.step("name:a")) and not local.has(rk.step("name:b"))
+    finally:
+        k.close()
+    assert (tmp_path / "runs.log").read_text().split() == ["a", "b"], "each body ran once"

@@ -42,7 +42,7 @@ from typing import Any
 
 from IPython.core.error import UsageError
 
-from ..errors import LeaseHeld, NbdurableError, StoreError, UsageProblem
+from ..errors import LeaseHeld, NbdurableError, SettingError, StoreError, UsageProblem
 from ..identity import keys, locate
 from . import httpsteps
 from .context import say, warn
@@ -319,11 +319,12 @@ ONE_LINE = (UsageProblem, StoreError, LeaseHeld)
 def one_line_errors(cell: StepCell) -> Any:
     """A ``set_custom_exc`` handler: :data:`ONE_LINE` errors of a step's body in one line.
 
-    Elsewhere (a plain cell) they show IPython's usual traceback, as before.
+    Elsewhere (a plain cell) they show IPython's usual traceback, but for a bad
+    ``nbdurable.configure(...)`` argument (:class:`SettingError`), one line too.
     """
 
     def handler(shell: Any, etype: type, value: BaseException, tb: Any, tb_offset: Any = None):  # noqa: ANN202
-        if cell.executing():
+        if cell.executing() or isinstance(value, SettingError):
             shell.show_usage_error(UsageError(keys.one_line(" ".join(str(value).split()))))
             return []
         stb = shell.InteractiveTB.structured_traceback(etype, value, tb, tb_offset=tb_offset)

@@ -24,7 +24,7 @@ from typing import Any
 
 from .. import config, events
 from ..clients.usage import Tally
-from ..errors import LeaseHeld, UsageProblem
+from ..errors import LeaseHeld, NbdurableError, StoreError, UsageProblem
 from ..identity import keys, locate
 from ..store import RunKeys, RunView, Store, open_store
 from ..store import engine as store_engine
@@ -39,6 +39,7 @@ class Session:
     def __init__(self, shell: Any = None) -> None:
         self.shell = shell
         self._store: Store | None = None
+        self._configured: str | None = None  # config.get().store when the store was opened
         self._run_name: str | None = None
         self.notebook: Path | None = None
         self.nbfile: locate.NotebookFile | None = None
@@ -76,6 +77,10 @@ class Session:
 
     def _locate(self) -> None:
         if self._store is not None:
+            # configure(store=...) named another store: move there between steps
+            # (a step that is executing finishes where it started).
+            if self._configured != config.get().store and self.current is None:
+                self._move_store()
             return
         self.notebook = locate.find_notebook(self.user_ns)
         where = ""
@@ -99,13 +104,52 @@ class Session:
             )
         if self.notebook is not None:
             self.nbfile = locate.NotebookFile(self.notebook)
+        self._open_store()
+
+    def _open_store(self) -> None:
         # The store: a directory, or a URL for a shared one (see store.engine). Run ids
         # are relative to the local directory even then, so two machines whose
         # projects lie at different paths share the run of the same notebook.
         local = locate.store_dir(self.notebook)
         target = store_engine.chosen(local)
+        configured = config.get().store
         self._store = open_store(target, durability=config.get().durability)
+        self._configured = configured
         self._anchor = local if store_engine.is_url(target) else self._store.path
+
+    def _move_store(self) -> None:
+        """Record into the store ``configure(store=...)`` named from now on, lease and all.
+
+        The old store keeps what was recorded in it. If the new one does not
+        open, nothing moves: the one-line error is raised at every use until
+        the store opens or the setting is set back, never a silent fallback.
+        """
+        old, held = self._store, self._lease is not None
+        assert old is not None
+        self.release()
+        try:
+            self._open_store()
+        except NbdurableError as exc:
+            self._store = old
+            raise StoreError(
+                f"configure(store=...) named a store that does not open, so this kernel "
+                f"records nothing until it does (or the setting is set back): {exc}"
+            ) from None
+        old.close()
+        with self.lock:
+            self.status.clear()
+            self.steps.forget()
+            self.run_index = SubIndex() if self.run_index is not None else None
+        self._run_id_for = None
+        run = self.run_id
+        say(
+            f"nbdurable: run {run!r} now records in {self._store.path} (configure(store=...)); "
+            f"its records in {old.path} stay there "
+            f"(`nbdurable copy {run} --from {old.path} --to {self._store.path}` copies them)"
+        )
+        events.emit("run-changed", run)
+        if held:  # the lease moves with the run: a holder in the new store is named now
+            self.claim()
 
     def _executed(self) -> list[str]:
         """The raw sources of the cells this kernel executed, the current one last."""
@@ -213,6 +257,7 @@ class Session:
     def set_store(self, store: Store, run_id: str | None = None) -> None:
         """Use an already-open store (tests, the CLI)."""
         self._store = store
+        self._configured = config.get().store
         self._anchor = store.path if isinstance(store.path, Path) else locate.store_dir(None)
         self._run_name = run_id
 
