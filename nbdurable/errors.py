@@ -55,5 +55,13 @@ class LeaseHeld(NbdurableError, RuntimeError):
     """Another live process holds the lease on this run."""
 
 
+class LeaseLost(LeaseHeld):
+    """The lease of this process on the run was taken over: a record it wrote was refused.
+
+    Raised by a write under a lease (see ``nbdurable.store.base.Fence``) once
+    another process holds the run: nothing of the write was recorded.
+    """
+
+
 class NbdurableWarning(UserWarning):
     """Something was not recorded, or a record could not be used (always shown, never silent)."""

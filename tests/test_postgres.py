@@ -11,6 +11,7 @@ from __future__ import annotations
 import socket
 import threading
 import time
+from dataclasses import asdict
 
 import numpy as np
 import psycopg
@@ -18,7 +19,13 @@ import pytest
 from pg_util import namespace, pg_sql, terminate
 
 from nbdurable.cli import main
-from nbdurable.errors import CorruptRecord, FormatVersionError, LeaseHeld, StoreError
+from nbdurable.errors import (
+    CorruptRecord,
+    FormatVersionError,
+    LeaseHeld,
+    LeaseLost,
+    StoreError,
+)
 from nbdurable.kernel import lease
 from nbdurable.store import RunKeys, Store, admin, layout, open_store, values
 from nbdurable.store.copy import copy_run
@@ -433,3 +440,96 @@ def test_the_store_is_configured_else_nbdurable_store_else_the_directory(tmp_pat
         nbdurable.configure(store=None)
     with pytest.raises(UsageProblem, match="postgresql:// URL"):
         nbdurable.configure(store=42)
+
+
+# -- writes under a lease (fences) -------------------------------------------------------------
+
+
+@pytest.fixture(params=["postgres", "disk"])
+def two_machines(request, tmp_path, monkeypatch):
+    """Machine A's lease lapsed (its heartbeats stalled) and machine B took the run over."""
+    monkeypatch.setenv("NBDURABLE_LEASE_EXPIRY", "1")
+    target = request.getfixturevalue("pg_url") if request.param == "postgres" else tmp_path
+    a_store, b_store = Store(target), Store(target)
+    monkeypatch.setenv("NBDURABLE_HOST", "machine-a")
+    a = lease.Lease(a_store, "shared.ipynb")
+    a.acquire()
+    a._stop.set()  # A's heartbeat thread stalls
+    a_store.apply(puts=[("r/x/mine", {"by": "a"}, b"")], fence=a.fence)
+    monkeypatch.setenv("NBDURABLE_HOST", "machine-b")
+    b = lease.Lease(b_store, "shared.ipynb")
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            b.acquire()
+            break
+        except LeaseHeld:
+            assert time.monotonic() < deadline, "A's lease never lapsed"
+            time.sleep(0.1)
+    yield a_store, a, b_store, b
+    b.release()
+    a_store.close()
+    b_store.close()
+
+
+def test_a_holder_whose_lease_was_taken_over_cannot_write(two_machines):
+    a_store, a, b_store, b = two_machines
+    b_store.apply(puts=[("r/x/theirs", {"by": "b"}, b"")], fence=b.fence)
+    # A's next records, whole transactions, single puts and deletes alike: refused.
+    with pytest.raises(LeaseLost) as info:
+        a_store.apply(
+            puts=[("r/x/theirs", {"by": "a"}, b""), ("r/x/more", {}, b"")],
+            deletes=["r/x/mine"],
+            fence=a.fence,
+        )
+    assert "\n" not in str(info.value)
+    with pytest.raises(LeaseLost):
+        a_store.put("r/x/alone", {"by": "a"}, fence=a.fence)
+    assert b_store.get("r/x/theirs")[0] == {"by": "b"}, "B's record intact"
+    assert b_store.get("r/x/mine")[0] == {"by": "a"}, "A's delete did not happen"
+    assert not b_store.has("r/x/more") and not b_store.has("r/x/alone")
+    # B goes on writing; a write without a fence (an admin command) is not checked.
+    b_store.put("r/x/alone", {"by": "b"}, fence=b.fence)
+    a_store.put("r/x/admin", {})
+    assert b_store.has("r/x/admin")
+
+
+@pytest.mark.parametrize("takeover", ["commits", "rolls back"])
+def test_a_record_racing_a_slow_takeover_lands_before_it_or_not_at_all(pg_url, takeover):
+    """A takeover holds the lease row (a slow store, a slow machine); A's record waits for it."""
+    a_store = Store(pg_url)
+    a = lease.Lease(a_store, "shared.ipynb")
+    a.acquire()
+    a._stop.set()
+    key, ns = lease.lease_key("shared.ipynb"), namespace(pg_url)
+    theirs = a_store._encode(key, {**asdict(lease.read(a_store, "shared.ipynb")), "token": "b"})
+    outcome: list[object] = []
+    with psycopg.connect(pg_server_of(pg_url)) as other:
+        other.execute(f'SELECT 1 FROM "{ns}".kv WHERE key = %s FOR UPDATE', (key,))
+        other.execute(f'UPDATE "{ns}".kv SET value = %s WHERE key = %s', (theirs, key))
+
+        def record() -> None:
+            try:
+                a_store.put("r/x/step", {"by": "a"}, fence=a.fence)
+                outcome.append("written")
+            except LeaseLost as exc:
+                outcome.append(exc)
+
+        writer = threading.Thread(target=record)
+        writer.start()
+        deadline = time.monotonic() + 30
+        waiting = (
+            "SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+            f"AND application_name = 'nbdurable-{ns}'"
+        )
+        while not pg_sql(pg_url, waiting):  # A's record waits on the lease row
+            assert time.monotonic() < deadline and writer.is_alive(), outcome
+            time.sleep(0.02)
+        assert not outcome, "the record did not wait for the takeover"
+        other.commit() if takeover == "commits" else other.rollback()
+        writer.join(30)
+    if takeover == "commits":
+        assert isinstance(outcome[0], LeaseLost) and not a_store.has("r/x/step")
+    else:
+        assert outcome == ["written"] and a_store.get("r/x/step")[0] == {"by": "a"}
+    a_store.close()

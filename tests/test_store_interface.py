@@ -24,6 +24,7 @@ from nbdurable import commands, status
 from nbdurable.errors import CorruptRecord, LeaseHeld
 from nbdurable.kernel import lease
 from nbdurable.store import RunView, Store, blobs, layout, values
+from nbdurable.store.base import Fence
 
 
 class MemoryStore(Store):
@@ -43,7 +44,11 @@ class MemoryStore(Store):
     def read_prefix(self, prefix: str, row_max: int) -> list[tuple[str, bytes | None]]:
         return [(k, v if len(v) <= row_max else None) for k, v in self._items(prefix)]
 
-    def write(self, values: dict[str, bytes], deletes: Sequence[str] = ()) -> None:
+    def write(
+        self, values: dict[str, bytes], deletes: Sequence[str] = (), fence: Fence | None = None
+    ) -> None:
+        if fence is not None and not fence.held(self.data.get(fence.key)):
+            raise self._lost(fence)
         self.data.update(values)
         for k in deletes:
             self.data.pop(k, None)

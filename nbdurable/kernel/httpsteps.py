@@ -125,7 +125,7 @@ class StepHTTP:
             tokens=tokens.to_json(),
         ).to_header()
         try:
-            self.session.store.put(self.prefix + str(n), header, body)
+            self.session.write(puts=[(self.prefix + str(n), header, body)])
         except StoreError as exc:
             warn(f"step {ctx.label!r}: an HTTP exchange was NOT recorded ({exc})")
             return

@@ -15,6 +15,16 @@ on this machine from one elsewhere: ``NBDURABLE_HOST`` names this machine
 when its host name is not unique (containers that all call themselves
 ``localhost``), and ``NBDURABLE_LEASE_EXPIRY`` (seconds) shortens
 :data:`STALE_AFTER`, the heartbeat following at a quarter of it.
+
+A heartbeat that comes late (a stalled thread, a slow store) cannot make two
+writers: every record the holder writes carries its lease's :attr:`Lease.fence`,
+which the store checks in the record's own transaction. Once another process
+has taken the lease over, the old holder's next record is refused whole
+(:class:`~nbdurable.errors.LeaseLost`), whatever its heartbeat thread believes;
+the kernel then stops with one line naming the new holder (see
+``Session.write``). A slow store answers within these rules: a takeover and
+a record are serialized on the lease row, so the record lands before the
+takeover or not at all.
 """
 
 from __future__ import annotations
@@ -30,6 +40,7 @@ from typing import Any
 
 from ..errors import LeaseHeld
 from ..store import RunKeys, Store
+from ..store.base import Fence
 from ..store.view import read_header
 
 HEARTBEAT = 30.0
@@ -163,6 +174,11 @@ class Lease:
         self.store.swap(lease_key(self.run_id), take)
         self._start_heartbeat()
         return previous
+
+    @property
+    def fence(self) -> Fence:
+        """What every record written under this lease carries (see ``Store.write``)."""
+        return Fence(lease_key(self.run_id), self.token)
 
     def holds(self) -> bool:
         """True while the store still names this process as the holder."""

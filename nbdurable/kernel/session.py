@@ -19,12 +19,13 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from .. import config, events
 from ..clients.usage import Tally
-from ..errors import LeaseHeld, NbdurableError, StoreError, UsageProblem
+from ..errors import LeaseHeld, LeaseLost, NbdurableError, StoreError, UsageProblem
 from ..identity import keys, locate
 from ..store import RunKeys, RunView, Store, open_store
 from ..store import engine as store_engine
@@ -244,6 +245,37 @@ class Session:
             self._atexit = True
             atexit.register(self.release)
         return previous
+
+    def write(
+        self,
+        puts: Iterable[tuple[str, dict[str, Any], bytes]] = (),
+        deletes: Iterable[str] = (),
+        blobs: dict[str, bytes] | None = None,
+    ) -> int:
+        """Write records of this run in one transaction, under its lease (``Store.apply``).
+
+        Every record the kernel writes goes through here: with the lease held,
+        the store refuses the write whole if another process took the lease
+        over meanwhile (a heartbeat that stalled past the expiry on a shared
+        store, or ``%step takeover``). Then this kernel stops recording: the
+        :class:`LeaseLost` raised names the new holder in one line, and every
+        later write under the lost lease is refused too, until a step claims
+        the run again (see :meth:`claim`).
+        """
+        held = self._lease
+        try:
+            return self.store.apply(puts, deletes, blobs, fence=held.fence if held else None)
+        except LeaseLost:
+            assert held is not None
+            held._stop.set()  # its heartbeat would only find the lease gone
+            who = lease.read(self.store, held.run_id)
+            raise LeaseLost(
+                f"run {held.run_id!r} was taken over by "
+                f"{who.describe() if who else 'another process, since gone,'} while this "
+                "kernel recorded "
+                "it (its lease lapsed): this record was NOT written and this kernel stopped "
+                "recording into the run. Run `%step takeover` to take it back."
+            ) from None
 
     def release(self) -> None:
         """Give back the run's lease, if held."""

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import _text, config, events, faults, procstate, redact
 from ..clients.usage import Tally
-from ..errors import CorruptRecord, NbdurableError, StoreError, UsageProblem
+from ..errors import CorruptRecord, LeaseLost, NbdurableError, StoreError, UsageProblem
 from ..identity import keys, verdict
 from ..store import spill, values, versions
 from ..store.records import StepRecord, StepState
@@ -446,9 +446,12 @@ class StepRunner:
         what = redact.redact_text(what)[0]
         self.unloadable.pop(key, None)
         self.session.status[key] = ("failed", what)
+        if isinstance(exc, LeaseLost):  # the run is another process's now: nothing to note
+            events.emit("step-failed", self.session.run_id, key, label=label, error=what)
+            return
         failed = StepState(state.pinned, what, time.time(), state.stale, label, position)
         try:
-            self.session.store.apply(puts=[(self.session.keys.state(key), failed.to_header(), b"")])
+            self.session.write(puts=[(self.session.keys.state(key), failed.to_header(), b"")])
         except NbdurableError as err:
             warn(f"step {label!r} failed and its failure could not be noted: {err}")
         events.emit("step-failed", self.session.run_id, key, label=label, error=what)
@@ -547,7 +550,7 @@ class StepRunner:
         else:
             deletes.append(self.session.keys.state(key))
         try:
-            self.session.store.apply(puts=puts, deletes=deletes, blobs=saved.pending)
+            self.session.write(puts=puts, deletes=deletes, blobs=saved.pending)
         except StoreError as exc:
             raise StoreError(f"step {label!r} ran but was NOT recorded: {exc}") from exc
         faults.point("step-written")

@@ -472,7 +472,7 @@ class _Call:
             "kind": "sub",
         }
         try:
-            self.session.store.put(self.store_key, header, body)
+            self.session.write(puts=[(self.store_key, header, body)])
         except StoreError as exc:
             raise StoreError(f"{where} returned but its result was NOT recorded: {exc}") from exc
         faults.point("sub-written")

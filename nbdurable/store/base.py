@@ -20,11 +20,12 @@ import hashlib
 import os
 import time
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from .. import redact
-from ..errors import CorruptRecord, FormatVersionError, StoreError
+from ..errors import CorruptRecord, FormatVersionError, LeaseLost, StoreError
 from . import blobs, codec, layout
 from .records import FORMAT_VERSION
 
@@ -34,6 +35,32 @@ LOAD_TOTAL_MAX = 32 * 1024 * 1024
 
 Header = dict[str, Any]
 Record = tuple[Header, bytes]
+
+
+@dataclass(frozen=True)
+class Fence:
+    """A write that lands only while the lease record at ``key`` names ``token``.
+
+    The kernel side passes its lease's fence with every record it writes
+    (see ``nbdurable.kernel.lease``); the engine checks it in the write's own
+    transaction, so a writer whose lease was taken over (its heartbeats
+    stalled past the expiry, or ``%step takeover``) cannot write one more
+    record into the run: the write raises :class:`LeaseLost` and nothing of it
+    lands. The check is on the stored bytes: a lease record's header holds
+    ``"token":"<token>"`` (the codec's compact JSON).
+    """
+
+    key: str
+    token: str
+
+    @property
+    def marker(self) -> bytes:
+        """The bytes the lease record holds while it names ``token``."""
+        return b'"token":"' + self.token.encode("ascii") + b'"'
+
+    def held(self, raw: bytes | None) -> bool:
+        """True if ``raw`` (the lease record's stored bytes) names this fence's token."""
+        return raw is not None and self.marker in raw
 
 
 class Store(abc.ABC):
@@ -89,8 +116,14 @@ class Store(abc.ABC):
         """Every key under ``prefix`` in key order, with its bytes if at most ``row_max`` long."""
 
     @abc.abstractmethod
-    def write(self, values: dict[str, bytes], deletes: Sequence[str] = ()) -> None:
-        """Write ``values`` and delete ``deletes`` in one transaction: all of it or none."""
+    def write(
+        self, values: dict[str, bytes], deletes: Sequence[str] = (), fence: Fence | None = None
+    ) -> None:
+        """Write ``values`` and delete ``deletes`` in one transaction: all of it or none.
+
+        With a ``fence``, only if its lease is still held, checked in the same
+        transaction; else :class:`LeaseLost` and nothing is written.
+        """
 
     @abc.abstractmethod
     def delete(self, key: str) -> bool:
@@ -191,10 +224,10 @@ class Store(abc.ABC):
         """Verified ``(header, body)`` of an entry of :meth:`load_prefix` (None: read it now)."""
         return self.get(key) if raw is None else self._decode(key, raw)
 
-    def put(self, key: str, header: Header, body: bytes = b"") -> int:
-        """Write one record atomically; return its size in bytes."""
+    def put(self, key: str, header: Header, body: bytes = b"", fence: Fence | None = None) -> int:
+        """Write one record atomically (under ``fence``, see :meth:`write`); return its size."""
         value = self._encode(key, header, body)
-        self.write({key: value})
+        self.write({key: value}, (), fence)
         return len(value)
 
     def apply(
@@ -202,15 +235,24 @@ class Store(abc.ABC):
         puts: Iterable[tuple[str, Header, bytes]] = (),
         deletes: Iterable[str] = (),
         blobs: dict[str, bytes] | None = None,
+        fence: Fence | None = None,
     ) -> int:
         """Write and delete in one transaction: all of it happens or none of it.
 
-        ``blobs`` are small blobs deferred by :meth:`put_blob` (already encoded).
+        ``blobs`` are small blobs deferred by :meth:`put_blob` (already encoded);
+        ``fence``: see :meth:`write`.
         """
         values = dict(blobs or {})
         values.update((k, self._encode(k, h, b)) for k, h, b in puts)
-        self.write(values, list(deletes))
+        self.write(values, list(deletes), fence)
         return sum(len(v) for v in values.values())
+
+    def _lost(self, fence: Fence) -> LeaseLost:
+        """The error of a write refused by ``fence`` (the kernel side names the new holder)."""
+        return LeaseLost(
+            f"the lease at {fence.key} in the store at {self.path} is no longer held by this "
+            "process: the write was refused, nothing of it was recorded"
+        )
 
     def swap(self, key: str, update: Callable[[Header | None], Header | None]) -> Header | None:
         """Replace ``key``'s header by ``update(current)`` atomically; return the current one.

@@ -31,7 +31,7 @@ from .._text import one_line
 from ..errors import CorruptRecord, StoreError
 from . import blobs, codec, layout
 from ._diskcache import DBNAME, INLINE_MAX, MODE_BINARY, MODE_RAW, VALUE_FILE, Rows
-from .base import Store
+from .base import Fence, Store
 
 # The files of the cache directory that no record points to.
 _DB_FILES = frozenset({DBNAME, DBNAME + "-wal", DBNAME + "-shm"})
@@ -232,12 +232,15 @@ class DiskStore(Store):
             return self._db.has(key)
 
     # -- writing ------------------------------------------------------------------------
-    def write(self, values: dict[str, bytes], deletes: Sequence[str] = ()) -> None:
-        """Write and delete in one transaction."""
+    def write(
+        self, values: dict[str, bytes], deletes: Sequence[str] = (), fence: Fence | None = None
+    ) -> None:
+        """Write and delete in one transaction (under ``fence``: see Store.write)."""
         with self._guard("write"):
             db = self._db
             self._ensure_same("recorded for this write")
-            if len(values) == 1 and not deletes and not faults.armed("store-write"):
+            plain = fence is None and not faults.armed("store-write")
+            if len(values) == 1 and not deletes and plain:
                 # The hot path of recording (a sub-step's result): one INSERT if new and small.
                 ((k, v),) = values.items()
                 if len(v) >= INLINE_MAX or not db.insert_new(k, v):
@@ -246,6 +249,8 @@ class DiskStore(Store):
                 if deletes:
                     self.deletions += 1
                 with db.transact():
+                    if fence is not None and not fence.held(self.read(fence.key)):
+                        raise self._lost(fence)
                     for k, v in values.items():
                         db.set(k, v, retry=False)
                     for k in deletes:

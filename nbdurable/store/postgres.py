@@ -57,7 +57,7 @@ from .. import faults
 from ..errors import CorruptRecord, StoreError
 from . import blobs, codec, layout
 from ._pg import ChunkWriter, create_tables, display, parse_url, reason
-from .base import Header, Store
+from .base import Fence, Header, Store
 
 #: Attempts of one operation when the connection is lost.
 RETRIES = 4
@@ -265,7 +265,9 @@ class PgStore(Store):
         return self._one(f"SELECT 1 FROM {self._t}.kv WHERE key = %s", (key,)) is not None
 
     # -- writing ------------------------------------------------------------------------
-    def write(self, values: dict[str, bytes], deletes: Sequence[str] = ()) -> None:
+    def write(
+        self, values: dict[str, bytes], deletes: Sequence[str] = (), fence: Fence | None = None
+    ) -> None:
         """Write and delete in one transaction (upserts: a retried write lands once).
 
         One statement, sent in one round trip: in autocommit a statement is
@@ -274,6 +276,12 @@ class PgStore(Store):
         blobs are one ``unnest`` of arrays (one prepared statement whatever
         their number); deletes and the chunks of a rewritten blob go in
         data-modifying ``WITH`` clauses of the same statement.
+
+        With a ``fence`` (see :class:`~.base.Fence`) every clause runs only if
+        the lease row, read ``FOR SHARE`` in the same statement, still names
+        its token: a takeover (which updates that row) either waits for this
+        statement to commit, or has committed and this statement writes nothing
+        and raises :class:`LeaseLost`.
         """
         gone = set(deletes)
         keys = [k for k in values if k not in gone]  # put then deleted: deleted, as on disk
@@ -284,29 +292,39 @@ class PgStore(Store):
             "ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value, "
             "size = EXCLUDED.size, blob = NULL"
         )
-        if len(keys) == 1 and not chunked:  # a sub-step's record: the plainest statement
+        if len(keys) == 1 and not chunked and fence is None:  # a sub-step's record, unfenced
             sql = f"INSERT INTO {t}.kv (key, value, size) VALUES (%s, %b, %s) {upsert}"
             args: tuple[Any, ...] = (keys[0], values[keys[0]], len(values[keys[0]]))
         else:
+            lease, held, args = "", "TRUE", ()
+            if fence is not None:
+                lease = (
+                    f"lease AS (SELECT FROM {t}.kv WHERE key = %s "
+                    "AND position(%b IN value) > 0 FOR SHARE), "
+                )
+                held, args = "EXISTS (SELECT FROM lease)", (fence.key, fence.marker)
             sql = (
-                f"WITH dropped AS (DELETE FROM {t}.chunks WHERE blob IN "
-                f"(SELECT blob FROM {t}.kv WHERE key = ANY(%s) AND blob IS NOT NULL)), "
-                f"removed AS (DELETE FROM {t}.kv WHERE key = ANY(%s)) "
-                f"INSERT INTO {t}.kv (key, value, size) "
-                f"SELECT * FROM unnest(%s::text[], %b::bytea[], %s::bigint[]) {upsert}"
+                f"WITH {lease}dropped AS (DELETE FROM {t}.chunks WHERE blob IN "
+                f"(SELECT blob FROM {t}.kv WHERE key = ANY(%s) AND blob IS NOT NULL) AND {held}), "
+                f"removed AS (DELETE FROM {t}.kv WHERE key = ANY(%s) AND {held}), "
+                f"put AS (INSERT INTO {t}.kv (key, value, size) "
+                f"SELECT * FROM unnest(%s::text[], %b::bytea[], %s::bigint[]) WHERE {held} "
+                f"{upsert}) SELECT {held}"
             )
             data = [values[k] for k in keys]
-            args = (chunked, list(deletes), keys, data, [len(v) for v in data])
+            args += (chunked, list(deletes), keys, data, [len(v) for v in data])
 
-        def fn(conn: Any) -> None:
-            conn.execute(sql, args)
+        def fn(conn: Any) -> bool:
+            cur = conn.execute(sql, args)
             faults.point("store-write")  # inside the transaction, before its commit
+            return fence is None or bool(cur.fetchone()[0])
 
         if deletes:
             self.deletions += 1
         # The fault point needs a client-side transaction to fall inside; the
         # statement alone commits as it ends.
-        self._run("write", fn, tx=faults.armed("store-write"))
+        if not self._run("write", fn, tx=faults.armed("store-write")):
+            raise self._lost(fence)  # type: ignore[arg-type]  # only a fence says no
         self._suspect.difference_update(values)
 
     def _drop_chunks(self, cur: Any, keys: Sequence[str]) -> None:
