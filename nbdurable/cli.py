@@ -294,6 +294,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="simulated seconds per model/search call (default: 0.03)",
     )
+    demo.add_argument(
+        "--store",
+        metavar="DIR_OR_URL",
+        help="record the demo there, in a run of its own: a directory, or "
+        "postgresql://user@host/db for a team store (with NBDURABLE_KEY, in the URL's "
+        "namespace; without, signed with a public demo key in namespace nbdurable_demo)",
+    )
     demo.set_defaults(func=cmd_demo)
     return parser
 
@@ -690,6 +697,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         latency=args.latency,
         as_json=args.json,
         quiet=args.quiet,
+        store=args.store,
     )
 
 

@@ -135,3 +135,60 @@ def test_demo_bad_input_is_exit_2(tmp_path, clean_env, capsys):
     assert cli.main(["demo", "--dir", str(tmp_path)]) == 2
     assert "is not empty" in capsys.readouterr().err
     assert (tmp_path / "precious.txt").read_text() == "keep me"
+
+
+def test_demo_on_a_team_store_without_a_key_uses_a_demo_key_in_its_own_namespace(monkeypatch):
+    from nbdurable.demo.crash_resume import DEMO_KEY, _on_store
+
+    monkeypatch.delenv("NBDURABLE_KEY", raising=False)
+    where = _on_store("postgresql://me@db.example/team")
+    assert where.store == "postgresql://me@db.example/team?namespace=nbdurable_demo"
+    assert where.env == {"NBDURABLE_KEY": DEMO_KEY} and "NBDURABLE_KEY is not set" in where.note
+    assert where.run.startswith("demo-")
+    # A namespace the user named is theirs to use; with the team's key, the URL as given.
+    assert _on_store("postgresql://me@db/team?namespace=try").store.endswith("namespace=try")
+    monkeypatch.setenv("NBDURABLE_KEY", "the-team-key-of-sixteen+")
+    where = _on_store("postgresql://me@db.example/team")
+    assert (where.store, where.env, where.note) == ("postgresql://me@db.example/team", {}, None)
+    assert _on_store("postgresql://a@b/c").run != where.run, "a run of its own each time"
+
+
+@pytest.mark.kernel
+@pytest.mark.postgres
+def test_demo_runs_on_a_team_store(tmp_path, clean_env, capsys, pg_server):
+    import uuid
+
+    import psycopg
+
+    from nbdurable.demo.crash_resume import DEMO_KEY
+    from nbdurable.store import Store, admin
+    from nbdurable.store.postgres import display
+
+    ns = f"t_{uuid.uuid4().hex[:12]}"
+    url = f"{pg_server}{'&' if '?' in pg_server else '?'}namespace={ns}"
+    work = tmp_path / "demo"
+    try:
+        argv = ["demo", "--dir", str(work), "--crash-at", "0", "--latency", "0", "--json"]
+        code = cli.main([*argv, "--store", url])
+        out, err = capsys.readouterr()
+        assert code == 0, out + err
+        assert err.startswith("nbdurable demo: NBDURABLE_KEY is not set") and err.count("\n") == 1
+        assert "NBDURABLE_KEY" not in os.environ, "the demo key is the demo's only"
+        s = json.loads(out)
+        assert s["store"] == display(url) and s["demo_key"] is True
+        assert s["run"].startswith("demo-")
+        assert s["resume"]["by_kind"] == {"search": 59, "answer": 60, "synthesize": 1}
+        assert s["replayed"] == {"steps": 1, "calls": 2} and s["kernel_deaths"] == 1
+        assert not (work / ".nbdurable").exists(), "nothing was recorded beside the notebook"
+        os.environ["NBDURABLE_KEY"] = DEMO_KEY
+        with Store(url) as store:
+            assert admin.known_run(store, s["run"])
+        # The team's own key cannot open what the demo key signed: one line, exit 2.
+        os.environ["NBDURABLE_KEY"] = "the-team-key-of-sixteen+"
+        assert cli.main([*argv, "--store", url]) == 2
+        err = capsys.readouterr().err
+        assert "cannot be verified" in err and err.count("\n") == 1
+    finally:
+        os.environ.pop("NBDURABLE_KEY", None)
+        with psycopg.connect(pg_server, autocommit=True) as conn:
+            conn.execute(f'DROP SCHEMA IF EXISTS "{ns}" CASCADE')

@@ -9,6 +9,16 @@ and runs it with the simulated model, search and mail of :mod:`nbdurable.demo.si
    answer call of sub-question ``crash_at`` (0-based, as in ``answer:40``);
 2. the resume, through the same code as ``nbdurable run``.
 
+With ``store`` (``nbdurable demo --store DIR_OR_URL``) both attempts record
+into that store instead of one beside the notebook, in a run of the demo's
+own, ``demo-<time>-<random>``, so that no earlier demo (or anyone's notebook)
+on a shared store replays into it. A ``postgresql://`` team store needs
+``NBDURABLE_KEY``: with the team's key set, the demo records in the URL's
+namespace like any notebook; without one, it signs with :data:`DEMO_KEY` (a
+public key, said so on the first lines) in the namespace :data:`DEMO_NAMESPACE`
+unless the URL names one, so a demo never writes records the team's key would
+refuse into the team's namespace.
+
 Then it prints what each attempt spent (calls, tokens, dollars, time) beside
 what restarting from zero would have spent, and how many times the
 notification, sent with an idempotency key, was delivered. Calls and tokens
@@ -20,15 +30,20 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
+import shlex
 import shutil
 import sqlite3
 import sys
 import tempfile
+import time
 from collections import Counter
 from contextlib import closing
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from ..errors import UsageProblem
 
@@ -37,6 +52,10 @@ SUBQUESTIONS = 60
 DEFAULT_LATENCY = 0.03
 NOTEBOOK = "research_agent.ipynb"
 _MARKER = ".nbdurable-demo"  # marks a directory the demo may reset
+#: Signs the demo's records on a team store when NBDURABLE_KEY is not set. Public:
+#: it protects nothing, which is why it is only used in a namespace of its own.
+DEMO_KEY = "nbdurable-demo-key-public-not-a-secret"
+DEMO_NAMESPACE = "nbdurable_demo"
 _OURS = (NOTEBOOK, "ledger.jsonl", "ledger.crashed", "mailbox.sqlite", ".nbdurable", _MARKER)
 
 
@@ -60,6 +79,38 @@ def _workdir(directory: Path | None) -> Path:
     path.mkdir(parents=True, exist_ok=True)
     (path / _MARKER).write_text("made by nbdurable demo; it may reset this directory\n")
     return path
+
+
+@dataclass(frozen=True)
+class _Where:
+    """Where the demo records: the store, its run, the key it signs with."""
+
+    store: str | Path | None = None  # None: beside the notebook
+    run: str | None = None  # None: the notebook's own run
+    env: dict[str, str] = field(default_factory=dict)  # NBDURABLE_KEY, if the demo's
+    note: str | None = None  # said first: why the demo key
+
+
+def _on_store(store: str) -> _Where:
+    """Where ``--store`` puts the demo (see the module docstring)."""
+    from ..store import engine
+
+    run = f"demo-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+    if not engine.is_url(store):
+        return _Where(Path(store).expanduser().absolute(), run)
+    if os.environ.get("NBDURABLE_KEY"):
+        return _Where(store, run)
+    parts = urlsplit(store)
+    query = dict(parse_qsl(parts.query))
+    if "namespace" not in query:
+        query["namespace"] = DEMO_NAMESPACE
+        store = urlunsplit(parts._replace(query=urlencode(query)))
+    note = (
+        "NBDURABLE_KEY is not set, so the demo signs its records with its own public demo key "
+        f"(NBDURABLE_KEY={DEMO_KEY}) in namespace {query['namespace']}: set NBDURABLE_KEY to "
+        "your team's key to run it in the team's namespace."
+    )
+    return _Where(store, run, {"NBDURABLE_KEY": DEMO_KEY}, note)
 
 
 def _spent(calls: list[dict[str, Any]], seconds: float) -> dict[str, Any]:
@@ -106,21 +157,50 @@ def run_demo(
     latency: float | None = None,
     as_json: bool = False,
     quiet: bool = False,
+    store: str | None = None,
 ) -> int:
-    """Run the demo; returns the exit code (0 when it showed what it should)."""
-    from ..run import ConsoleProgress, Progress, run_notebook
-    from .sim import ledger_calls
+    """Run the demo; returns the exit code (0 when it showed what it should).
+
+    ``store``: a directory or a ``postgresql://`` URL to record into (see the
+    module docstring); None: a store beside the notebook.
+    """
+    from ..store import open_store
 
     if not 0 <= crash_at < SUBQUESTIONS:
         raise UsageProblem(
             f"--crash-at {crash_at} is not a sub-question: expected 0 to {SUBQUESTIONS - 1}"
         )
     latency = DEFAULT_LATENCY if latency is None else latency
+    if store is None:
+        return _attempts(crash_at, directory, latency, as_json, quiet, _Where())
+    where = _on_store(store)
+    # This process opens the store too (progress, leases): the key is set here for
+    # the demo's length, and in the kernels' environment.
+    added = [k for k in where.env if k not in os.environ]
+    os.environ.update(where.env)
+    try:
+        open_store(where.store).close()  # a store that does not open: one line, before any work
+        return _attempts(crash_at, directory, latency, as_json, quiet, where)
+    finally:
+        for k in added:
+            os.environ.pop(k, None)
+
+
+def _attempts(
+    crash_at: int, directory: Path | None, latency: float, as_json: bool, quiet: bool, where: _Where
+) -> int:
+    """The two attempts and the report (see :func:`run_demo`)."""
+    from ..run import ConsoleProgress, Progress, run_notebook
+    from .sim import ledger_calls
+
     work = _workdir(directory)
     notebook = work / NOTEBOOK
     notebook.write_bytes((resources.files("nbdurable") / "notebooks" / NOTEBOOK).read_bytes())
-    ledger, mailbox, store = work / "ledger.jsonl", work / "mailbox.sqlite", work / ".nbdurable"
+    ledger, mailbox = work / "ledger.jsonl", work / "mailbox.sqlite"
+    target = work / ".nbdurable" if where.store is None else where.store
+    run_name = where.run
     env = {
+        **where.env,
         "NBDURABLE_SIM_LEDGER": str(ledger),
         "NBDURABLE_SIM_MAILBOX": str(mailbox),
         "NBDURABLE_SIM_LATENCY": str(latency),
@@ -136,6 +216,8 @@ def run_demo(
     def progress() -> Progress:
         return ConsoleProgress() if talk else Progress()
 
+    if where.note and not quiet:  # said even with --json: where the records went, and why
+        print(f"nbdurable demo: {where.note}", file=sys.stdout if talk else sys.stderr)
     say(
         f"nbdurable demo: a research agent asks {SUBQUESTIONS} sub-questions (a search and an "
         "answer each), writes a report and mails it."
@@ -144,9 +226,13 @@ def run_demo(
         f"The model, search and mail are simulated offline ({latency:g} s per call). "
         f"Working in {work}"
     )
+    if run_name is not None:
+        say(f"Recording run {run_name!r} in {_shown(target)}")
     say()
     say(f"1) First attempt: the kernel will be killed inside answer:{crash_at}.")
-    first = run_notebook(notebook, retries=0, store=store, env=env, progress=progress())
+    first = run_notebook(
+        notebook, retries=0, store=target, run_name=run_name, env=env, progress=progress()
+    )
     first_calls = ledger_calls(ledger)
     if first.status != "kernel died":
         print(
@@ -157,7 +243,7 @@ def run_demo(
         return 1
     say()
     say(f"2) Resume: nbdurable run {notebook}")
-    resume = run_notebook(notebook, store=store, env=env, progress=progress())
+    resume = run_notebook(notebook, store=target, run_name=run_name, env=env, progress=progress())
     if resume.exit_code != 0:
         print(
             f"nbdurable demo: error: the resume ended with {resume.status!r} "
@@ -182,6 +268,9 @@ def run_demo(
         "crash_at": crash_at,
         "latency": latency,
         "ledger": str(ledger),
+        "store": _shown(target),
+        "run": resume.run_id,
+        "demo_key": bool(where.env),
         "first_attempt": spent_first,
         "resume": spent_resume,
         "restart_from_zero": restart,
@@ -201,11 +290,18 @@ def run_demo(
         print(json.dumps(summary, indent=2))
     elif not quiet:
         say()
-        say(_table(summary, store))
+        say(_table(summary, target, run_name, bool(where.env)))
     return 0
 
 
-def _table(s: dict[str, Any], store: Path) -> str:
+def _shown(target: str | Path) -> str:
+    from ..store import engine
+    from ..store._pg import display
+
+    return display(target) if engine.is_url(target) else str(target)
+
+
+def _table(s: dict[str, Any], store: str | Path, run: str | None, demo_key: bool) -> str:
     cols = [
         ("first attempt", s["first_attempt"], ""),
         ("resume (nbdurable)", s["resume"], ""),
@@ -231,8 +327,11 @@ def _table(s: dict[str, Any], store: Path) -> str:
     saved, mail = s["saved"], s["notification"]
     nb = s["notebook"]
     # The demo's store is the default one beside the notebook, unless NBDURABLE_DIR
-    # points the commands elsewhere.
-    hint = f" --store {store}" if os.environ.get("NBDURABLE_DIR") else ""
+    # points the commands elsewhere, or --store put it elsewhere (in a run of its own).
+    given = run is not None or os.environ.get("NBDURABLE_DIR")
+    hint = f" --store {shlex.quote(_shown(store))}" if given else ""
+    hint += f" --run {run}" if run is not None else ""
+    key = f"NBDURABLE_KEY={DEMO_KEY} " if demo_key else ""
     lines += [
         "(the provider's ledger; the runner's `calls: N made` above counts recorded calls:",
         " the one call the crash cut never returned, and the mail send is no model call)",
@@ -246,8 +345,8 @@ def _table(s: dict[str, Any], store: Path) -> str:
         "idempotency key " + ", ".join(mail["idempotency_keys"]) + ")",
         "",
         "Look around:",
-        f"  nbdurable status {nb}{hint}",
-        f"  nbdurable export {nb}{hint} --values",
-        f"  nbdurable run {nb}{hint}      # again: every step replays, no call is made",
+        f"  {key}nbdurable status {nb}{hint}",
+        f"  {key}nbdurable export {nb}{hint} --values",
+        f"  {key}nbdurable run {nb}{hint}      # again: every step replays, no call is made",
     ]
     return "\n".join(lines)
