@@ -272,8 +272,7 @@ class Session:
             raise LeaseLost(
                 f"run {held.run_id!r} was taken over by "
                 f"{who.describe() if who else 'another process, since gone,'} while this "
-                "kernel recorded "
-                "it (its lease lapsed): this record was NOT written and this kernel stopped "
+                "kernel recorded it: this record was NOT written and this kernel stopped "
                 "recording into the run. Run `%step takeover` to take it back."
             ) from None
 
