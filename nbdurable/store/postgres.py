@@ -292,20 +292,24 @@ class PgStore(Store):
             "ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value, "
             "size = EXCLUDED.size, blob = NULL"
         )
-        if len(keys) == 1 and not chunked and fence is None:  # a sub-step's record, unfenced
-            sql = f"INSERT INTO {t}.kv (key, value, size) VALUES (%s, %b, %s) {upsert}"
-            args: tuple[Any, ...] = (keys[0], values[keys[0]], len(values[keys[0]]))
-        else:
-            lease, held, args = "", "TRUE", ()
-            if fence is not None:
-                lease = (
-                    f"lease AS (SELECT FROM {t}.kv WHERE key = %s "
-                    "AND position(%b IN value) > 0 FOR SHARE), "
-                )
-                held, args = "EXISTS (SELECT FROM lease)", (fence.key, fence.marker)
+        lease, held, args = "", "TRUE", ()
+        if fence is not None:
+            lease = (
+                f"WITH lease AS (SELECT FROM {t}.kv WHERE key = %s "
+                "AND position(%b IN value) > 0 FOR SHARE) "
+            )
+            held, args = "EXISTS (SELECT FROM lease)", (fence.key, fence.marker)
+        if len(keys) == 1 and not chunked:  # a sub-step's record: the plainest statement
             sql = (
-                f"WITH {lease}dropped AS (DELETE FROM {t}.chunks WHERE blob IN "
-                f"(SELECT blob FROM {t}.kv WHERE key = ANY(%s) AND blob IS NOT NULL) AND {held}), "
+                f"{lease}INSERT INTO {t}.kv (key, value, size) SELECT %s, %b, %s "
+                f"WHERE {held} {upsert} RETURNING TRUE"
+            )
+            args += (keys[0], values[keys[0]], len(values[keys[0]]))
+        else:
+            sql = (
+                f"{lease}{', ' if lease else 'WITH '}dropped AS (DELETE FROM {t}.chunks "
+                f"WHERE blob IN (SELECT blob FROM {t}.kv WHERE key = ANY(%s) "
+                f"AND blob IS NOT NULL) AND {held}), "
                 f"removed AS (DELETE FROM {t}.kv WHERE key = ANY(%s) AND {held}), "
                 f"put AS (INSERT INTO {t}.kv (key, value, size) "
                 f"SELECT * FROM unnest(%s::text[], %b::bytea[], %s::bigint[]) WHERE {held} "
@@ -315,9 +319,9 @@ class PgStore(Store):
             args += (chunked, list(deletes), keys, data, [len(v) for v in data])
 
         def fn(conn: Any) -> bool:
-            cur = conn.execute(sql, args)
+            row = conn.execute(sql, args).fetchone()
             faults.point("store-write")  # inside the transaction, before its commit
-            return fence is None or bool(cur.fetchone()[0])
+            return row is not None and bool(row[0])  # no row, or FALSE: the fence said no
 
         if deletes:
             self.deletions += 1
