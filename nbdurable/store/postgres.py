@@ -139,7 +139,13 @@ class PgStore(Store):
             name=f"nbdurable-{self.namespace}",
         )
         self._pool.open(wait=False)
-        self._start(secret.encode("utf-8"))
+        try:
+            self._start(secret.encode("utf-8"))
+        except BaseException:
+            # Refused (another key, a newer format): no pool is left for the garbage
+            # collector to close from one of its own threads.
+            self.close()
+            raise
 
     # -- running statements ---------------------------------------------------------------
     def _run(self, doing: str, fn: Callable[[Any], Any], tx: bool = True) -> Any:
