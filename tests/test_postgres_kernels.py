@@ -437,7 +437,7 @@ def _record_and_replay(tmp_path, url: str, n: int) -> dict:
 
 @pytest.mark.skipif(
     os.environ.get(BIG_ENV) != "1",
-    reason=f"records 1.1 GB (about 70 s; 3.5 GB of memory): set {BIG_ENV}=1 to run it",
+    reason=f"records 1.1 GB (1-2 minutes, 3.5 GB of memory): set {BIG_ENV}=1 to run it",
 )
 def test_a_value_above_1_gb_records_and_replays_byte_for_byte(tmp_path, pg_url):
     n = 1_100_000_000  # above PostgreSQL's 1 GB per field: only chunk rows can hold it
