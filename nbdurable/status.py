@@ -6,6 +6,12 @@ knows (``live``: running, replayed, invalidated in this kernel; ``current``:
 the inputs as its namespace holds them now). Whether a record replays is
 decided by :func:`nbdurable.identity.verdict.invalid_reason`, the function the step
 runner acts on, so a row says what running the step would do.
+
+Rows are judged in notebook order, and each passes on what it predicts: a
+step the next run executes (or may execute) is in the ``will_run`` of the
+steps after it, so a step that read one of its values shows "may run"
+(its replay depends on that value coming out the same), never "recorded"
+or "replayed" (see :func:`~nbdurable.identity.verdict.will_run_entry`).
 """
 
 from __future__ import annotations
@@ -13,7 +19,7 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -102,20 +108,20 @@ def step_infos(
         if key in seen:
             continue
         seen.add(key)
-        rows.append(
-            _info(
-                view,
-                key,
-                cell.label,
-                cell.index,
-                records.get(key),
-                states.get(key),
-                live.get(key),
-                cell.body,
-                True,
-                judge,
-            )
+        info = _info(
+            view,
+            key,
+            cell.label,
+            cell.index,
+            records.get(key),
+            states.get(key),
+            live.get(key),
+            cell.body,
+            True,
+            judge,
         )
+        judge.passed(info)
+        rows.append(info)
 
     def order(key: str) -> tuple[bool, int, float, str]:
         # By position where known, else in the order the steps were recorded.
@@ -128,21 +134,21 @@ def step_infos(
         rec, st = records.get(key), states.get(key)
         label = (rec.name if rec else None) or (st.name if st else None) or key
         pos = rec.position if rec else (st.position if st else None)
-        rows.append(
-            _info(
-                view,
-                key,
-                label,
-                pos,
-                rec,
-                st,
-                live.get(key),
-                None,
-                # A step this kernel ran is in the notebook, even if not saved yet.
-                notebook is None or not cells or key in live,
-                judge,
-            )
+        info = _info(
+            view,
+            key,
+            label,
+            pos,
+            rec,
+            st,
+            live.get(key),
+            None,
+            # A step this kernel ran is in the notebook, even if not saved yet.
+            notebook is None or not cells or key in live,
+            judge,
         )
+        judge.passed(info)
+        rows.append(info)
     n, size = view.sub_stats(RUN_SCOPE)
     if n:
         rows.append(
@@ -203,6 +209,14 @@ class _Judge:
     records_of: dict[str, StepRecord] | None
     current: Callable[[StepRecord], tuple[dict[str, str], frozenset[str]]] | None
     view: RunView | None
+    #: the steps judged so far that the next run executes (or may): key -> (label, certain)
+    will_run: dict[str, tuple[str, bool]] = field(default_factory=dict)
+
+    def passed(self, info: StepInfo) -> None:
+        """Remember ``info``'s prediction for the steps after it (see the module docstring)."""
+        entry = verdict.will_run_entry(info.label, info.state)
+        if entry is not None:
+            self.will_run[info.key] = entry
 
     def reason(self, rec: StepRecord, st: StepState, body: str | None) -> str | None:
         if self.current is not None:
@@ -218,8 +232,15 @@ class _Judge:
             unknown=unknown,
             upstream=self.records_of,
             environment=self.current is not None,
+            will_run=self.will_run,
         )
-        if why is None or st.pinned or unknown or source_fp not in (None, rec.source_fp):
+        if (
+            why is None
+            or verdict.may_run(why)
+            or st.pinned
+            or unknown
+            or source_fp not in (None, rec.source_fp)
+        ):
             return why
         # The step runner first brings back a kept record of the version it is about
         # to run (store.versions): that one replays. Only where the version is known:
@@ -250,13 +271,13 @@ def _state_of(
             return "failed", st.failed
         return "pending", ""
     stale = judge.reason(rec, st, body) or ""
-    if not stale and live_state in ("invalidated", "pinned-stale"):
+    if (not stale or verdict.may_run(stale)) and live_state in ("invalidated", "pinned-stale"):
         stale = live_detail
     if st.pinned:
         return "pinned", stale
     if live_state == "failed" or (st.failed and (st.failed_at or 0) > rec.started):
         return "failed", st.failed or live_detail
-    if stale:
+    if stale and not verdict.may_run(stale):
         return "invalidated", stale
     if not in_notebook:
         return "orphaned", "no longer in the notebook"
@@ -265,6 +286,8 @@ def _state_of(
         reasons = procstate.replayable_reasons(rec.process)
         why = f"cannot save {unsaved}" if unsaved else "; ".join(reasons)
         return "not replayable", f"{why}; its body reruns, sub-steps replay"
+    if stale:  # its fate waits on a step before it (verdict.MAY_RUN)
+        return "may run", stale.removeprefix(verdict.MAY_RUN)
     if live_state in ("replayed", "pinned-stale"):
         return "replayed", ""
     return "recorded", ""

@@ -307,7 +307,7 @@ class StepPanel(widgets.VBox):
         """``("5 recorded · 1 pending · 1 invalidated", "replay saved 3.2 s and 61 calls ...")``."""
         counts = Counter(_GROUP.get(i.state, i.state) for i in self.infos if i.key != RUN_SCOPE)
         totals = [f"{counts.get(g, 0)} {g}" for g in ("recorded", "pending", "invalidated")]
-        totals += [f"{counts[g]} {g}" for g in ("failed", "orphaned") if counts.get(g)]
+        totals += [f"{counts[g]} {g}" for g in ("may run", "failed", "orphaned") if counts.get(g)]
         with self.session.lock:
             spared = self.session.saved.line(config.get().prices)
         return " · ".join(totals), spared
