@@ -182,13 +182,8 @@ class Pickled(NamedTuple):
     notebook: bool
 
 
-def dump_value(value: Any) -> Pickled:
-    """:func:`dumps_parts`, and what the value is made of (see :class:`Pickled`).
-
-    The pickler asks ``reducer_override`` about every object but atoms,
-    strings and bytes, so both answers are exact and cost a lookup or two
-    per object.
-    """
+def _out_of_band() -> tuple[list[memoryview], Callable[[pickle.PickleBuffer], bool]]:
+    """A list, and the pickler's ``buffer_callback`` that keeps buffers out of band in it."""
     buffers: list[memoryview] = []
 
     def keep(pb: pickle.PickleBuffer) -> bool:
@@ -197,6 +192,18 @@ def dump_value(value: Any) -> Pickled:
         except BufferError:  # not contiguous: pickle copies it in band
             return True
         return False
+
+    return buffers, keep
+
+
+def dump_value(value: Any) -> Pickled:
+    """:func:`dumps_parts`, and what the value is made of (see :class:`Pickled`).
+
+    The pickler asks ``reducer_override`` about every object but atoms,
+    strings and bytes, so both answers are exact and cost a lookup or two
+    per object.
+    """
+    buffers, keep = _out_of_band()
 
     try:
         stream, plain, notebook = _deep_safe(_dump, value, keep)
@@ -240,14 +247,7 @@ def dump_values(
     caller pickles the others again without it: a failed item leaves the
     memo half written).
     """
-    buffers: list[memoryview] = []
-
-    def keep(pb: pickle.PickleBuffer) -> bool:
-        try:
-            buffers.append(pb.raw())
-        except BufferError:  # not contiguous: pickle copies it in band
-            return True
-        return False
+    buffers, keep = _out_of_band()
 
     def run(cls: type[_Pickler]) -> tuple[Joint, Any]:
         del buffers[:]
