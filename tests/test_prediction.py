@@ -117,6 +117,8 @@ def _check(predicted: dict[str, str], ran: dict[str, str]) -> None:
             assert ran[step] == "replayed", (step, predicted, ran)
         elif state == "pinned":  # a pinned step that replayed stays shown as pinned
             assert ran[step] == "pinned", (step, predicted, ran)
+        elif state == "not replayable":  # its body ran again, and it stays so
+            assert ran[step] == "not replayable", (step, predicted, ran)
         elif state != "may run":
             assert ran[step] == "recorded", (step, predicted, ran)  # executed in that kernel
 
@@ -202,3 +204,23 @@ def test_may_run_passes_down_and_stops_at_a_pin(tmp_path, capsys, monkeypatch):
     # The pin replayed: its value is the one recorded from the old x (2 - 1), now stale.
     assert "input 'x' changed" in _listed(_text(out, 6))["frozen"][1], _text(out, 6)
     _check({k: v[0] for k, v in steps.items()}, ran)
+
+
+@pytest.mark.kernel
+def test_a_not_replayable_upstream_leaves_its_dependants_recorded(tmp_path, capsys, monkeypatch):
+    """Its body reruns with the same code and inputs: a step reading its value replays."""
+    store = tmp_path / "store"
+    path = tmp_path / "nb.ipynb"
+    env = {"NBDURABLE_DIR": str(store), "NBDURABLE_NOTEBOOK": str(path)}
+    handle = "%%step handle\nimport threading\nlock = threading.Lock()\nbase = 10"
+    cells = ["%load_ext nbdurable", handle, "%%step use\nk = base * 2"]
+    nbformat.write(make_notebook(cells), path)
+    run_notebook(make_notebook(cells), cwd=tmp_path, env=env, startup_timeout=180)
+    monkeypatch.setenv("NBDURABLE_DIR", str(store))
+    monkeypatch.delenv("NBDURABLE_NOTEBOOK", raising=False)
+    steps = {k: v[0] for k, v in _status(path, capsys).items()}
+    assert steps == {"handle": "not replayable", "use": "recorded"}, steps
+    out = run_notebook(make_notebook([*cells, "%step list"]), cwd=tmp_path, env=env)
+    ran = {k: v[0] for k, v in _listed(_text(out, 3)).items()}
+    assert ran == {"handle": "not replayable", "use": "replayed"}, _text(out, 3)
+    _check(steps, ran)

@@ -123,11 +123,15 @@ def may_run(reason: str | None) -> bool:
 def will_run_entry(label: str, state: str) -> tuple[str, bool] | None:
     """What a view passes in ``will_run`` for a step it predicts in ``state``, or None.
 
-    A step that runs (invalidated, pending, failed, not replayable, running
-    now) is certain to make its values again; one that may run may.
-    Replayed, recorded, pinned and orphaned steps make nothing new.
+    A step that runs (invalidated, pending, failed, running now) is certain
+    to make its values again; one that may run may. Replayed, recorded,
+    pinned and orphaned steps make nothing new. Nor does a step that is only
+    not replayable: its body reruns, but with the code and inputs its
+    values were recorded from, so they come out as recorded, which is what
+    every replay assumes (when its code or inputs changed, it is
+    invalidated instead).
     """
-    if state in ("invalidated", "pending", "failed", "not replayable", "running"):
+    if state in ("invalidated", "pending", "failed", "running"):
         return (label, True)
     if state == "may run":
         return (label, False)
