@@ -12,6 +12,10 @@ step the next run executes (or may execute) is in the ``will_run`` of the
 steps after it, so a step that read one of its values shows "may run"
 (its replay depends on that value coming out the same), never "recorded"
 or "replayed" (see :func:`~nbdurable.identity.verdict.will_run_entry`).
+Which step writes each name is known from the record (``input_from``) and,
+for a step renamed or added since, from the saved cells: the names each
+one binds or may change in place (:func:`nbdurable.identity.keys.analyse`)
+and those its record saved.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from . import procstate
 from ._text import human_size
 from .clients.usage import Tally
 from .identity import locate, verdict
-from .identity.keys import source_fingerprint, step_version
+from .identity.keys import analyse, source_fingerprint, step_version
 from .store import RUN_SCOPE, RunView, Store, versions
 from .store.records import StepRecord, StepState
 
@@ -80,6 +84,19 @@ def _python_source_fp(body: str) -> str:
     return source_fingerprint(py)
 
 
+@functools.lru_cache(maxsize=512)
+def _written(body: str) -> frozenset[str]:
+    """The names a ``%%step`` cell body binds or may change in place at top level."""
+    from IPython.core.inputtransformer2 import TransformerManager
+
+    try:
+        py = TransformerManager().transform_cell(body)
+    except Exception:  # a cell IPython cannot transform: what its record saved must do
+        return frozenset()
+    found = analyse(py)
+    return found.binds | found.mutates
+
+
 def step_infos(
     store: Store,
     run_id: str,
@@ -120,7 +137,7 @@ def step_infos(
             True,
             judge,
         )
-        judge.passed(info)
+        judge.passed(info, _written(cell.body), records.get(key))
         rows.append(info)
 
     def order(key: str) -> tuple[bool, int, float, str]:
@@ -147,7 +164,7 @@ def step_infos(
             notebook is None or not cells or key in live,
             judge,
         )
-        judge.passed(info)
+        judge.passed(info, frozenset(), rec)
         rows.append(info)
     n, size = view.sub_stats(RUN_SCOPE)
     if n:
@@ -211,12 +228,25 @@ class _Judge:
     view: RunView | None
     #: the steps judged so far that the next run executes (or may): key -> (label, certain)
     will_run: dict[str, tuple[str, bool]] = field(default_factory=dict)
+    #: each name -> the step judged so far that writes it last, as the saved cells say
+    writers: dict[str, str] = field(default_factory=dict)
 
-    def passed(self, info: StepInfo) -> None:
-        """Remember ``info``'s prediction for the steps after it (see the module docstring)."""
+    def passed(self, info: StepInfo, written: frozenset[str], rec: StepRecord | None) -> None:
+        """Remember ``info``'s prediction for the steps after it (see the module docstring).
+
+        ``written``: the names its saved cell writes; with those its record saved.
+        """
         entry = verdict.will_run_entry(info.label, info.state)
         if entry is not None:
             self.will_run[info.key] = entry
+        if info.state == "orphaned":
+            return  # not in the notebook: the next run does not write anything through it
+        names = set(written)
+        if rec is not None:
+            names.update(v.name for v in rec.variables)
+            names.update(rec.deleted)
+        for name in names:
+            self.writers[name] = info.key
 
     def reason(self, rec: StepRecord, st: StepState, body: str | None) -> str | None:
         if self.current is not None:
@@ -233,6 +263,7 @@ class _Judge:
             upstream=self.records_of,
             environment=self.current is not None,
             will_run=self.will_run,
+            writers=self.writers,
         )
         if (
             why is None

@@ -224,3 +224,30 @@ def test_a_not_replayable_upstream_leaves_its_dependants_recorded(tmp_path, caps
     ran = {k: v[0] for k, v in _listed(_text(out, 3)).items()}
     assert ran == {"handle": "not replayable", "use": "replayed"}, _text(out, 3)
     _check(steps, ran)
+
+
+@pytest.mark.kernel
+def test_a_renamed_upstream_is_found_by_what_its_cell_writes(tmp_path, capsys, monkeypatch):
+    """'up' renamed (a new step, no record) and changed: 'down' read x, which it writes."""
+    store = tmp_path / "store"
+    path = tmp_path / "nb.ipynb"
+    env = {"NBDURABLE_DIR": str(store), "NBDURABLE_NOTEBOOK": str(path)}
+    cells = ["%load_ext nbdurable", "n = 1", UP, DOWN]
+    nbformat.write(make_notebook(cells), path)
+    run_notebook(make_notebook(cells), cwd=tmp_path, env=env, startup_timeout=180)
+    monkeypatch.setenv("NBDURABLE_DIR", str(store))
+    monkeypatch.delenv("NBDURABLE_NOTEBOOK", raising=False)
+
+    second = ["%load_ext nbdurable", "n = 1", "%%step first\nx = n + 2", DOWN]
+    nbformat.write(make_notebook(second), path)
+    steps = _status(path, capsys)
+    assert steps == {
+        "first": ("pending", ""),
+        "down": ("may run", "step 'first' runs first: replays only if 'x' comes out the same"),
+        "up": ("orphaned", "no longer in the notebook"),
+    }, steps
+    out = run_notebook(make_notebook([*second, "%step list"]), cwd=tmp_path, env=env)
+    ran = {k: v[0] for k, v in _listed(_text(out, 4)).items()}
+    assert ran == {"first": "recorded", "down": "recorded", "up": "orphaned"}, _text(out, 4)
+    assert _text(out, 3) == "computed 30\n"
+    _check({k: v[0] for k, v in steps.items() if k != "up"}, ran)

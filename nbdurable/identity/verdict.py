@@ -30,8 +30,10 @@ What is known differs by caller, never the rule:
 - ``will_run``: for a prediction (the views; never the step runner), the
   steps before this one that the next run executes, or may execute
   (:func:`will_run_entry`). When nothing else invalidates the record but it
-  read a value one of them makes (the record's ``input_from``), the step's
-  fate is not known yet: the step runner replays it only if that value
+  read a value one of them makes (the record's ``input_from``, or
+  ``writers``: the step that writes the name last before this one in the
+  notebook as saved, which finds a step renamed or added since the record),
+  the step's fate is not known yet: the step runner replays it only if that value
   comes out of the rerun the same. The reason then begins with
   :data:`MAY_RUN` (``"may run: step 'plan' runs first: replays only if
   'plan' comes out the same"``), and the views show the state "may run",
@@ -72,6 +74,7 @@ def invalid_reason(
     declared: dict[str, list[str]] | None = None,
     environment: bool = True,
     will_run: Mapping[str, tuple[str, bool]] | None = None,
+    writers: Mapping[str, str] | None = None,
 ) -> str | None:
     """Why ``rec`` cannot be replayed, or None if it can (see the module docstring)."""
     if source_fp is not None and rec.source_fp != source_fp:
@@ -107,7 +110,7 @@ def invalid_reason(
         listed = ", ".join(repr(n) for n in changed[:5])
         return f"input{'s' if len(changed) > 1 else ''} {listed} changed"
     if will_run and not state.pinned:
-        return _upstream_runs(rec, will_run)
+        return _upstream_runs(rec, will_run, writers or {})
     return None
 
 
@@ -138,16 +141,24 @@ def will_run_entry(label: str, state: str) -> tuple[str, bool] | None:
     return None
 
 
-def _upstream_runs(rec: StepRecord, will_run: Mapping[str, tuple[str, bool]]) -> str | None:
+def _upstream_runs(
+    rec: StepRecord, will_run: Mapping[str, tuple[str, bool]], writers: Mapping[str, str]
+) -> str | None:
     """``may run: step 'plan' runs first: replays only if 'plan' comes out the same``, or None."""
-    waiting = sorted(
-        n for n in rec.inputs if rec.input_from.get(n, rec.key) != rec.key
-        and rec.input_from[n] in will_run
-    )  # fmt: skip
+
+    def maker(name: str) -> str | None:
+        # The step that made the value when recorded, else the one writing it now.
+        for key in (rec.input_from.get(name), writers.get(name)):
+            if key is not None and key != rec.key and key in will_run:
+                return key
+        return None
+
+    found = {n: k for n in rec.inputs if (k := maker(n)) is not None}
+    waiting = sorted(found)
     if not waiting:
         return None
     # The first certain one names the cause; only "may run" steps: the first of those.
-    makers = [will_run[rec.input_from[n]] for n in waiting]
+    makers = [will_run[found[n]] for n in waiting]
     label, certain = next((m for m in makers if m[1]), makers[0])
     listed = ", ".join(repr(n) for n in waiting[:5])
     verb = "runs" if certain else "may run"
