@@ -14,8 +14,8 @@ steps after it, so a step that read one of its values shows "may run"
 or "replayed" (see :func:`~nbdurable.identity.verdict.will_run_entry`).
 Which step writes each name is known from the record (``input_from``) and,
 for a step renamed or added since, from the saved cells: the names each
-one binds or may change in place (:func:`nbdurable.identity.keys.analyse`)
-and those its record saved.
+one binds (:func:`nbdurable.identity.keys.analyse`) and those its record
+saved.
 """
 
 from __future__ import annotations
@@ -86,15 +86,20 @@ def _python_source_fp(body: str) -> str:
 
 @functools.lru_cache(maxsize=512)
 def _written(body: str) -> frozenset[str]:
-    """The names a ``%%step`` cell body binds or may change in place at top level."""
+    """The names a ``%%step`` cell body binds at top level.
+
+    Not the names it may change in place: the analysis counts every method
+    call (``time.sleep(1)``) as one, which would make every step reading a
+    module wait on any step that calls it. A step's record names what it
+    really changed.
+    """
     from IPython.core.inputtransformer2 import TransformerManager
 
     try:
         py = TransformerManager().transform_cell(body)
     except Exception:  # a cell IPython cannot transform: what its record saved must do
         return frozenset()
-    found = analyse(py)
-    return found.binds | found.mutates
+    return analyse(py).binds
 
 
 def step_infos(

@@ -126,7 +126,11 @@ def _check(predicted: dict[str, str], ran: dict[str, str]) -> None:
 @pytest.mark.kernel
 @pytest.mark.parametrize(
     ("edit", "down_runs"),
-    [("x = n + 2", True), ("x = 1 + n  # the same value, other code", False)],
+    [
+        # A call on a module 'other' reads: not a change of it (other still replays).
+        ("math.floor(0.5)\nx = n + 2", True),
+        ("x = 1 + n  # the same value, other code", False),
+    ],
 )
 def test_an_upstream_that_will_run_leaves_its_dependants_open(
     tmp_path, capsys, monkeypatch, edit, down_runs
@@ -135,16 +139,17 @@ def test_an_upstream_that_will_run_leaves_its_dependants_open(
     store = tmp_path / "store"
     path = tmp_path / "nb.ipynb"
     env = {"NBDURABLE_DIR": str(store), "NBDURABLE_NOTEBOOK": str(path)}
-    other = "%%step other\nz = n * 3"  # reads only n: it replays, and every view says so
-    cells = ["%load_ext nbdurable", "n = 1", UP, DOWN, other]
+    # It reads n and math, not x: it replays, and every view says so.
+    other = "%%step other\nz = math.floor(n * 3)"
+    cells = ["%load_ext nbdurable\nimport math", "n = 1", UP, DOWN, other]
     nbformat.write(make_notebook(cells), path)
     run_notebook(make_notebook(cells), cwd=tmp_path, env=env, startup_timeout=180, timeout=300)
 
     edited = f"%%step up\n{edit}"
     # The views first, in the notebook the next run executes: no kernel, then a kernel
     # (%step list and the panel, before 'up' runs), then the run itself.
-    second = ["%load_ext nbdurable", "n = 1", "%step list", PANEL_JSON, edited, DOWN, other,
-              "%step list"]  # fmt: skip
+    second = ["%load_ext nbdurable\nimport math", "n = 1", "%step list", PANEL_JSON, edited,
+              DOWN, other, "%step list"]  # fmt: skip
     nbformat.write(make_notebook(second), path)
     monkeypatch.setenv("NBDURABLE_DIR", str(store))
     monkeypatch.delenv("NBDURABLE_NOTEBOOK", raising=False)

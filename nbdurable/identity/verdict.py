@@ -31,7 +31,7 @@ What is known differs by caller, never the rule:
   steps before this one that the next run executes, or may execute
   (:func:`will_run_entry`). When nothing else invalidates the record but it
   read a value one of them makes (the record's ``input_from``, or
-  ``writers``: the step that writes the name last before this one in the
+  ``writers``: the step that assigns the name last before this one in the
   notebook as saved, which finds a step renamed or added since the record),
   the step's fate is not known yet: the step runner replays it only if that value
   comes out of the rerun the same. The reason then begins with
