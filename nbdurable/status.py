@@ -6,6 +6,16 @@ knows (``live``: running, replayed, invalidated in this kernel; ``current``:
 the inputs as its namespace holds them now). Whether a record replays is
 decided by :func:`nbdurable.identity.verdict.invalid_reason`, the function the step
 runner acts on, so a row says what running the step would do.
+
+Rows are judged in notebook order, and each passes on what it predicts: a
+step the next run executes (or may execute) is in the ``will_run`` of the
+steps after it, so a step that read one of its values shows "may run"
+(its replay depends on that value coming out the same), never "recorded"
+or "replayed" (see :func:`~nbdurable.identity.verdict.will_run_entry`).
+Which step writes each name is known from the record (``input_from``) and,
+for a step renamed or added since, from the saved cells: the names each
+one binds (:func:`nbdurable.identity.keys.analyse`) and those its record
+saved.
 """
 
 from __future__ import annotations
@@ -13,7 +23,7 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +31,7 @@ from . import procstate
 from ._text import human_size
 from .clients.usage import Tally
 from .identity import locate, verdict
-from .identity.keys import source_fingerprint, step_version
+from .identity.keys import analyse, source_fingerprint, step_version
 from .store import RUN_SCOPE, RunView, Store, versions
 from .store.records import StepRecord, StepState
 
@@ -74,6 +84,24 @@ def _python_source_fp(body: str) -> str:
     return source_fingerprint(py)
 
 
+@functools.lru_cache(maxsize=512)
+def _written(body: str) -> frozenset[str]:
+    """The names a ``%%step`` cell body binds at top level.
+
+    Not the names it may change in place: the analysis counts every method
+    call (``time.sleep(1)``) as one, which would make every step reading a
+    module wait on any step that calls it. A step's record names what it
+    really changed.
+    """
+    from IPython.core.inputtransformer2 import TransformerManager
+
+    try:
+        py = TransformerManager().transform_cell(body)
+    except Exception:  # a cell IPython cannot transform: what its record saved must do
+        return frozenset()
+    return analyse(py).binds
+
+
 def step_infos(
     store: Store,
     run_id: str,
@@ -102,20 +130,20 @@ def step_infos(
         if key in seen:
             continue
         seen.add(key)
-        rows.append(
-            _info(
-                view,
-                key,
-                cell.label,
-                cell.index,
-                records.get(key),
-                states.get(key),
-                live.get(key),
-                cell.body,
-                True,
-                judge,
-            )
+        info = _info(
+            view,
+            key,
+            cell.label,
+            cell.index,
+            records.get(key),
+            states.get(key),
+            live.get(key),
+            cell.body,
+            True,
+            judge,
         )
+        judge.passed(info, _written(cell.body), records.get(key))
+        rows.append(info)
 
     def order(key: str) -> tuple[bool, int, float, str]:
         # By position where known, else in the order the steps were recorded.
@@ -128,21 +156,21 @@ def step_infos(
         rec, st = records.get(key), states.get(key)
         label = (rec.name if rec else None) or (st.name if st else None) or key
         pos = rec.position if rec else (st.position if st else None)
-        rows.append(
-            _info(
-                view,
-                key,
-                label,
-                pos,
-                rec,
-                st,
-                live.get(key),
-                None,
-                # A step this kernel ran is in the notebook, even if not saved yet.
-                notebook is None or not cells or key in live,
-                judge,
-            )
+        info = _info(
+            view,
+            key,
+            label,
+            pos,
+            rec,
+            st,
+            live.get(key),
+            None,
+            # A step this kernel ran is in the notebook, even if not saved yet.
+            notebook is None or not cells or key in live,
+            judge,
         )
+        judge.passed(info, frozenset(), rec)
+        rows.append(info)
     n, size = view.sub_stats(RUN_SCOPE)
     if n:
         rows.append(
@@ -203,6 +231,27 @@ class _Judge:
     records_of: dict[str, StepRecord] | None
     current: Callable[[StepRecord], tuple[dict[str, str], frozenset[str]]] | None
     view: RunView | None
+    #: the steps judged so far that the next run executes (or may): key -> (label, certain)
+    will_run: dict[str, tuple[str, bool]] = field(default_factory=dict)
+    #: each name -> the step judged so far that writes it last, as the saved cells say
+    writers: dict[str, str] = field(default_factory=dict)
+
+    def passed(self, info: StepInfo, written: frozenset[str], rec: StepRecord | None) -> None:
+        """Remember ``info``'s prediction for the steps after it (see the module docstring).
+
+        ``written``: the names its saved cell writes; with those its record saved.
+        """
+        entry = verdict.will_run_entry(info.label, info.state)
+        if entry is not None:
+            self.will_run[info.key] = entry
+        if info.state == "orphaned":
+            return  # not in the notebook: the next run does not write anything through it
+        names = set(written)
+        if rec is not None:
+            names.update(v.name for v in rec.variables)
+            names.update(rec.deleted)
+        for name in names:
+            self.writers[name] = info.key
 
     def reason(self, rec: StepRecord, st: StepState, body: str | None) -> str | None:
         if self.current is not None:
@@ -218,8 +267,16 @@ class _Judge:
             unknown=unknown,
             upstream=self.records_of,
             environment=self.current is not None,
+            will_run=self.will_run,
+            writers=self.writers,
         )
-        if why is None or st.pinned or unknown or source_fp not in (None, rec.source_fp):
+        if (
+            why is None
+            or verdict.may_run(why)
+            or st.pinned
+            or unknown
+            or source_fp not in (None, rec.source_fp)
+        ):
             return why
         # The step runner first brings back a kept record of the version it is about
         # to run (store.versions): that one replays. Only where the version is known:
@@ -250,13 +307,13 @@ def _state_of(
             return "failed", st.failed
         return "pending", ""
     stale = judge.reason(rec, st, body) or ""
-    if not stale and live_state in ("invalidated", "pinned-stale"):
+    if (not stale or verdict.may_run(stale)) and live_state in ("invalidated", "pinned-stale"):
         stale = live_detail
     if st.pinned:
         return "pinned", stale
     if live_state == "failed" or (st.failed and (st.failed_at or 0) > rec.started):
         return "failed", st.failed or live_detail
-    if stale:
+    if stale and not verdict.may_run(stale):
         return "invalidated", stale
     if not in_notebook:
         return "orphaned", "no longer in the notebook"
@@ -265,6 +322,8 @@ def _state_of(
         reasons = procstate.replayable_reasons(rec.process)
         why = f"cannot save {unsaved}" if unsaved else "; ".join(reasons)
         return "not replayable", f"{why}; its body reruns, sub-steps replay"
+    if stale:  # its fate waits on a step before it (verdict.MAY_RUN)
+        return "may run", stale.removeprefix(verdict.MAY_RUN)
     if live_state in ("replayed", "pinned-stale"):
         return "replayed", ""
     return "recorded", ""

@@ -8,8 +8,9 @@ cells run, and its Pin and Clear buttons must change the store, and a pin made b
 the CLI must show on Refresh. At window widths from 360 to 1280 px, in the
 light and the dark theme, no value of a row may lie under a button, be cut or
 split across lines. Screenshots go to test-artifacts/, and to docs/panel.png,
-docs/panel-narrow.png and docs/panel-dark.png (the README's, JupyterLab's)
-when missing or NBDURABLE_UPDATE_SCREENSHOT=1.
+docs/panel-narrow.png and docs/panel-dark.png (JupyterLab's) and
+docs/panel-nb7.png (Notebook 7's), the README's, when missing or
+NBDURABLE_UPDATE_SCREENSHOT=1.
 
 Chromium is Debian's (``.ci/run`` installs it); the test fails, never skips,
 when it is missing. Never ``playwright install``.
@@ -53,6 +54,7 @@ ARTIFACTS = REPO_ROOT / "test-artifacts"
 SCREENSHOT = REPO_ROOT / "docs" / "panel.png"
 NARROW_SCREENSHOT = REPO_ROOT / "docs" / "panel-narrow.png"  # a 360 px window
 DARK_SCREENSHOT = REPO_ROOT / "docs" / "panel-dark.png"
+NB7_SCREENSHOT = REPO_ROOT / "docs" / "panel-nb7.png"
 # docs/panel.png is committed (the README shows it), so a test run does not rewrite
 # it unless asked: NBDURABLE_UPDATE_SCREENSHOT=1 python -m pytest tests/test_browser.py
 UPDATE_SCREENSHOT = os.environ.get("NBDURABLE_UPDATE_SCREENSHOT") == "1"
@@ -222,7 +224,8 @@ def _check_panel(lab):
     from playwright.sync_api import expect, sync_playwright
 
     url, root, store, tmp_path, kind = lab
-    # Notebook 7's pictures are artifacts of their own; the README shows JupyterLab's.
+    # Notebook 7's pictures are artifacts of their own; the README shows JupyterLab's
+    # three and Notebook 7's panel.
     shot = "" if kind == "lab" else f"{kind}-"
     notebook = root / "panel.ipynb"
     env = {"NBDURABLE_DIR": str(store), "NBDURABLE_NOTEBOOK": str(notebook)}
@@ -283,6 +286,8 @@ def _check_panel(lab):
             if kind == "lab" and (UPDATE_SCREENSHOT or not SCREENSHOT.exists()):
                 shutil.copy(ARTIFACTS / "panel.png", SCREENSHOT)
                 shutil.copy(ARTIFACTS / "panel-light-360.png", NARROW_SCREENSHOT)
+            if kind == "notebook" and (UPDATE_SCREENSHOT or not NB7_SCREENSHOT.exists()):
+                shutil.copy(ARTIFACTS / f"{shot}panel.png", NB7_SCREENSHOT)
 
             # Pin from the panel: the store has the pin.
             def row(step: str):

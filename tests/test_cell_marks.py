@@ -12,8 +12,10 @@ not saved yet must show as edited; saving it shows what the next run will do.
 The extension is loaded the way an installed package provides it: the server
 switch from ``jupyter-config/`` (``JUPYTER_CONFIG_PATH``) and the prebuilt
 frontend from ``nbdurable/labextension`` (under ``JUPYTER_PATH``), so the test
-checks the committed build. Screenshots go to test-artifacts/, and to
-docs/cell-marks.png (the README's) when it is missing or
+checks the committed build. A live step panel follows a save made in the
+browser (an edited step turns invalidated with no cell run). Screenshots go
+to test-artifacts/, and to docs/cell-marks.png (JupyterLab's) and
+docs/cell-marks-nb7.png (Notebook 7's), the README's, when missing or
 NBDURABLE_UPDATE_SCREENSHOT=1. Chromium is Debian's; never ``playwright install``.
 """
 
@@ -44,6 +46,7 @@ pytestmark = pytest.mark.browser
 
 ARTIFACTS = REPO_ROOT / "test-artifacts"
 SCREENSHOT = REPO_ROOT / "docs" / "cell-marks.png"
+NB7_SCREENSHOT = REPO_ROOT / "docs" / "cell-marks-nb7.png"
 UPDATE_SCREENSHOT = os.environ.get("NBDURABLE_UPDATE_SCREENSHOT") == "1"
 NOTEBOOK = "marks.ipynb"
 # XPath: an element whose classes include jp-Cell (not jp-CellHeader).
@@ -78,7 +81,8 @@ def _expected(unnamed_id: str) -> dict[str, tuple[str, str]]:
         f"id:{unnamed_id}": ("replayed", "↻ replayed"),
         "name:revise": ("invalidated", "its code changed"),
         "name:pinme": ("pinned", "stale: its code changed"),
-        "name:extra": ("recorded", "✓ recorded"),
+        # It read revise's draft, and revise will run: its replay depends on the new draft.
+        "name:extra": ("may run", "step 'revise' runs first"),
         "name:broken": ("failed", "the model timed out"),
         "name:later": ("pending", "○ pending"),
         "name:slow": ("pending", "○ pending"),
@@ -270,11 +274,12 @@ def test_cell_marks(app):
             page.mouse.move(0, 0)
             notebook = page.locator(".jp-Notebook")
             page.screenshot(path=str(ARTIFACTS / f"cell-marks-{kind}-wide.png"))
-            if kind == "lab" and (UPDATE_SCREENSHOT or not SCREENSHOT.exists()):
+            doc = SCREENSHOT if kind == "lab" else NB7_SCREENSHOT
+            if UPDATE_SCREENSHOT or not doc.exists():
                 page.set_viewport_size({"width": 1100, "height": 1500})
                 page.locator(".jp-Cell").first.scroll_into_view_if_needed()
                 page.wait_for_timeout(300)  # the layout settles
-                notebook.screenshot(path=str(SCREENSHOT))
+                notebook.screenshot(path=str(doc))
                 page.set_viewport_size({"width": 1400, "height": 1400})
 
             page.reload()
@@ -327,7 +332,22 @@ def test_cell_marks(app):
             expect(live.locator('.nbd-step[data-step="slow"]')).to_have_attribute(
                 "data-state", "recorded", timeout=30_000
             )
+            # A save shows in the live panel with no cell run: research's code edited
+            # and saved, its row turns invalidated (the kernel stays idle meanwhile).
             _wait_idle_kernel(url)
+            research = live.locator('.nbd-step[data-step="research"]')
+            expect(research).to_have_attribute("data-state", "may run")  # plan was edited
+            editor = page.locator(".jp-Cell", has=mark("name:research")).locator(".cm-content")
+            editor.click()
+            page.keyboard.press("ControlOrMeta+End")
+            page.keyboard.type("\nfound.sort()")  # code: a comment alone changes nothing
+            page.keyboard.press("ControlOrMeta+s")
+            expect(research).to_have_attribute("data-state", "invalidated", timeout=15_000)
+            expect(research.locator(".nbd-detail")).to_have_text("its code changed")
+            expect(mark("name:research")).to_have_attribute("data-nbd-state", "invalidated")
+            _, kernels = _get(f"{url}/api/kernels")
+            assert [k["execution_state"] for k in kernels] == ["idle"], kernels
+            page.screenshot(path=str(ARTIFACTS / f"cell-marks-{kind}-panel-saved.png"))
             page.get_by_role("menuitem", name="Kernel", exact=True).click()
             page.get_by_role("menuitem", name=re.compile(r"^Restart Kernel…")).first.click()
             page.locator(".jp-Dialog .jp-Dialog-button.jp-mod-accept").click()

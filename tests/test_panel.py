@@ -15,7 +15,14 @@ import ipywidgets
 import nbformat
 import pytest
 from IPython.core.interactiveshell import InteractiveShell
-from kernel_util import REPO_ROOT, make_notebook, outputs_of, run_notebook
+from kernel_util import (
+    REPO_ROOT,
+    kernel_name,
+    make_notebook,
+    outputs_of,
+    private_sockets,
+    run_notebook,
+)
 
 import nbdurable
 from nbdurable import cli, commands, events, status
@@ -515,3 +522,88 @@ def test_a_buttons_message_goes_when_a_cell_runs(every_state):
         assert rows["research"].state == "pinned"  # the action itself stays
     finally:
         p.close()
+
+
+def test_a_save_shows_without_running_a_cell(every_state):
+    """The notebook saved with an edited step: the panel shows it will run, its dependant may."""
+    p = StepPanel(every_state, watch=0.05)
+    try:
+        assert states(p)["plan"] == "replayed" and states(p)["research"] == "recorded"
+        # Nothing changes: the watcher only stats the file, the panel is not redrawn.
+        flushes, looks = p.flushes, p.looks
+        wait_for(lambda: p.looks >= looks + 3, msg=lambda: f"{p.looks} looks")
+        assert p.flushes == flushes
+        count = every_state.shell.execution_count
+        write_notebook(every_state.notebook, {**STEPS, **CHANGED_LATER, "plan": "plan = [1, 2]"})
+        wait_for(
+            lambda: states(p)["plan"] == "invalidated",
+            msg=lambda: f"rows: {states(p)}",
+        )
+        rows = {r.info.label: r.info for r in p.rows.values()}
+        assert rows["plan"].detail == "its code changed"
+        assert rows["research"].state == "may run", rows["research"]
+        assert rows["research"].detail == (
+            "step 'plan' runs first: replays only if 'plan' comes out the same"
+        )
+        assert 'data-state="may run"' in p.rows["name:research"].html.value
+        assert "1 may run" in p.header.value, p.header.value
+        assert every_state.shell.execution_count == count  # no cell ran
+    finally:
+        p.close()
+    p._watcher.join(5)  # closing stops the watcher
+    assert not p._watcher.is_alive()
+
+
+@pytest.mark.kernel
+def test_a_save_refreshes_the_panel_in_a_real_kernel(tmp_path):
+    """A real kernel shows the panel; the notebook is saved with an edit; no cell runs.
+
+    The panel's new rows reach the frontend as widget updates (``comm_msg`` on
+    iopub) while the kernel is idle: no execute request is sent after the save.
+    """
+    import os
+
+    from jupyter_client import KernelManager
+
+    path = tmp_path / "nb.ipynb"
+    cells = ["%load_ext nbdurable", "n = 1", "%%step up\nx = n + 1", "%%step down\ny = x * 10"]
+    nbformat.write(make_notebook([*cells, "%step panel"]), path)
+    env = dict(os.environ)
+    env.update(NBDURABLE_DIR=str(tmp_path / "store"), NBDURABLE_NOTEBOOK=str(path))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
+    with private_sockets() as sockets:
+        km = KernelManager(kernel_name=kernel_name(), **sockets)
+        km.start_kernel(cwd=str(tmp_path), env=env)
+        kc = km.client()
+        kc.start_channels()
+        try:
+            kc.wait_for_ready(timeout=180)
+            for code in [*cells, "%step panel"]:
+                reply = kc.execute_interactive(code, timeout=120, output_hook=lambda _m: None)
+                assert reply["content"]["status"] == "ok", (code, reply["content"])
+            # Saved with 'up' edited, as a frontend saves it.
+            edited = [*cells[:2], "%%step up\nx = n + 2", cells[3], "%step panel"]
+            nbformat.write(make_notebook(edited), path)
+            want = {"up": "invalidated", "down": "may run"}
+            seen: dict[str, str] = {}
+            executed = []
+            deadline = time.monotonic() + 30
+            while seen != want and time.monotonic() < deadline:
+                try:
+                    msg = kc.get_iopub_msg(timeout=1)
+                except queue.Empty:
+                    continue
+                if msg["msg_type"] == "execute_input":
+                    executed.append(msg["content"]["code"])
+                if msg["msg_type"] != "comm_msg":
+                    continue
+                value = msg["content"]["data"].get("state", {}).get("value")
+                for step in want:
+                    marker = f'data-step="{step}" data-state="'
+                    if isinstance(value, str) and marker in value:
+                        seen[step] = value.split(marker, 1)[1].split('"', 1)[0]
+            assert seen == want, f"widget updates after the save: {seen}"
+            assert executed == [], executed
+        finally:
+            kc.stop_channels()
+            km.shutdown_kernel(now=True)

@@ -5,6 +5,12 @@ runner and every view. Here an upstream step runs again in a real kernel
 with a new value: before the downstream step runs, the panel and ``%step
 list`` (in that kernel) and ``nbdurable status`` (no kernel) all say it is
 invalidated, and running it (in a new kernel) indeed executes its body.
+
+An upstream step that *will* run (its code or an input changed, not run yet)
+leaves its dependants' fate open: each view says "may run", and the next run
+replays the dependant when the upstream's value comes out the same and runs
+it otherwise. The tests compare each prediction with what the next run does:
+a step predicted to replay must replay, one predicted to run must run.
 """
 
 from __future__ import annotations
@@ -25,6 +31,29 @@ def _text(nb, index: int) -> str:
     return stream_text(outputs_of(nb, index))
 
 
+#: Every state a row can show, longest first ("may run" has a space).
+STATES = ("not replayable", "may run", "invalidated", "recorded", "replayed", "pending",
+          "pinned", "failed", "orphaned", "running")  # fmt: skip
+
+
+def _listed(table: str) -> dict[str, tuple[str, str]]:
+    """``%step list`` rows: step -> (state, detail)."""
+    lines = table.splitlines()
+    at = lines[1].index("detail")  # the table's columns are aligned on its header
+    rows = {}
+    for line in lines[2:]:
+        _cell, name, rest = line.split(None, 2)
+        state = next(s for s in STATES if rest.startswith(s))
+        rows[name] = (state, line[at:].strip())
+    return rows
+
+
+PANEL_JSON = (
+    "import json, nbdurable\np = nbdurable.panel()\n"
+    "print(json.dumps({r.info.label: [r.state, r.info.detail] for r in p.rows.values()}))"
+)
+
+
 @pytest.mark.kernel
 def test_an_upstream_rerun_invalidates_downstream_everywhere(tmp_path, capsys, monkeypatch):
     store = tmp_path / "store"
@@ -38,16 +67,24 @@ def test_an_upstream_rerun_invalidates_downstream_everywhere(tmp_path, capsys, m
             # The upstream step runs again in this kernel, on a new value of n.
             "n = 5\nget_ipython().run_cell_magic('step', 'up', 'x = n + 1')",
             "%step list",
-            "import json, nbdurable\np = nbdurable.panel()\n"
-            "print(json.dumps({r.info.label: [r.state, r.info.detail] for r in p.rows.values()}))",
+            PANEL_JSON,
         ]
     )
+    # Before that: n changed in the kernel, 'up' not run yet: 'up' will run, 'down' may.
+    first.cells[4:4] = [nbformat.v4.new_code_cell(c) for c in ("n = 5", "%step list", PANEL_JSON)]
     out = run_notebook(first, cwd=tmp_path, env=env, startup_timeout=180, timeout=300)
     assert _text(out, 3) == "computed 20\n"
-    listed = {line.split()[1]: line.split(None, 3)[2] for line in _text(out, 5).splitlines()[2:]}
-    assert listed == {"up": "recorded", "down": "invalidated"}, _text(out, 5)
-    assert "input 'x' changed" in _text(out, 5)
+    waiting = "step 'up' runs first: replays only if 'x' comes out the same"
+    assert _listed(_text(out, 5)) == {
+        "up": ("invalidated", "input 'n' changed"),
+        "down": ("may run", waiting),
+    }, _text(out, 5)
     rows = json.loads(_text(out, 6))
+    assert rows == {"up": ["invalidated", "input 'n' changed"], "down": ["may run", waiting]}
+    listed = {k: v[0] for k, v in _listed(_text(out, 8)).items()}
+    assert listed == {"up": "recorded", "down": "invalidated"}, _text(out, 8)
+    assert "input 'x' changed" in _text(out, 8)
+    rows = json.loads(_text(out, 9))
     assert rows == {"up": ["recorded", ""], "down": ["invalidated", "input 'x' changed"]}, rows
 
     # No kernel: the store shows 'up' recorded after 'down' read its x.
@@ -63,5 +100,159 @@ def test_an_upstream_rerun_invalidates_downstream_everywhere(tmp_path, capsys, m
     second = make_notebook(["%load_ext nbdurable", "n = 5", UP, DOWN, "%step list"])
     out = run_notebook(second, cwd=tmp_path, env=env, startup_timeout=180, timeout=300)
     assert _text(out, 3).endswith("computed 60\n"), _text(out, 3)
-    listed = {line.split()[1]: line.split()[2] for line in _text(out, 4).splitlines()[2:]}
+    listed = {k: v[0] for k, v in _listed(_text(out, 4)).items()}
     assert listed == {"up": "replayed", "down": "recorded"}, _text(out, 4)
+
+
+def _status(path, capsys) -> dict[str, tuple[str, str]]:
+    assert cli.main(["status", str(path), "--json"]) == 0
+    steps = json.loads(capsys.readouterr().out)["steps"]
+    return {s["label"]: (s["state"], s["detail"]) for s in steps}
+
+
+def _check(predicted: dict[str, str], ran: dict[str, str]) -> None:
+    """A step predicted to replay replayed; one predicted to run ran; "may run": either."""
+    for step, state in predicted.items():
+        if state in ("recorded", "replayed"):
+            assert ran[step] == "replayed", (step, predicted, ran)
+        elif state == "pinned":  # a pinned step that replayed stays shown as pinned
+            assert ran[step] == "pinned", (step, predicted, ran)
+        elif state == "not replayable":  # its body ran again, and it stays so
+            assert ran[step] == "not replayable", (step, predicted, ran)
+        elif state != "may run":
+            assert ran[step] == "recorded", (step, predicted, ran)  # executed in that kernel
+
+
+@pytest.mark.kernel
+@pytest.mark.parametrize(
+    ("edit", "down_runs"),
+    [
+        # A call on a module 'other' reads: not a change of it (other still replays).
+        ("math.floor(0.5)\nx = n + 2", True),
+        ("x = 1 + n  # the same value, other code", False),
+    ],
+)
+def test_an_upstream_that_will_run_leaves_its_dependants_open(
+    tmp_path, capsys, monkeypatch, edit, down_runs
+):
+    """'up' edited on disk, not run: every view says 'down' may run; the run decides."""
+    store = tmp_path / "store"
+    path = tmp_path / "nb.ipynb"
+    env = {"NBDURABLE_DIR": str(store), "NBDURABLE_NOTEBOOK": str(path)}
+    # It reads n and math, not x: it replays, and every view says so.
+    other = "%%step other\nz = math.floor(n * 3)"
+    cells = ["%load_ext nbdurable\nimport math", "n = 1", UP, DOWN, other]
+    nbformat.write(make_notebook(cells), path)
+    run_notebook(make_notebook(cells), cwd=tmp_path, env=env, startup_timeout=180, timeout=300)
+
+    edited = f"%%step up\n{edit}"
+    # The views first, in the notebook the next run executes: no kernel, then a kernel
+    # (%step list and the panel, before 'up' runs), then the run itself.
+    second = ["%load_ext nbdurable\nimport math", "n = 1", "%step list", PANEL_JSON, edited,
+              DOWN, other, "%step list"]  # fmt: skip
+    nbformat.write(make_notebook(second), path)
+    monkeypatch.setenv("NBDURABLE_DIR", str(store))
+    monkeypatch.delenv("NBDURABLE_NOTEBOOK", raising=False)
+    waiting = "step 'up' runs first: replays only if 'x' comes out the same"
+    expected = {
+        "up": ("invalidated", "its code changed"),
+        "down": ("may run", waiting),
+        "other": ("recorded", ""),
+    }
+    assert _status(path, capsys) == expected
+
+    out = run_notebook(
+        make_notebook(second), cwd=tmp_path, env=env, startup_timeout=180, timeout=300
+    )
+    assert _listed(_text(out, 2)) == expected, _text(out, 2)
+    assert json.loads(_text(out, 3)) == {k: list(v) for k, v in expected.items()}
+    ran = {k: v[0] for k, v in _listed(_text(out, 7)).items()}
+    assert ran == {
+        "up": "recorded",
+        "down": "recorded" if down_runs else "replayed",
+        "other": "replayed",
+    }, _text(out, 7)
+    _check({k: v[0] for k, v in expected.items()}, ran)
+
+
+@pytest.mark.kernel
+def test_may_run_passes_down_and_stops_at_a_pin(tmp_path, capsys, monkeypatch):
+    """A step reading a 'may run' step may run too; a pinned one replays, and says so."""
+    store = tmp_path / "store"
+    path = tmp_path / "nb.ipynb"
+    env = {"NBDURABLE_DIR": str(store), "NBDURABLE_NOTEBOOK": str(path)}
+    last = "%%step last\nw = y + 1\nprint('last ran')"
+    frozen = "%%step frozen\nv = x - 1"
+    cells = ["%load_ext nbdurable", "n = 1", UP, DOWN, last, frozen]
+    nbformat.write(make_notebook(cells), path)
+    run_notebook(make_notebook(cells), cwd=tmp_path, env=env, startup_timeout=180, timeout=300)
+    monkeypatch.setenv("NBDURABLE_DIR", str(store))
+    monkeypatch.delenv("NBDURABLE_NOTEBOOK", raising=False)
+    assert cli.main(["pin", str(path), "frozen"]) == 0
+    capsys.readouterr()
+
+    second = list(cells)
+    second[2] = "%%step up\nx = n + 2"
+    nbformat.write(make_notebook(second), path)
+    steps = _status(path, capsys)
+    assert steps == {
+        "up": ("invalidated", "its code changed"),
+        "down": ("may run", "step 'up' runs first: replays only if 'x' comes out the same"),
+        "last": ("may run", "step 'down' may run first: replays only if 'y' comes out the same"),
+        "frozen": ("pinned", ""),
+    }, steps
+    out = run_notebook(
+        make_notebook([*second, "%step list"]), cwd=tmp_path, env=env, startup_timeout=180
+    )
+    ran = {k: v[0] for k, v in _listed(_text(out, 6)).items()}
+    assert ran == {"up": "recorded", "down": "recorded", "last": "recorded", "frozen": "pinned"}
+    # The pin replayed: its value is the one recorded from the old x (2 - 1), now stale.
+    assert "input 'x' changed" in _listed(_text(out, 6))["frozen"][1], _text(out, 6)
+    _check({k: v[0] for k, v in steps.items()}, ran)
+
+
+@pytest.mark.kernel
+def test_a_not_replayable_upstream_leaves_its_dependants_recorded(tmp_path, capsys, monkeypatch):
+    """Its body reruns with the same code and inputs: a step reading its value replays."""
+    store = tmp_path / "store"
+    path = tmp_path / "nb.ipynb"
+    env = {"NBDURABLE_DIR": str(store), "NBDURABLE_NOTEBOOK": str(path)}
+    handle = "%%step handle\nimport threading\nlock = threading.Lock()\nbase = 10"
+    cells = ["%load_ext nbdurable", handle, "%%step use\nk = base * 2"]
+    nbformat.write(make_notebook(cells), path)
+    run_notebook(make_notebook(cells), cwd=tmp_path, env=env, startup_timeout=180)
+    monkeypatch.setenv("NBDURABLE_DIR", str(store))
+    monkeypatch.delenv("NBDURABLE_NOTEBOOK", raising=False)
+    steps = {k: v[0] for k, v in _status(path, capsys).items()}
+    assert steps == {"handle": "not replayable", "use": "recorded"}, steps
+    out = run_notebook(make_notebook([*cells, "%step list"]), cwd=tmp_path, env=env)
+    ran = {k: v[0] for k, v in _listed(_text(out, 3)).items()}
+    assert ran == {"handle": "not replayable", "use": "replayed"}, _text(out, 3)
+    _check(steps, ran)
+
+
+@pytest.mark.kernel
+def test_a_renamed_upstream_is_found_by_what_its_cell_writes(tmp_path, capsys, monkeypatch):
+    """'up' renamed (a new step, no record) and changed: 'down' read x, which it writes."""
+    store = tmp_path / "store"
+    path = tmp_path / "nb.ipynb"
+    env = {"NBDURABLE_DIR": str(store), "NBDURABLE_NOTEBOOK": str(path)}
+    cells = ["%load_ext nbdurable", "n = 1", UP, DOWN]
+    nbformat.write(make_notebook(cells), path)
+    run_notebook(make_notebook(cells), cwd=tmp_path, env=env, startup_timeout=180)
+    monkeypatch.setenv("NBDURABLE_DIR", str(store))
+    monkeypatch.delenv("NBDURABLE_NOTEBOOK", raising=False)
+
+    second = ["%load_ext nbdurable", "n = 1", "%%step first\nx = n + 2", DOWN]
+    nbformat.write(make_notebook(second), path)
+    steps = _status(path, capsys)
+    assert steps == {
+        "first": ("pending", ""),
+        "down": ("may run", "step 'first' runs first: replays only if 'x' comes out the same"),
+        "up": ("orphaned", "no longer in the notebook"),
+    }, steps
+    out = run_notebook(make_notebook([*second, "%step list"]), cwd=tmp_path, env=env)
+    ran = {k: v[0] for k, v in _listed(_text(out, 4)).items()}
+    assert ran == {"first": "recorded", "down": "recorded", "up": "orphaned"}, _text(out, 4)
+    assert _text(out, 3) == "computed 30\n"
+    _check({k: v[0] for k, v in steps.items() if k != "up"}, ran)

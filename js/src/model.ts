@@ -154,6 +154,7 @@ const LOOK: { [state: string]: string } = {
   running: '▶ running',
   pending: '○ pending',
   invalidated: '⚠ invalidated',
+  'may run': '? may run',
   pinned: '⚑ pinned',
   failed: '✗ failed',
   'not replayable': '◐ not replayable',
@@ -167,6 +168,8 @@ const WHAT: { [state: string]: string } = {
   running: 'The kernel runs it now.',
   pending: 'Not recorded yet: the next run executes and records it.',
   invalidated: 'Its record no longer matches: the next run executes it again.',
+  'may run':
+    'A step before it runs first: the next run replays it only if what it reads from that step comes out the same.',
   pinned: 'Pinned: the next run replays its record even if it no longer matches.',
   failed: 'Its last run raised: the next run executes it again.',
   'not replayable':

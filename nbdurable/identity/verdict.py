@@ -27,6 +27,20 @@ What is known differs by caller, never the rule:
   None when the cell's patterns are not known here.
 - ``environment``: compare the environment variables the step read with
   this process's environment: only a kernel's environment is the step's.
+- ``will_run``: for a prediction (the views; never the step runner), the
+  steps before this one that the next run executes, or may execute
+  (:func:`will_run_entry`). When nothing else invalidates the record but it
+  read a value one of them makes (the record's ``input_from``, or
+  ``writers``: the step that assigns the name last before this one in the
+  notebook as saved, which finds a step renamed or added since the record),
+  the step's fate is not known yet: the step runner replays it only if that value
+  comes out of the rerun the same. The reason then begins with
+  :data:`MAY_RUN` (``"may run: step 'plan' runs first: replays only if
+  'plan' comes out the same"``), and the views show the state "may run",
+  never a replay that may not happen. A pinned step replays whatever runs
+  before it: no such reason. The step runner needs none: when it judges a
+  step, the steps before it have run, and their values are in the inputs
+  it compares.
 
 Recorded files are always checked: they are absolute paths read from disk;
 the files a step wrote first (a missing or changed one is named: "output
@@ -59,6 +73,8 @@ def invalid_reason(
     upstream: Mapping[str, StepRecord] | None = None,
     declared: dict[str, list[str]] | None = None,
     environment: bool = True,
+    will_run: Mapping[str, tuple[str, bool]] | None = None,
+    writers: Mapping[str, str] | None = None,
 ) -> str | None:
     """Why ``rec`` cannot be replayed, or None if it can (see the module docstring)."""
     if source_fp is not None and rec.source_fp != source_fp:
@@ -93,7 +109,61 @@ def invalid_reason(
     if changed:
         listed = ", ".join(repr(n) for n in changed[:5])
         return f"input{'s' if len(changed) > 1 else ''} {listed} changed"
+    if will_run and not state.pinned:
+        return _upstream_runs(rec, will_run, writers or {})
     return None
+
+
+#: How a reason begins when the step's fate waits on a step before it (see invalid_reason).
+MAY_RUN = "may run: "
+
+
+def may_run(reason: str | None) -> bool:
+    """Whether ``reason`` says the step may run (an upstream step runs first), not that it will."""
+    return reason is not None and reason.startswith(MAY_RUN)
+
+
+def will_run_entry(label: str, state: str) -> tuple[str, bool] | None:
+    """What a view passes in ``will_run`` for a step it predicts in ``state``, or None.
+
+    A step that runs (invalidated, pending, failed, running now) is certain
+    to make its values again; one that may run may. Replayed, recorded,
+    pinned and orphaned steps make nothing new. Nor does a step that is only
+    not replayable: its body reruns, but with the code and inputs its
+    values were recorded from, so they come out as recorded, which is what
+    every replay assumes (when its code or inputs changed, it is
+    invalidated instead).
+    """
+    if state in ("invalidated", "pending", "failed", "running"):
+        return (label, True)
+    if state == "may run":
+        return (label, False)
+    return None
+
+
+def _upstream_runs(
+    rec: StepRecord, will_run: Mapping[str, tuple[str, bool]], writers: Mapping[str, str]
+) -> str | None:
+    """``may run: step 'plan' runs first: replays only if 'plan' comes out the same``, or None."""
+
+    def maker(name: str) -> str | None:
+        # The step that made the value when recorded, else the one writing it now.
+        for key in (rec.input_from.get(name), writers.get(name)):
+            if key is not None and key != rec.key and key in will_run:
+                return key
+        return None
+
+    found = {n: k for n in rec.inputs if (k := maker(n)) is not None}
+    waiting = sorted(found)
+    if not waiting:
+        return None
+    # The first certain one names the cause; only "may run" steps: the first of those.
+    makers = [will_run[found[n]] for n in waiting]
+    label, certain = next((m for m in makers if m[1]), makers[0])
+    listed = ", ".join(repr(n) for n in waiting[:5])
+    verb = "runs" if certain else "may run"
+    come = "comes" if len(waiting) == 1 else "come"
+    return f"{MAY_RUN}step {label!r} {verb} first: replays only if {listed} {come} out the same"
 
 
 def _remade(rec: StepRecord, name: str, upstream: Mapping[str, StepRecord] | None) -> bool:

@@ -17,6 +17,16 @@ a second, and the store is never read per sub-step. The flush runs off the
 kernel's main thread so the counter moves while the cell is still running
 (ipykernel sends widget messages from any thread).
 
+Saves. What a step will do depends on the saved notebook (its code as
+saved), so the panel follows the file: once a second a watcher thread
+stats the notebook (one ``os.stat``, no read, no widget message), and when
+its modification time or size moved, it asks for a reload as a step
+boundary does. So saving an edited ``%%step`` cell shows that step as
+going to run (``its code changed``) and its dependants as *may run*,
+without running any cell, in any frontend that writes the file
+(JupyterLab, Notebook 7, VS Code, an editor). Unsaved edits are not in
+the file; the cell marks show those (the frontend knows them).
+
 Where widgets cannot render (plain IPython, nbconvert), the widget's
 ``text/plain`` is the run header and :func:`nbdurable.status.format_table`;
 :meth:`StepPanel.show` (``%step panel``) keeps the saved copy of it current.
@@ -46,6 +56,9 @@ __all__ = ["DEFAULT_INTERVAL", "STATE_HELP", "StepPanel", "StepRow", "panel", "r
 
 #: Seconds between two flushes of the panel at most (live updates are batched).
 DEFAULT_INTERVAL = 0.25
+
+#: Seconds between two looks at the notebook file's modification time (see the docstring).
+DEFAULT_WATCH = 1.0
 
 _BOUNDARY = {
     "step-start",
@@ -81,13 +94,20 @@ class StepPanel(widgets.VBox):
     """A live table of the run's steps with Clear / Pin buttons; see the module docstring."""
 
     def __init__(
-        self, session: Session | None = None, *, interval: float = DEFAULT_INTERVAL
+        self,
+        session: Session | None = None,
+        *,
+        interval: float = DEFAULT_INTERVAL,
+        watch: float = DEFAULT_WATCH,
     ) -> None:
         self.session = session if session is not None else get_session()
         self.interval = interval
+        self.watch = watch
         self.closed = False
         #: Flushes done so far (batching is tested on it).
         self.flushes = 0
+        #: Looks at the notebook file so far (the watcher is tested on it).
+        self.looks = 0
         self.infos: list[StepInfo] = []
         self.rows: dict[str, StepRow] = {}
         self._run_id = ""
@@ -162,7 +182,14 @@ class StepPanel(widgets.VBox):
         )
         self.add_class("nbd-panel")
         self._unsubscribe = events.subscribe(self._on_event)
+        # Stamped before the first read: a save made while it reads is seen as a change.
+        self._file_stamp = self._notebook_stamp()
+        self._stop = threading.Event()
         self.refresh()
+        self._watcher = threading.Thread(
+            target=self._watch_notebook, name="nbdurable-panel-watch", daemon=True
+        )
+        self._watcher.start()
 
     # -- the text saved with the notebook --------------------------------------------
     def show(self) -> None:
@@ -307,7 +334,7 @@ class StepPanel(widgets.VBox):
         """``("5 recorded · 1 pending · 1 invalidated", "replay saved 3.2 s and 61 calls ...")``."""
         counts = Counter(_GROUP.get(i.state, i.state) for i in self.infos if i.key != RUN_SCOPE)
         totals = [f"{counts.get(g, 0)} {g}" for g in ("recorded", "pending", "invalidated")]
-        totals += [f"{counts[g]} {g}" for g in ("failed", "orphaned") if counts.get(g)]
+        totals += [f"{counts[g]} {g}" for g in ("may run", "failed", "orphaned") if counts.get(g)]
         with self.session.lock:
             spared = self.session.saved.line(config.get().prices)
         return " · ".join(totals), spared
@@ -372,6 +399,30 @@ class StepPanel(widgets.VBox):
             self._timer = threading.Timer(delay, self._timed_flush)
             self._timer.daemon = True
             self._timer.start()
+
+    # -- the notebook file (a save shows without running a cell) -------------------
+    def _notebook_stamp(self) -> tuple[str, int, int] | None:
+        """The notebook's path, modification time and size; None if there is none to read."""
+        path = self.session.notebook
+        if path is None:
+            return None
+        try:
+            st = path.stat()
+        except OSError:
+            return None
+        return (str(path), st.st_mtime_ns, st.st_size)
+
+    def _watch_notebook(self) -> None:
+        """Every ``watch`` seconds until closed: a reload when the notebook file moved."""
+        while not self._stop.wait(self.watch):
+            stamp = self._notebook_stamp()
+            self.looks += 1
+            if stamp == self._file_stamp:
+                continue
+            self._file_stamp = stamp
+            with self._lock:
+                self._reload = True
+            self._timed_flush()
 
     def _timed_flush(self) -> None:
         try:
@@ -474,6 +525,7 @@ class StepPanel(widgets.VBox):
             if self.closed:
                 return
             self.closed = True
+        self._stop.set()
         self._unsubscribe()
         if self._watching is not None:
             with contextlib.suppress(ValueError):

@@ -30,6 +30,7 @@ _LOOK: dict[str, tuple[str, str, bool]] = {
     "running": ("▶", "var(--jp-brand-color1, #1976d2)", True),
     "pending": ("○", _GREY, False),
     "invalidated": ("⚠", "var(--jp-warn-color1, #f57c00)", False),
+    "may run": ("?", "var(--jp-warn-color1, #f57c00)", False),
     "pinned": ("⚑", "var(--md-purple-400, #ab47bc)", False),
     "failed": ("✗", "var(--jp-error-color1, #d32f2f)", True),
     "not replayable": ("◐", "var(--jp-info-color1, #0097a7)", False),
@@ -43,6 +44,8 @@ STATE_HELP: dict[str, str] = {
     "running": "executing now; its sub-step counter moves as calls are recorded",
     "pending": "no record yet: it will run (sub-steps recorded before a crash still replay)",
     "invalidated": "recorded, but its code or inputs changed (reason shown): it will run again",
+    "may run": "recorded, but a step before it will run first: it replays only if the values "
+    "it reads from that step come out the same",
     "pinned": "replays even when invalidated; 'pinned · stale' says it would otherwise run again",
     "failed": "its last execution raised; only the sub-steps that finished are recorded",
     "not replayable": "recorded, but a value could not be saved: its body reruns, sub-steps replay",
@@ -139,7 +142,7 @@ def row_html(info: StepInfo, new: int = 0, replayed: int = 0) -> str:
     state = _shown_state(info)
     glyph, colour, filled = _LOOK.get(info.state, ("?", _GREY, False))
     text = "pinned · stale" if state == "pinned-stale" else info.state
-    border = "dashed" if info.state in ("pending", "orphaned") else "solid"
+    border = "dashed" if info.state in ("pending", "orphaned", "may run") else "solid"
     badge_style = (
         f"display:inline-block;min-width:9.5em;box-sizing:border-box;padding:0 8px;"
         f"border:1px {border} {colour};border-radius:10px;font-size:0.92em;white-space:nowrap;"
@@ -154,7 +157,7 @@ def row_html(info: StepInfo, new: int = 0, replayed: int = 0) -> str:
     facts = _facts(info, new, replayed)
     detail = ""
     if info.detail:
-        tone = colour if info.state in ("invalidated", "failed") or info.stale else _GREY
+        tone = colour if info.state in ("invalidated", "may run", "failed") or info.stale else _GREY
         detail = (
             f'<div class="nbd-detail" style="color:{tone};font-size:0.9em;'
             f'padding-left:1.5em;white-space:normal;overflow-wrap:anywhere">'
@@ -206,7 +209,7 @@ def _facts(info: StepInfo, new: int, replayed: int) -> str:
     saving = ", ".join(p for p in (spent, calls, spent_tokens) if p)
     if recorded and info.state == "replayed":
         parts.append(f"saved {saving}")
-    elif recorded and info.state in ("recorded", "pinned", "orphaned"):
+    elif recorded and info.state in ("recorded", "pinned", "orphaned", "may run"):
         parts.append(f"replay saves {saving}")
     elif recorded and info.state == "not replayable" and info.calls:
         parts.append(f"replay saves {info.calls} call{'s' if info.calls != 1 else ''}")
