@@ -62,7 +62,8 @@ def test_demo_prints_numbers_that_match_the_ledger(tmp_path, clean_env):
     )
     elapsed = time.monotonic() - t0
     assert r.returncode == 0, r.stdout + r.stderr
-    assert elapsed < 60, f"the demo must take well under a minute, took {elapsed:.0f} s"
+    # How long the demo takes is a figure (bench/e2e.py), not a test: printed, never asserted.
+    print(f"the demo took {elapsed:.0f} s")
 
     first, resume = split_ledger(work)
     assert Counter(c["kind"] for c in first) == {"plan": 1, "search": 41, "answer": 41}

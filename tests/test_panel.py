@@ -389,16 +389,35 @@ def test_thousands_of_substeps_are_batched(session, monkeypatch):
         p.close()
 
 
-def test_the_event_listener_is_cheap(session):
+def test_the_event_listener_is_cheap(session, monkeypatch):
+    """20,000 sub-step events read nothing from the store; flushes stay one per interval.
+
+    What an event costs in time is a figure, printed here (``-s``), not asserted:
+    the work per event is a set insertion under a lock, and what must hold on any
+    machine is that the store is never read and the widgets are not redrawn per event.
+    """
     session.notebook.write_text("{}")
     p = StepPanel(session, interval=0.2)
+    p.flush()
+    reads = []
+    store = session.store
+    for name in ("get", "scan", "stats"):
+        real = getattr(store, name)
+        monkeypatch.setattr(
+            store,
+            name,
+            lambda *a, _real=real, _name=name, **k: reads.append(_name) or _real(*a, **k),
+        )
     try:
         n = 20000
+        flushes = p.flushes
         t0 = time.perf_counter()
         for i in range(n):
             events.emit("sub-recorded", RUN, "name:big", id=f"s:{i}", duration=0.0)
-        per_event = (time.perf_counter() - t0) / n
-        assert per_event < 50e-6, f"{per_event * 1e6:.1f} µs per sub-step event"
+        elapsed = time.perf_counter() - t0
+        print(f"{elapsed / n * 1e6:.1f} µs per sub-step event")
+        assert reads == [], reads[:5]
+        assert p.flushes - flushes <= elapsed / p.interval + 3, (p.flushes - flushes, elapsed)
     finally:
         p.close()
 
