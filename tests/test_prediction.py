@@ -256,3 +256,31 @@ def test_a_renamed_upstream_is_found_by_what_its_cell_writes(tmp_path, capsys, m
     assert ran == {"first": "recorded", "down": "recorded", "up": "orphaned"}, _text(out, 4)
     assert _text(out, 3) == "computed 30\n"
     _check({k: v[0] for k, v in steps.items() if k != "up"}, ran)
+
+
+@pytest.mark.kernel
+def test_a_method_called_on_an_int_input_is_not_a_change(tmp_path):
+    """``n.bit_length()`` reads n: the step stays recorded, and running it again replays.
+
+    A method call on a name may change its object, so the step records that
+    object as one of its outputs. An int or a str cannot be changed: counting
+    it made the step invalidate itself ("input 'n' changed") right after it
+    ran, and run again in the same kernel. A list's method call stays a change.
+    """
+    store = tmp_path / "store"
+    path = tmp_path / "nb.ipynb"
+    env = {"NBDURABLE_DIR": str(store), "NBDURABLE_NOTEBOOK": str(path)}
+    up = "%%step up\nn.bit_length()\nname.upper()\nx = n + len(name)\nprint('body ran')"
+    grow = "%%step grow\nxs.append(x)"
+    again = f"get_ipython().run_cell({up!r})"
+    cells = ["%load_ext nbdurable", "n = 1\nname = 'a'\nxs = []", up, grow, "%step list", again]
+    nbformat.write(make_notebook(cells), path)
+    out = run_notebook(make_notebook([*cells, "%step list"]), cwd=tmp_path, env=env)
+    first = _listed(_text(out, 4))
+    assert first["up"][0] == "recorded", _text(out, 4)
+    assert _text(out, 5) == "body ran\n"  # replayed: its output shown again
+    then = _listed(_text(out, 6))
+    assert then["up"][0] == "replayed", _text(out, 6)
+    # xs.append(x) did change xs: run again, a plain notebook would append again,
+    # so the step must run again too.
+    assert then["grow"] == ("invalidated", "input 'xs' changed"), _text(out, 6)

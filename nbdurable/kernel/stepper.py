@@ -726,11 +726,33 @@ def _changed_names(
     for name in analysis.binds | analysis.mutates:
         if name in after and not _HIDDEN.match(name):
             # `time.sleep(1)` looks like a method call on `time`; a module the
-            # step did not rebind is not something it produced.
-            if name not in analysis.binds and values.is_module(after[name]):
+            # step did not rebind is not something it produced. Nor is the same
+            # int or str after `n.bit_length()`: no method changes it, and
+            # counting it made every step reading `n` depend on this one.
+            if name not in analysis.binds and (
+                values.is_module(after[name])
+                or (before.get(name) is after[name] and _immutable(after[name]))
+            ):
                 continue
             out.add(name)
     return sorted(out)
+
+
+_SCALARS = (int, float, complex, str, bytes, bool, type(None))
+
+
+def _immutable(value: Any) -> bool:
+    """A builtin scalar, or a tuple or frozenset of them: nothing a method call can change.
+
+    Exact types only (a subclass may add state), and one level only, so the
+    check costs a pass over a tuple at most; anything else a method was
+    called on stays a possible change, however its fingerprint looks, since
+    a large value's fingerprint samples it.
+    """
+    kind = type(value)
+    if kind in _SCALARS:
+        return True
+    return kind in (tuple, frozenset) and all(type(v) in _SCALARS for v in value)
 
 
 def _attributes(plan: Plan, ns: dict[str, Any]) -> dict[str, dict[str, int]]:
