@@ -62,6 +62,52 @@ def test_an_object_of_the_namespace_is_referenced_not_copied(store):
     assert got["on"] is handler
 
 
+def test_references_to_objects_alone_are_written_without_asking_about_every_object(
+    store, monkeypatch
+):
+    """A reference to an instance, a class or a function is written from reducer_override.
+
+    Only a reference to a list, dict, str... needs persistent_id, a Python
+    call for every object pickled (seconds for a million). The references
+    still load as the live objects, once each, and are still checked.
+    """
+
+    class Model:
+        def __init__(self, n):
+            self.n = n
+
+    model = Model(1)
+    ns = {"Model": Model, "model": model, "rows": None}
+    ns["rows"] = [{"i": i, "m": model, "cls": Model} for i in range(1000)]
+    asked = []
+    monkeypatch.setattr(
+        values._RefPickler, "persistent_id", lambda self, obj: asked.append(1), raising=True
+    )
+    saved = save(store, ns, ["rows"])
+    assert asked == [], "no object was asked about"
+    fresh = {"Model": Model, "model": Model(1)}
+    rows = load(store, saved, fresh)["rows"]
+    assert len(rows) == 1000 and all(r["m"] is fresh["model"] for r in rows)
+    assert all(r["cls"] is Model for r in rows) and rows[5]["i"] == 5
+    with pytest.raises(recording.LoadFailed) as failed:
+        load(store, saved, {"Model": Model, "model": Model(2)})
+    assert isinstance(failed.value.cause, sharing.NotExact)
+
+
+def test_a_reference_to_a_container_is_still_asked_about(store, monkeypatch):
+    cfg = {"lr": 1}
+    ns = {"cfg": cfg, "model": [cfg, cfg]}
+    asked = []
+    real = values._RefPickler.persistent_id
+    monkeypatch.setattr(
+        values._RefPickler, "persistent_id", lambda self, obj: asked.append(1) or real(self, obj)
+    )
+    saved = save(store, ns, ["model"])
+    assert asked, "a dict is written by the pickler itself: only persistent_id sees it"
+    got = load(store, saved, {"cfg": {"lr": 1}})["model"]
+    assert got[0] is got[1]
+
+
 def test_a_path_through_containers_and_attributes_is_followed(store):
     class Box:
         pass

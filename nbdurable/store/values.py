@@ -37,6 +37,7 @@ import importlib
 import io
 import pickle
 import pickletools
+import re
 import sys
 import threading
 import types
@@ -285,7 +286,12 @@ def dump_values(
         refs.update(find_refs(held))
         del held
     if refs:
-        joint, _ = _deep_safe(run, _RefPickler)
+        # A reference to a list, dict, str... must be asked about (persistent_id):
+        # the pickler writes those types without calling reducer_override. Any
+        # other (a class, a function, an instance) can be written from
+        # reducer_override, which the pickler calls only for such objects.
+        slow = any(type(obj) in _NO_OVERRIDE for _, obj in refs.values())
+        joint, _ = _deep_safe(run, _RefPickler if slow else _RefReducer)
     return joint
 
 
@@ -399,7 +405,10 @@ class _Unpickler(pickle.Unpickler):
 
     def find_class(self, module: str, name: str) -> Any:
         self.plain = False
-        return super().find_class(module, name)
+        found = super().find_class(module, name)
+        if found is _ref:  # written by _RefReducer: the same as a persistent id
+            return lambda *pid: self.persistent_load(pid)
+        return found
 
     def persistent_load(self, pid: Any) -> Any:
         if not (isinstance(pid, tuple) and len(pid) == 3 and pid[0] == sharing.TAG):
@@ -460,9 +469,11 @@ def restore_problem(
             return f"it does not load back ({type(exc).__name__}: {exc})"
         finally:
             _namespace.reset(token)
-    if refs is None:  # too large to load twice, or not ours to load: read its names
-        refs = _main_refs(stream)
     own = set(produced)
+    if refs is None:  # too large to load twice, or not ours to load: read its names
+        if not _may_name(stream, own):
+            return None
+        refs = _main_refs(stream)
     for ref in refs:
         if ref.split(".", 1)[0] in own:
             return (
@@ -524,6 +535,29 @@ class _TrialUnpickler(_Unpickler):
 _STRINGS = {"SHORT_BINUNICODE", "BINUNICODE", "BINUNICODE8", "UNICODE"}
 _GETS = {"GET", "BINGET", "LONG_BINGET"}
 _BYTES = {"SHORT_BINBYTES", "BINBYTES", "BINBYTES8"}
+
+
+_STRING_START = rb"(?:\x8c.|X.{4}|\x8d.{8}|[\nV])"
+
+
+def _may_name(stream: bytes, names: Iterable[str]) -> bool:
+    """False only if no ``__main__`` reference in ``stream`` can start with one of ``names``.
+
+    Reading a pickle's opcodes (:func:`_main_refs`) runs in Python, about a
+    second per million objects; this is a byte search in C. A reference to
+    ``__main__.X`` or ``__main__.X.attr`` holds ``X`` as the start of a string
+    that the pickle writes whole (after its length, or after a newline in
+    protocol 0's ``GLOBAL``), nested class copies included: where no name
+    appears in any such place, no reference can name it.
+    """
+    for name in names:
+        raw = name.encode("utf-8", "surrogatepass")
+        # Before the name: 0x8c and a 1-byte length (SHORT_BINUNICODE), "X" and 4
+        # (BINUNICODE), 0x8d and 8 (BINUNICODE8), a newline (GLOBAL, INST) or "V"
+        # (UNICODE). Any length bytes will do: a superset is enough.
+        if raw in stream and re.search(_STRING_START + re.escape(raw), stream, re.DOTALL):
+            return True
+    return False
 
 
 def _main_refs(stream: bytes) -> list[str]:
@@ -611,6 +645,33 @@ class _RefPickler(_Pickler):
             return None
         self.plain = False
         return (sharing.TAG, got[0], self.ref_fp(*got) if self.ref_fp else None)
+
+
+class _RefReducer(_Pickler):
+    """A :class:`_Pickler` that writes the objects of ``refs`` as references, none a container.
+
+    As :class:`_RefPickler`, without a Python call per object: the reference is
+    a call of :func:`_ref`, which the unpickler resolves as a persistent id.
+    The pickler memoizes it, so the object is still written once.
+    """
+
+    def reducer_override(self, obj: Any) -> Any:
+        got = self.refs.get(id(obj))  # type: ignore[union-attr]
+        if got is not None and got[1] is obj:
+            self.plain = False
+            return _ref, (sharing.TAG, got[0], self.ref_fp(*got) if self.ref_fp else None)
+        return super().reducer_override(obj)
+
+
+#: Types the pickler writes itself, without asking reducer_override (CPython's _pickle.c).
+_NO_OVERRIDE = frozenset(
+    (bytes, str, dict, set, frozenset, list, tuple, bytearray, pickle.PickleBuffer)
+)
+
+
+def _ref(tag: str, path: Any, fp: str | None) -> Any:
+    """A reference written by :class:`_RefReducer`; :class:`_Unpickler` resolves it."""
+    raise pickle.UnpicklingError("a reference to a live object loads only through nbdurable")
 
 
 def _live_class(qualname: str, fingerprint: str, copy: bytes) -> type:
