@@ -7,21 +7,6 @@ import pytest
 from nbdurable.store import Store
 
 
-def pytest_collection_modifyitems(config, items):
-    """Keep the tests that share a module-scoped fixture on one xdist worker.
-
-    pytest-xdist hands tests out one by one by default, so both workers could
-    build the same module fixture (several real kernels each, up to a minute
-    for ``test_memory``'s). With ``--dist loadgroup`` (pyproject's addopts),
-    a group runs on one worker; every other test is still handed out singly.
-    """
-    for item in items:
-        info = getattr(item, "_fixtureinfo", None)
-        defs = info.name2fixturedefs.values() if info is not None else ()
-        if any(d[-1].scope == "module" for d in defs if d):
-            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
-
-
 @pytest.fixture(autouse=True)
 def _no_env_key(monkeypatch):
     """Stores in tests use their own key file, whatever the environment says."""
