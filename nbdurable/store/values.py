@@ -608,6 +608,13 @@ class _Pickler(cloudpickle.Pickler):
     refs: dict[int, tuple[sharing.Path, Any]] | None = None
     ref_fp: Any = None  # (path, object) -> the fingerprint a reference carries, or None
 
+    def reference(self, got: tuple[sharing.Path, Any], obj: Any) -> tuple | None:
+        """The persistent id of ``obj``, found as ``got`` in ``refs`` (None: an id reused)."""
+        if got[1] is not obj:
+            return None
+        self.plain = False
+        return (sharing.TAG, got[0], self.ref_fp(*got) if self.ref_fp else None)
+
     def reducer_override(self, obj: Any) -> Any:
         reduced = sharing.reduce_array(obj) if self.refs is not None else None
         if reduced is not None:
@@ -641,25 +648,22 @@ class _RefPickler(_Pickler):
             if type(obj) not in _PLAIN_CONTAINERS and type(obj) not in _PLAIN:
                 self.plain = False  # (memoized objects never reach reducer_override)
             return None
-        if got[1] is not obj:
-            return None
-        self.plain = False
-        return (sharing.TAG, got[0], self.ref_fp(*got) if self.ref_fp else None)
+        return self.reference(got, obj)
 
 
 class _RefReducer(_Pickler):
-    """A :class:`_Pickler` that writes the objects of ``refs`` as references, none a container.
+    """A :class:`_RefPickler` for ``refs`` that hold no container (see :data:`_NO_OVERRIDE`).
 
-    As :class:`_RefPickler`, without a Python call per object: the reference is
+    The same references, without a Python call per object: the reference is
     a call of :func:`_ref`, which the unpickler resolves as a persistent id.
     The pickler memoizes it, so the object is still written once.
     """
 
     def reducer_override(self, obj: Any) -> Any:
         got = self.refs.get(id(obj))  # type: ignore[union-attr]
-        if got is not None and got[1] is obj:
-            self.plain = False
-            return _ref, (sharing.TAG, got[0], self.ref_fp(*got) if self.ref_fp else None)
+        pid = self.reference(got, obj) if got is not None else None
+        if pid is not None:
+            return _ref, pid
         return super().reducer_override(obj)
 
 
