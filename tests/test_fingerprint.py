@@ -445,6 +445,51 @@ def test_callable_fingerprint_sees_every_edit(edit, label):
     assert fingerprint(_ask()["ask"]) != fingerprint(_ask(**edit)["ask"])
 
 
+def test_parts_kept_between_fingerprints_never_hide_a_change():
+    """Immutable parts are hashed once per process; every kind of change is still seen."""
+    import types
+
+    from nbdurable.identity import callables
+
+    library = types.ModuleType("some_library")
+    ns = _define(
+        "def f(x, n=(1, 'a')):\n    return (x, n, PROMPT, STATE, LIB, BIG)",
+        {
+            "__name__": "__main__",
+            "PROMPT": "Answer: ",
+            "STATE": [0],
+            "LIB": library,
+            "BIG": "x" * (callables._STABLE_BYTES_MAX + 1),
+        },
+    )
+    f = ns["f"]
+    seen = [callable_fingerprint(f)]
+    assert callable_fingerprint(f) == seen[0], "the same function, the same fingerprint"
+    cached = {type(entry[0]) for entry in callables._STABLE.values()}
+    assert {types.CodeType, tuple, str, types.ModuleType} <= cached
+    assert not any(entry[0] is ns["BIG"] for entry in callables._STABLE.values())
+
+    def changed(label: str) -> None:
+        now = callable_fingerprint(f)
+        assert first_change(seen[-1].parts, now.parts) == label
+        assert now.digest != seen[-1].digest
+        seen.append(now)
+
+    ns["PROMPT"] = "Reply: "  # a global rebound
+    changed("global PROMPT")
+    ns["STATE"].append(1)  # a mutable global changed in place
+    changed("global STATE")
+    library.__name__ = "renamed_library"  # what a library module is hashed by
+    changed("global LIB")
+    f.__defaults__ = (2, "a")
+    changed("defaults")
+    # Back to an earlier value: the earlier digest, whatever the cache holds.
+    ns["PROMPT"] = "Answer: "
+    assert callable_fingerprint(f).parts["global PROMPT"] == seen[0].parts["global PROMPT"]
+    f.__code__ = _define("def g(x, n=0):\n    return x")["g"].__code__
+    changed("code")
+
+
 def test_attribute_names_are_not_global_reads():
     src = "def f(obj):\n    return obj.model.shape"
     one = _define(src, {"__name__": "__main__", "model": 1, "shape": 1})["f"]

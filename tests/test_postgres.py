@@ -223,6 +223,51 @@ def test_sessions_killed_between_writes_lose_nothing_and_record_nothing_twice(pg
         assert count == [(40,)]
 
 
+def test_the_main_thread_keeps_its_connection_while_threads_share_the_pool(pg_url):
+    """The recording thread keeps one session across records; threads record alongside it."""
+    with Store(pg_url) as s:
+        s.put("r/x/first", {}, b"")
+        held = s._held
+        pid = held.info.backend_pid
+        errors: list[BaseException] = []
+
+        def record(t: int) -> None:
+            try:
+                for i in range(20):
+                    s.put(f"r/x/t{t}-{i}", {"t": t}, b"v")
+            except BaseException as exc:  # reported below, not lost in the thread
+                errors.append(exc)
+
+        threads = [threading.Thread(target=record, args=(t,)) for t in range(8)]
+        for th in threads:
+            th.start()
+        for i in range(20):
+            s.put(f"r/x/main-{i}", {}, b"v")
+        for th in threads:
+            th.join(60)
+        assert not errors
+        assert s._held is held and held.info.backend_pid == pid, "one session for the main thread"
+        assert len(s.scan("r/x/t")) == 160 and len(s.scan("r/x/main-")) == 20
+        terminate(pg_url)  # its session too: the next record reconnects
+        s.put("r/x/after", {}, b"v")
+        assert s._held is not held and s.get("r/x/after") is not None
+
+
+def test_a_record_the_server_refuses_is_one_line_and_the_next_one_lands(pg_url):
+    """A single record goes as a prepared statement: a server error still reads as one line."""
+    with Store(pg_url) as s:
+        s.put("r/x/a", {"i": 1}, b"v")  # prepared on this connection
+        ns = namespace(pg_url)
+        pg_sql(pg_url, f'ALTER TABLE "{ns}".kv ADD CONSTRAINT small CHECK (size < 100)')
+        with pytest.raises(StoreError) as info:
+            s.put("r/x/b", {"i": 2}, b"v" * 200)
+        message = str(info.value)
+        assert "small" in message and "Nothing was recorded" in message and "\n" not in message
+        pg_sql(pg_url, f'ALTER TABLE "{ns}".kv DROP CONSTRAINT small')
+        s.put("r/x/b", {"i": 2}, b"v" * 200)  # the same connection, the same statement
+        assert s.get("r/x/b")[0] == {"i": 2} and s.get("r/x/a")[0] == {"i": 1}
+
+
 def test_a_session_killed_in_the_middle_of_a_blob_write(pg_url, monkeypatch):
     """The write's transaction is lost with its session; the retry writes it whole, once."""
     from nbdurable.store import _pg

@@ -15,6 +15,7 @@ import hashlib
 import types
 from typing import Any, NamedTuple
 
+from . import localcode
 from .fingerprint import (
     _EXACT,
     _MISSING,
@@ -58,37 +59,85 @@ def callable_fingerprint(fn: Any) -> CallableFingerprint:
     """
     if not callable(fn):
         raise TypeError(f"callable_fingerprint() needs a callable, got {type(fn).__name__}")
-    parts: dict[str, str] = {}
+    pairs: list[tuple[str, Any]] = []
+    _callable_parts(fn, pairs, 0)
     type_only: list[str] = []
-
-    def add(label: str, value: Any) -> None:
-        h = _Hasher()
-        parts[label] = h.run(value)
-        type_only.extend(h.type_only)
-
-    _callable_parts(fn, add, 0)
+    parts = {label: _part_digest(value, type_only) for label, value in pairs}
     h = hashlib.sha256(f"nbdurable-callable-{FINGERPRINT_VERSION}\0".encode())
-    for label, digest in parts.items():
-        h.update(f"{label}\0{digest}\0".encode("utf-8", "surrogatepass"))
+    h.update(
+        "".join(f"{label}\0{digest}\0" for label, digest in parts.items()).encode(
+            "utf-8", "surrogatepass"
+        )
+    )
     return CallableFingerprint(h.hexdigest()[:32], parts, tuple(type_only))
 
 
-def _callable_parts(fn: Any, add: Any, depth: int) -> None:
+# A part whose value can never change (its code, a default of None, a prompt
+# string, a library module, which is hashed by name) would otherwise be hashed
+# again on every call, twice: before it and after it (to tell state the call
+# changed). Such digests are kept here, keyed by the value's id with the value
+# held, so the id cannot be reused while the entry lives. A mutable value (a
+# list, an instance, a local module, whose source may be edited) is always
+# hashed again: only its content says whether it changed.
+_STABLE: dict[int, tuple[Any, Any, str]] = {}  # id -> (value, check, digest)
+_STABLE_MAX = 4096
+_STABLE_ATOMS = frozenset(
+    {type(None), bool, int, float, complex, str, bytes, types.CodeType, type(...)}
+)
+#: Larger strings and bytes are not held by the cache (a replaced 100 MB prompt
+#: must not stay in memory); they are hashed on each use, as before.
+_STABLE_BYTES_MAX = 1 << 20
+
+
+def _part_digest(value: Any, type_only: list[str]) -> str:
+    """The fingerprint of one part, from :data:`_STABLE` when ``value`` cannot have changed."""
+    hit = _STABLE.get(id(value))
+    if hit is not None and hit[0] is value and (hit[1] is None or hit[1] == _module_check(value)):
+        return hit[2]
+    h = _Hasher()
+    digest = h.run(value)
+    type_only.extend(h.type_only)
+    if not h.type_only and _stable(value, 0):
+        if len(_STABLE) >= _STABLE_MAX:
+            _STABLE.clear()
+        _STABLE[id(value)] = (value, _module_check(value), digest)
+    return digest
+
+
+def _stable(value: Any, depth: int) -> bool:
+    """True if ``value``'s fingerprint can never change: immutable all the way down."""
+    t = type(value)
+    if t in _STABLE_ATOMS:
+        return t not in (str, bytes) or len(value) <= _STABLE_BYTES_MAX
+    if t is tuple or t is frozenset:
+        return depth < 3 and len(value) <= 64 and all(_stable(x, depth + 1) for x in value)
+    # A library module is hashed by its name alone (see _module_check).
+    return t is types.ModuleType and depth == 0 and localcode.module_file(value) is None
+
+
+def _module_check(value: Any) -> Any:
+    """What a library module's digest depends on, compared on every cache hit."""
+    if type(value) is not types.ModuleType:
+        return None
+    namespace = vars(value)
+    return (namespace.get("__name__"), namespace.get("__file__"))
+
+
+def _callable_parts(fn: Any, out: list[tuple[str, Any]], depth: int) -> None:
+    """Append ``(label, value)`` for each part of ``fn`` to ``out`` (see callable_fingerprint)."""
     if depth > 100:  # a __wrapped__ chain that loops
-        add("self", fn)
+        out.append(("self", fn))
         return
     if type(fn) is types.FunctionType:
-        for label, value in function_parts(fn):
-            add(label, value)
+        out += function_parts(fn)
     elif type(fn) is types.MethodType:
-        _callable_parts(fn.__func__, add, depth + 1)
-        add("self", fn.__self__)
+        _callable_parts(fn.__func__, out, depth + 1)
+        out.append(("self", fn.__self__))
     elif type(fn) is functools.partial:
-        _callable_parts(fn.func, add, depth + 1)
-        add("partial args", fn.args)
-        add("partial keywords", fn.keywords)
+        _callable_parts(fn.func, out, depth + 1)
+        out += (("partial args", fn.args), ("partial keywords", fn.keywords))
     elif isinstance(fn, type) or type(fn) in _EXACT:
-        add("self", fn)
+        out.append(("self", fn))
     else:
         inner = _instance_dict(fn).get("__wrapped__", _MISSING)
         if inner is _MISSING and type(fn).__name__ == "vectorize":
@@ -99,8 +148,8 @@ def _callable_parts(fn: Any, add: Any, depth: int) -> None:
         if inner is not fn and (
             type(inner) is types.FunctionType or (callable(inner) and not _is_slot(inner))
         ):
-            _callable_parts(inner, add, depth + 1)
-        add("self", fn)
+            _callable_parts(inner, out, depth + 1)
+        out.append(("self", fn))
 
 
 def _is_slot(x: Any) -> bool:

@@ -56,11 +56,15 @@ from typing import Any
 from .. import faults
 from ..errors import CorruptRecord, StoreError
 from . import blobs, codec, layout
-from ._pg import ChunkWriter, create_tables, display, parse_url, reason
+from ._pg import BYTEA, INT8, TEXT, ChunkWriter, Prepared, create_tables, display, parse_url, reason
 from .base import Fence, Header, Store
 
 #: Attempts of one operation when the connection is lost.
 RETRIES = 4
+# Every write of a key replaces the whole row: a retried write lands once.
+_UPSERT = (
+    "ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value, size = EXCLUDED.size, blob = NULL"
+)
 
 try:
     import psycopg
@@ -97,11 +101,25 @@ class PgStore(Store):
         self.namespace, self.chunk_size = target.namespace, target.chunk_size
         self._conninfo, self._options = target.conninfo, target.options
         self._connect_timeout = target.connect_timeout
-        self._t = f'"{self.namespace}"'
+        self._t = t = f'"{self.namespace}"'
+        # A sub-step's record; fenced, only while the lease row names our token
+        # (see write). RETURNING gives a row only when the row was written.
+        put = f"INSERT INTO {t}.kv (key, value, size) SELECT $3, $4, $5"
+        self._put_fenced = Prepared(
+            f"WITH lease AS (SELECT FROM {t}.kv WHERE key = $1 "
+            f"AND position($2 IN value) > 0 FOR SHARE) {put} "
+            f"WHERE EXISTS (SELECT FROM lease) {_UPSERT} RETURNING TRUE",
+            (TEXT, BYTEA, TEXT, BYTEA, INT8),
+        )
+        self._put = Prepared(
+            f"INSERT INTO {t}.kv (key, value, size) VALUES ($1, $2, $3) {_UPSERT} RETURNING TRUE",
+            (TEXT, BYTEA, INT8),
+        )
         # Advisory locks are per database: the namespace's own lock space.
         self._space = zlib.crc32(self.namespace.encode()) - 2**31
         self._local = threading.local()
         self._pool: Any = None
+        self._held: Any = None  # the main thread's connection, see _connection
         self.generation = 0
         self.deletions = 0
         self._open()
@@ -130,7 +148,8 @@ class PgStore(Store):
         self._pool = psycopg_pool.ConnectionPool(
             self._conninfo,
             min_size=1,
-            max_size=4,
+            # One is held by the main thread (see _connection); four for the others.
+            max_size=5,
             # Autocommit: a one-statement write commits in one round trip; every
             # other write is an explicit transaction (see _run).
             kwargs={**self._options, "autocommit": True},
@@ -162,7 +181,7 @@ class PgStore(Store):
         for attempt in range(RETRIES):
             conn = None
             try:
-                with self._pool.connection() as conn:
+                with self._connection() as conn:
                     if not tx:
                         return fn(conn)
                     with conn.transaction():
@@ -181,6 +200,31 @@ class PgStore(Store):
             except psycopg.Error as exc:
                 raise self._failure(doing, exc) from exc
         raise AssertionError("unreachable")  # pragma: no cover
+
+    @contextlib.contextmanager
+    def _connection(self) -> Iterator[Any]:
+        """A connection from the pool; the main thread's is kept between operations.
+
+        The kernel records every call from its main thread, one statement
+        each: taking the connection from the pool and giving it back costs
+        10-20 µs a record, so that thread keeps one. Any failure gives it
+        back to the pool, which closes it if broken (the next operation takes
+        a fresh one); other threads (heartbeats, calls made from threads)
+        take theirs from the pool for each operation.
+        """
+        if threading.current_thread() is not threading.main_thread():
+            with self._pool.connection() as conn:
+                yield conn
+            return
+        conn = self._held
+        if conn is None:
+            conn = self._held = self._pool.getconn()
+        try:
+            yield conn
+        except BaseException:
+            self._held = None
+            self._pool.putconn(conn)
+            raise
 
     def _guarded(self, doing: str, fn: Callable[[], Any]) -> Any:
         try:
@@ -278,9 +322,11 @@ class PgStore(Store):
 
         One statement, sent in one round trip: in autocommit a statement is
         its own transaction, so every row of it commits together or none
-        does, with one WAL flush. A step's record, its state and its small
-        blobs are one ``unnest`` of arrays (one prepared statement whatever
-        their number); deletes and the chunks of a rewritten blob go in
+        does, with one WAL flush. A sub-step's record, the write made on
+        every recorded call, is one upsert prepared on the connection
+        (:class:`~._pg.Prepared`). A step's record, its state and its small
+        blobs are one ``unnest`` of arrays (one statement whatever their
+        number); deletes and the chunks of a rewritten blob go in
         data-modifying ``WITH`` clauses of the same statement.
 
         With a ``fence`` (see :class:`~.base.Fence`) every clause runs only if
@@ -293,41 +339,26 @@ class PgStore(Store):
         keys = [k for k in values if k not in gone]  # put then deleted: deleted, as on disk
         # A key that held a chunked blob gives its chunks up (rare: a rewritten blob).
         chunked = [k for k in keys if k.startswith(layout.BLOBS)] + list(deletes)
-        t = self._t
-        upsert = (
-            "ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value, "
-            "size = EXCLUDED.size, blob = NULL"
-        )
-        lease, held, args = "", "TRUE", ()
-        if fence is not None:
-            lease = (
-                f"WITH lease AS (SELECT FROM {t}.kv WHERE key = %s "
-                "AND position(%b IN value) > 0 FOR SHARE) "
-            )
-            held, args = "EXISTS (SELECT FROM lease)", (fence.key, fence.marker)
-        if len(keys) == 1 and not chunked:  # a sub-step's record: the plainest statement
-            sql = (
-                f"{lease}INSERT INTO {t}.kv (key, value, size) SELECT %s, %b, %s "
-                f"WHERE {held} {upsert} RETURNING TRUE"
-            )
-            args += (keys[0], values[keys[0]], len(values[keys[0]]))
-        else:
-            sql = (
-                f"{lease}{', ' if lease else 'WITH '}dropped AS (DELETE FROM {t}.chunks "
-                f"WHERE blob IN (SELECT blob FROM {t}.kv WHERE key = ANY(%s) "
-                f"AND blob IS NOT NULL) AND {held}), "
-                f"removed AS (DELETE FROM {t}.kv WHERE key = ANY(%s) AND {held}), "
-                f"put AS (INSERT INTO {t}.kv (key, value, size) "
-                f"SELECT * FROM unnest(%s::text[], %b::bytea[], %s::bigint[]) WHERE {held} "
-                f"{upsert}) SELECT {held}"
-            )
-            data = [values[k] for k in keys]
-            args += (chunked, list(deletes), keys, data, [len(v) for v in data])
+        if len(keys) == 1 and not chunked:  # a sub-step's record: one prepared statement
+            key = keys[0]
+            value = values[key]
+            params = [key.encode("utf-8"), value, str(len(value)).encode()]
+            put = self._put
+            if fence is not None:
+                put = self._put_fenced
+                params = [fence.key.encode("utf-8"), fence.marker, *params]
 
-        def fn(conn: Any) -> bool:
-            row = conn.execute(sql, args).fetchone()
-            faults.point("store-write")  # inside the transaction, before its commit
-            return row is not None and bool(row[0])  # no row, or FALSE: the fence said no
+            def fn(conn: Any) -> bool:
+                res = put.run(conn, params)
+                faults.point("store-write")  # inside the transaction, before its commit
+                return res.ntuples > 0  # no row: the fence said no
+        else:
+            sql, args = self._write_sql(keys, chunked, list(deletes), values, fence)
+
+            def fn(conn: Any) -> bool:
+                row = conn.execute(sql, args).fetchone()
+                faults.point("store-write")  # inside the transaction, before its commit
+                return row is not None and bool(row[0])  # no row, or FALSE: the fence said no
 
         if deletes:
             self.deletions += 1
@@ -336,6 +367,35 @@ class PgStore(Store):
         if not self._run("write", fn, tx=faults.armed("store-write")):
             raise self._lost(fence)  # type: ignore[arg-type]  # only a fence says no
         self._suspect.difference_update(values)
+
+    def _write_sql(
+        self,
+        keys: list[str],
+        chunked: list[str],
+        deletes: list[str],
+        values: dict[str, bytes],
+        fence: Fence | None,
+    ) -> tuple[str, tuple]:
+        """The general write (see :meth:`write`): one statement of data-modifying clauses."""
+        t = self._t
+        lease, held, args = "", "TRUE", ()
+        if fence is not None:
+            lease = (
+                f"WITH lease AS (SELECT FROM {t}.kv WHERE key = %s "
+                "AND position(%b IN value) > 0 FOR SHARE), "
+            )
+            held, args = "EXISTS (SELECT FROM lease)", (fence.key, fence.marker)
+        sql = (
+            f"{lease or 'WITH '}dropped AS (DELETE FROM {t}.chunks "
+            f"WHERE blob IN (SELECT blob FROM {t}.kv WHERE key = ANY(%s) "
+            f"AND blob IS NOT NULL) AND {held}), "
+            f"removed AS (DELETE FROM {t}.kv WHERE key = ANY(%s) AND {held}), "
+            f"put AS (INSERT INTO {t}.kv (key, value, size) "
+            f"SELECT * FROM unnest(%s::text[], %b::bytea[], %s::bigint[]) WHERE {held} "
+            f"{_UPSERT}) SELECT {held}"
+        )
+        data = [values[k] for k in keys]
+        return sql, (*args, chunked, deletes, keys, data, [len(v) for v in data])
 
     def _drop_chunks(self, cur: Any, keys: Sequence[str]) -> None:
         cur.execute(
@@ -398,9 +458,7 @@ class PgStore(Store):
             else:
                 value = self._encode(key, new)
                 conn.execute(
-                    f"INSERT INTO {self._t}.kv (key, value, size) VALUES (%s, %b, %s) "
-                    "ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value, "
-                    "size = EXCLUDED.size, blob = NULL",
+                    f"INSERT INTO {self._t}.kv (key, value, size) VALUES (%s, %b, %s) {_UPSERT}",
                     (key, value, len(value)),
                 )
             return current
@@ -541,7 +599,10 @@ class PgStore(Store):
     def close(self) -> None:
         """Close the pool's connections."""
         if self._pool is not None:
+            held, self._held = self._held, None
             with contextlib.suppress(Exception):
+                if held is not None:
+                    self._pool.putconn(held)
                 self._pool.close()
             self._pool = None
 
