@@ -2,6 +2,7 @@
 
     python -m bench.postgres [--url postgresql://postgres@127.0.0.1:5432/test]
                              [--steps 100,1000,10000] [--size 1000] [--writers 8]
+                             [--rounds 3]
 
 1. **Per step, record and replay**, at each ``--steps`` (is it flat?):
    nbdurable's ``step()`` inside a ``%%step`` on the PostgreSQL store, the same
@@ -11,7 +12,10 @@
    as in ``bench/peers.py``; a peer not installed is reported as such,
    ``pip install -e '.[bench]'``). With each row, the server's own count of
    transactions committed and WAL flushes per recorded step: the work each
-   system asks of the server, whatever the load on the machine.
+   system asks of the server, whatever the load on the machine. Each ``n``
+   is measured in ``--rounds`` rounds, every system once per round in a
+   rotated order, and the rounds' timings pooled: a VM whose speed drifts
+   during the run then slows every system alike.
 2. **Concurrent kernels**: ``--writers`` processes, each recording its own run
    into ONE namespace at once: throughput in steps/s over all of them, and
    the per-step median and p99.
@@ -206,7 +210,8 @@ def _server_counts(url: str) -> tuple[int, int]:
     return last
 
 
-def per_step(url: str, steps: list[int], size: int, root: Path) -> Table:
+def per_step(url: str, steps: list[int], size: int, root: Path, rounds: int = 3) -> Table:
+    """Each system at each ``n``, in ``rounds`` interleaved rounds (see the notes it adds)."""
     t = Table(
         "PostgreSQL 1. Sub-steps on one server: record and replay, per step",
         [
@@ -217,6 +222,7 @@ def per_step(url: str, steps: list[int], size: int, root: Path) -> Table:
             "replay median",
             "replay p99",
             "record ×nbd",
+            "record ×nbd by round",
             "replay ×nbd",
             "commits/step",
             "WAL flushes/step",
@@ -231,50 +237,44 @@ def per_step(url: str, steps: list[int], size: int, root: Path) -> Table:
         LangGraphPg(url, durability="sync"),
     ]
     systems[1].name = "nbdurable (embedded, for reference)"
-    base: dict[int, tuple[Summary, Summary]] = {}
+    live = []
     for system in systems:
         try:
             system.check()
+            live.append(system)
         except peers.Unavailable as exc:
             t.skipped.append(f"{system.name}: {exc}")
-            continue
-        try:
-            for n in steps:
-                peers.VALUES[:] = peers.make_values(size, n)
-                if hasattr(system, "fresh"):
-                    system.fresh()
-                d = root / f"{len(t.rows)}-{n}"
-                quiesce()
-                before = _server_counts(url)
-                rec = system.record(d, n)
-                after = _server_counts(url)
-                quiesce()
-                rep = system.replay(d, len(rec.times))
-                if rep.calls:
-                    raise RuntimeError(f"did not replay: {rep.calls} calls made again")
-                r, p = Summary.of(rec.times), Summary.of(rep.times)
-                if system is systems[0]:
-                    base[n] = (r, p)
-                ref = base.get(n)
-                t.add(
-                    system.name,
-                    n,
-                    fmt_us(r.median_us),
-                    fmt_us(r.p99_us),
-                    fmt_us(p.median_us),
-                    fmt_us(p.p99_us),
-                    fmt_ratio(r.median_us / ref[0].median_us) if ref else "–",
-                    fmt_ratio(p.median_us / ref[1].median_us) if ref else "–",
-                    f"{(after[0] - before[0]) / len(rec.times):.2f}",
-                    f"{(after[1] - before[1]) / len(rec.times):.2f}",
-                )
-                shutil.rmtree(d, ignore_errors=True)
-        except Exception as exc:  # a peer's failure is reported, not fatal
-            t.skipped.append(f"{system.name}: {type(exc).__name__}: {exc}")
-        finally:
+    failed: dict[Any, str] = {}
+    try:
+        for n in steps:
+            peers.VALUES[:] = peers.make_values(size, n)
+            # per system: record times, replay times, (commits, flushes, steps) per round
+            got: dict[Any, list[Any]] = {s: [[], [], []] for s in live}
+            for r in range(rounds):
+                # Each round in another order: no system is always the one measured
+                # first (a cold server) or right after the heaviest.
+                for system in live[r % len(live) :] + live[: r % len(live)]:
+                    if system not in failed:
+                        try:
+                            _measure(system, url, n, root / f"{r}-{n}-{id(system)}", got[system])
+                        except Exception as exc:  # a peer's failure is reported, not fatal
+                            failed[system] = f"{system.name}: {type(exc).__name__}: {exc}"
+                        finally:
+                            system.close()
+            if live and live[0] is systems[0] and systems[0] not in failed:
+                _rows(t, n, [(s, got[s]) for s in live if s not in failed])
+    finally:
+        for system in systems:
             system.close()
             if hasattr(system, "cleanup"):
                 system.cleanup()
+    t.skipped += failed.values()
+    t.notes.append(
+        f"each row pools {rounds} rounds, the systems measured one after another in each, "
+        "in a rotated order: a machine whose speed drifts (a VM's neighbours) weighs on "
+        "every system alike; 'by round' gives the lowest and highest ratio of one round's "
+        "medians"
+    )
     t.notes.append(
         "LangGraph (PostgresSaver) saves a task's write on a background thread, so its record "
         "time does not include the commit that nbdurable and DBOS wait for; durability='sync' "
@@ -291,6 +291,52 @@ def per_step(url: str, steps: list[int], size: int, root: Path) -> Table:
         "same n: above 1 means nbdurable is cheaper per step"
     )
     return t
+
+
+def _measure(system: Any, url: str, n: int, d: Path, into: list[Any]) -> None:
+    """One round of ``system`` at ``n``: record, then replay from a fresh instance."""
+    if hasattr(system, "fresh"):
+        system.fresh()
+    quiesce()
+    before = _server_counts(url)
+    rec = system.record(d, n)
+    after = _server_counts(url)
+    quiesce()
+    rep = system.replay(d, len(rec.times))
+    shutil.rmtree(d, ignore_errors=True)
+    if rep.calls:
+        raise RuntimeError(f"did not replay: {rep.calls} calls made again")
+    into[0].append(rec.times)
+    into[1].append(rep.times)
+    into[2].append((after[0] - before[0], after[1] - before[1], len(rec.times)))
+
+
+def _rows(t: Table, n: int, measured: list[tuple[Any, list[Any]]]) -> None:
+    """One row per system at ``n``: pooled medians, ratios to nbdurable (the first)."""
+    if not measured:
+        return
+    base = measured[0][1]
+    base_rec = [Summary.of(x).median_us for x in base[0]]
+    ref_r = Summary.of([x for times in base[0] for x in times])
+    ref_p = Summary.of([x for times in base[1] for x in times])
+    for system, (recs, reps, counts) in measured:
+        r = Summary.of([x for times in recs for x in times])
+        p = Summary.of([x for times in reps for x in times])
+        by_round = [Summary.of(x).median_us / b for x, b in zip(recs, base_rec, strict=True)]
+        steps = sum(c[2] for c in counts)
+        t.add(
+            system.name,
+            n,
+            fmt_us(r.median_us),
+            fmt_us(r.p99_us),
+            fmt_us(p.median_us),
+            fmt_us(p.p99_us),
+            fmt_ratio(r.median_us / ref_r.median_us),
+            f"{fmt_ratio(min(by_round))}–{fmt_ratio(max(by_round))}",
+            fmt_ratio(p.median_us / ref_p.median_us),
+            f"{sum(c[0] for c in counts) / steps:.2f}",
+            f"{sum(c[1] for c in counts) / steps:.2f}",
+        )
 
 
 # -- 2. concurrent kernels -------------------------------------------------------------
@@ -366,6 +412,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--size", type=int, default=1000, help="bytes per recorded value")
     parser.add_argument("--writers", type=int, default=8, help="concurrent kernels")
     parser.add_argument("--writer-steps", type=int, default=500, help="steps per writer")
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="interleaved rounds of section 1 (pooled)"
+    )
     args = parser.parse_args(argv)
     os.environ.setdefault("NBDURABLE_KEY", "bench-" + "k" * 16)
     steps = [int(s) for s in args.steps.split(",") if s]
@@ -374,7 +423,7 @@ def main(argv: list[str] | None = None) -> int:
         # Each table is printed as soon as it is measured: a later section that
         # fails does not take an earlier one's figures with it.
         sections = (
-            lambda: per_step(args.url, steps, args.size, Path(tmp)),
+            lambda: per_step(args.url, steps, args.size, Path(tmp), args.rounds),
             lambda: concurrent(args.url, args.writers, args.writer_steps, args.size),
         )
         for section in sections:

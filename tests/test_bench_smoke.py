@@ -86,3 +86,30 @@ def test_bench_quick_runs_every_section_and_system(tmp_path):
     for row in ("bare kernel", "first run", "rerun after restart"):
         assert row in e2e, e2e
     assert "none on the reruns" in e2e, e2e
+
+
+@pytest.mark.postgres
+def test_bench_postgres_runs_both_sections_at_tiny_sizes(pg_server):
+    """``python -m bench.postgres`` at tiny sizes: nbdurable's rows always, the peers or why not."""
+    env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONWARNINGS="default")
+    args = ["--url", pg_server, "--steps", "5", "--rounds", "2", "--writers", "2"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.postgres", *args, "--writer-steps", "5"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    out = proc.stdout
+    assert proc.returncode == 0, out[-4000:] + "\n--- stderr ---\n" + proc.stderr[-4000:]
+    per_step = _section(out, "PostgreSQL 1. Sub-steps")
+    rows = per_step.splitlines()
+    for name in ("nbdurable (PostgreSQL)", "nbdurable (embedded, for reference)"):
+        assert sum(1 for r in rows if r.startswith(name + " ")) == 1, per_step
+    for name in ("DBOS (PostgreSQL)", "LangGraph (PostgresSaver)"):
+        ran = sum(1 for r in rows if r.startswith(name + " ")) == 1
+        assert ran or any(r.startswith(f"could not run: {name}") for r in rows), per_step
+    assert "pools 2 rounds" in per_step
+    writers = _section(out, "PostgreSQL 2. 2 kernels")
+    assert "steps/s" in writers, writers
