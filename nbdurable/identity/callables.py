@@ -57,12 +57,8 @@ def callable_fingerprint(fn: Any) -> CallableFingerprint:
     (:func:`first_change`). Cycle-safe; the same in every process.
     Raises ``TypeError`` if ``fn`` is not callable.
     """
-    if not callable(fn):
-        raise TypeError(f"callable_fingerprint() needs a callable, got {type(fn).__name__}")
-    pairs: list[tuple[str, Any]] = []
-    _callable_parts(fn, pairs, 0)
     type_only: list[str] = []
-    parts = {label: _part_digest(value, type_only) for label, value in pairs}
+    parts = callable_parts(fn, type_only)
     h = hashlib.sha256(f"nbdurable-callable-{FINGERPRINT_VERSION}\0".encode())
     h.update(
         "".join(f"{label}\0{digest}\0" for label, digest in parts.items()).encode(
@@ -70,6 +66,20 @@ def callable_fingerprint(fn: Any) -> CallableFingerprint:
         )
     )
     return CallableFingerprint(h.hexdigest()[:32], parts, tuple(type_only))
+
+
+def callable_parts(fn: Any, type_only: list[str] | None = None) -> dict[str, str]:
+    """The ``parts`` of :func:`callable_fingerprint` alone, without the digest over them.
+
+    What a caller compares part by part (what a call changed in its callee);
+    ``type_only`` collects what was hashed by type only.
+    """
+    if not callable(fn):
+        raise TypeError(f"callable_fingerprint() needs a callable, got {type(fn).__name__}")
+    pairs: list[tuple[str, Any]] = []
+    _callable_parts(fn, pairs, 0)
+    found: list[str] = [] if type_only is None else type_only
+    return {label: _part_digest(value, found) for label, value in pairs}
 
 
 # A part whose value can never change (its code, a default of None, a prompt

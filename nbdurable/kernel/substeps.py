@@ -56,7 +56,12 @@ from .. import config, events, faults, redact
 from ..clients import awaitables, streams, usage
 from ..errors import CorruptRecord, DivergenceError, StoreError, UsageProblem
 from ..identity import keys
-from ..identity.callables import CallableFingerprint, callable_fingerprint, first_change
+from ..identity.callables import (
+    CallableFingerprint,
+    callable_fingerprint,
+    callable_parts,
+    first_change,
+)
 from ..store import values
 from ..store.layout import RUN_SCOPE
 from ..store.records import FORMAT_VERSION
@@ -421,7 +426,7 @@ class _Call:
             return
         saved = (result, {k: self.args[k] for k in mutated}) if mutated else result
         parts = self.callee.parts
-        after = _callee_fingerprint(fn, where).parts  # what the call changed in its callee
+        after = _callee_parts(fn, where)  # what the call changed in its callee
         volatile = sorted(k for k, v in parts.items() if after.get(k) != v)
         try:
             body = values.dumps(saved)
@@ -537,6 +542,14 @@ def _callee_fingerprint(fn: Callable[..., Any], where: str) -> CallableFingerpri
         t = type(fn)
         digest = hashlib.sha256(f"type:{t.__module__}.{t.__qualname__}".encode()).hexdigest()
         return CallableFingerprint(digest[:32], {"type": digest[:32]}, (t.__qualname__,))
+
+
+def _callee_parts(fn: Callable[..., Any], where: str) -> dict[str, str]:
+    """The parts of :func:`_callee_fingerprint` (the digest over them is not needed)."""
+    try:
+        return callable_parts(fn)
+    except Exception:  # the same fallback, and its warning
+        return _callee_fingerprint(fn, where).parts
 
 
 def _labelled(args: tuple, kwargs: dict) -> dict[str, Any]:

@@ -14,6 +14,12 @@ from .._text import one_line
 from ..errors import FormatVersionError, StoreError
 from . import blobs
 
+try:
+    from psycopg import errors as pg_errors
+    from psycopg import generators, pq
+except ImportError:  # pragma: no cover - PgStore says what to install
+    pass
+
 #: The table layout; increment on a breaking change (an older nbdurable then refuses it).
 SCHEMA_VERSION = 1
 #: Rows of a chunked blob hold this many bytes (the URL's ``chunk_size`` overrides it).
@@ -153,8 +159,6 @@ class Prepared:
 
     def run(self, conn: Any, params: Sequence[bytes]) -> Any:
         """The statement's result on ``conn`` (a psycopg ``Connection``); raises its error."""
-        from psycopg import generators
-
         pg = conn.pgconn
         with conn.lock:
             names = _PREPARED.get(conn)
@@ -173,11 +177,9 @@ _PREPARED: weakref.WeakKeyDictionary[Any, set[bytes]] = weakref.WeakKeyDictionar
 
 
 def _result(results: list[Any]) -> Any:
-    from psycopg import errors, pq
-
     res = results[-1]
     if res.status == pq.ExecStatus.FATAL_ERROR:
-        raise errors.error_from_result(res, encoding="utf-8")
+        raise pg_errors.error_from_result(res, encoding="utf-8")
     return res
 
 
