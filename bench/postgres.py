@@ -223,6 +223,7 @@ def per_step(url: str, steps: list[int], size: int, root: Path, rounds: int = 3)
             "replay p99",
             "record ×nbd",
             "record ×nbd by round",
+            "record last ÷ first tenth",
             "replay ×nbd",
             "commits/step",
             "WAL flushes/step",
@@ -276,6 +277,11 @@ def per_step(url: str, steps: list[int], size: int, root: Path, rounds: int = 3)
         "medians"
     )
     t.notes.append(
+        "last ÷ first tenth: the median of a record run's last tenth of calls over its first "
+        "tenth's (pooled over the rounds): growth with the run's length, within one run, "
+        "which a drift of the machine between the rows of different n does not move"
+    )
+    t.notes.append(
         "LangGraph (PostgresSaver) saves a task's write on a background thread, so its record "
         "time does not include the commit that nbdurable and DBOS wait for; durability='sync' "
         "waits only for the checkpoint between supersteps, not for a task's write (LangGraph "
@@ -311,6 +317,10 @@ def _measure(system: Any, url: str, n: int, d: Path, into: list[Any]) -> None:
     into[2].append((after[0] - before[0], after[1] - before[1], len(rec.times)))
 
 
+def _tenth(times: list[int]) -> int:
+    return max(1, len(times) // 10)
+
+
 def _rows(t: Table, n: int, measured: list[tuple[Any, list[Any]]]) -> None:
     """One row per system at ``n``: pooled medians, ratios to nbdurable (the first)."""
     if not measured:
@@ -323,6 +333,8 @@ def _rows(t: Table, n: int, measured: list[tuple[Any, list[Any]]]) -> None:
         r = Summary.of([x for times in recs for x in times])
         p = Summary.of([x for times in reps for x in times])
         by_round = [Summary.of(x).median_us / b for x, b in zip(recs, base_rec, strict=True)]
+        first = Summary.of([x for times in recs for x in times[: _tenth(times)]])
+        last = Summary.of([x for times in recs for x in times[-_tenth(times) :]])
         steps = sum(c[2] for c in counts)
         t.add(
             system.name,
@@ -333,6 +345,7 @@ def _rows(t: Table, n: int, measured: list[tuple[Any, list[Any]]]) -> None:
             fmt_us(p.p99_us),
             fmt_ratio(r.median_us / ref_r.median_us),
             f"{fmt_ratio(min(by_round))}–{fmt_ratio(max(by_round))}",
+            fmt_ratio(last.median_us / first.median_us),
             fmt_ratio(p.median_us / ref_p.median_us),
             f"{sum(c[0] for c in counts) / steps:.2f}",
             f"{sum(c[1] for c in counts) / steps:.2f}",
