@@ -65,6 +65,17 @@ RETRIES = 4
 _UPSERT = (
     "ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value, size = EXCLUDED.size, blob = NULL"
 )
+#: The condition on every clause of a fenced write (see PgStore.write).
+_HELD = "EXISTS (SELECT FROM lease)"
+
+
+def _lease(t: str, key: str, marker: str) -> str:
+    """The fence's clause: the lease row, if it still names the token, read ``FOR SHARE``."""
+    return (
+        f"WITH lease AS (SELECT FROM {t}.kv WHERE key = {key} "
+        f"AND position({marker} IN value) > 0 FOR SHARE)"
+    )
+
 
 try:
     import psycopg
@@ -104,11 +115,9 @@ class PgStore(Store):
         self._t = t = f'"{self.namespace}"'
         # A sub-step's record; fenced, only while the lease row names our token
         # (see write). RETURNING gives a row only when the row was written.
-        put = f"INSERT INTO {t}.kv (key, value, size) SELECT $3, $4, $5"
         self._put_fenced = Prepared(
-            f"WITH lease AS (SELECT FROM {t}.kv WHERE key = $1 "
-            f"AND position($2 IN value) > 0 FOR SHARE) {put} "
-            f"WHERE EXISTS (SELECT FROM lease) {_UPSERT} RETURNING TRUE",
+            f"{_lease(t, '$1', '$2')} INSERT INTO {t}.kv (key, value, size) "
+            f"SELECT $3, $4, $5 WHERE {_HELD} {_UPSERT} RETURNING TRUE",
             (TEXT, BYTEA, TEXT, BYTEA, INT8),
         )
         self._put = Prepared(
@@ -378,15 +387,12 @@ class PgStore(Store):
     ) -> tuple[str, tuple]:
         """The general write (see :meth:`write`): one statement of data-modifying clauses."""
         t = self._t
-        lease, held, args = "", "TRUE", ()
+        lease, held, args = "WITH ", "TRUE", ()
         if fence is not None:
-            lease = (
-                f"WITH lease AS (SELECT FROM {t}.kv WHERE key = %s "
-                "AND position(%b IN value) > 0 FOR SHARE), "
-            )
-            held, args = "EXISTS (SELECT FROM lease)", (fence.key, fence.marker)
+            lease, held = _lease(t, "%s", "%b") + ", ", _HELD
+            args = (fence.key, fence.marker)
         sql = (
-            f"{lease or 'WITH '}dropped AS (DELETE FROM {t}.chunks "
+            f"{lease}dropped AS (DELETE FROM {t}.chunks "
             f"WHERE blob IN (SELECT blob FROM {t}.kv WHERE key = ANY(%s) "
             f"AND blob IS NOT NULL) AND {held}), "
             f"removed AS (DELETE FROM {t}.kv WHERE key = ANY(%s) AND {held}), "
