@@ -40,16 +40,11 @@ SECTIONS = [
 ]
 
 
-def _section(out: str, title: str) -> str:
-    start = out.index("== " + title)
-    end = out.find("\n== ", start + 1)
-    return out[start:] if end < 0 else out[start:end]
-
-
-def test_bench_quick_runs_every_section_and_system(tmp_path):
+def _bench(module: str, *args: str) -> str:
+    """``python -m module args`` in a subprocess (the peers bring their own threads); its output."""
     env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONWARNINGS="default")
     proc = subprocess.run(
-        [sys.executable, "-m", "bench", "--quick", "--dir", str(tmp_path)],
+        [sys.executable, "-m", module, *args],
         cwd=REPO,
         env=env,
         capture_output=True,
@@ -58,6 +53,17 @@ def test_bench_quick_runs_every_section_and_system(tmp_path):
     )
     out = proc.stdout
     assert proc.returncode == 0, out[-4000:] + "\n--- stderr ---\n" + proc.stderr[-4000:]
+    return out
+
+
+def _section(out: str, title: str) -> str:
+    start = out.index("== " + title)
+    end = out.find("\n== ", start + 1)
+    return out[start:] if end < 0 else out[start:end]
+
+
+def test_bench_quick_runs_every_section_and_system(tmp_path):
+    out = _bench("bench", "--quick", "--dir", str(tmp_path))
     for title in SECTIONS:
         assert "== " + title in out, f"section {title!r} missing:\n{out[-4000:]}"
 
@@ -91,18 +97,8 @@ def test_bench_quick_runs_every_section_and_system(tmp_path):
 @pytest.mark.postgres
 def test_bench_postgres_runs_both_sections_at_tiny_sizes(pg_server):
     """``python -m bench.postgres`` at tiny sizes: nbdurable's rows always, the peers or why not."""
-    env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONWARNINGS="default")
-    args = ["--url", pg_server, "--steps", "5", "--rounds", "2", "--writers", "2"]
-    proc = subprocess.run(
-        [sys.executable, "-m", "bench.postgres", *args, "--writer-steps", "5"],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    out = proc.stdout
-    assert proc.returncode == 0, out[-4000:] + "\n--- stderr ---\n" + proc.stderr[-4000:]
+    tiny = ["--steps", "5", "--rounds", "2", "--writers", "2", "--writer-steps", "5"]
+    out = _bench("bench.postgres", "--url", pg_server, *tiny)
     per_step = _section(out, "PostgreSQL 1. Sub-steps")
     rows = per_step.splitlines()
     for name in ("nbdurable (PostgreSQL)", "nbdurable (embedded, for reference)"):
