@@ -69,6 +69,11 @@ _UPSERT = (
 _HELD = "EXISTS (SELECT FROM lease)"
 
 
+def _row(key: str, value: bytes) -> list[bytes]:
+    """The parameters of a one-row upsert (``PgStore._put``), in wire format."""
+    return [key.encode("utf-8"), value, str(len(value)).encode()]
+
+
 def _lease(t: str, key: str, marker: str) -> str:
     """The fence's clause: the lease row, if it still names the token, read ``FOR SHARE``."""
     return (
@@ -349,9 +354,7 @@ class PgStore(Store):
         # A key that held a chunked blob gives its chunks up (rare: a rewritten blob).
         chunked = [k for k in keys if k.startswith(layout.BLOBS)] + list(deletes)
         if len(keys) == 1 and not chunked:  # a sub-step's record: one prepared statement
-            key = keys[0]
-            value = values[key]
-            params = [key.encode("utf-8"), value, str(len(value)).encode()]
+            params = _row(keys[0], values[keys[0]])
             put = self._put
             if fence is not None:
                 put = self._put_fenced
@@ -462,11 +465,7 @@ class PgStore(Store):
                 if row is not None:
                     conn.execute(f"DELETE FROM {self._t}.kv WHERE key = %s", (key,))
             else:
-                value = self._encode(key, new)
-                conn.execute(
-                    f"INSERT INTO {self._t}.kv (key, value, size) VALUES (%s, %b, %s) {_UPSERT}",
-                    (key, value, len(value)),
-                )
+                self._put.run(conn, _row(key, self._encode(key, new)))
             return current
 
         return self._run("write", fn)
