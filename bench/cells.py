@@ -49,12 +49,13 @@ def _shell() -> Any:
 
 def _session(shell: Any, d: Path) -> Any:
     """A fresh nbdurable session on the store at ``d`` (what a kernel restart gives)."""
-    from nbdurable.kernel import session as engine
-    from nbdurable.store import Store
+    from nbdurable.durable import session as engine
+    from nbdurable.ipython.host import session_for
+    from nbdurable.store import open_store
 
     engine.reset_session()
-    session = engine.get_session(shell)
-    session.set_store(Store(d), "bench-cells")
+    session = session_for(shell)
+    session.set_store(open_store(d), "bench-cells")
     return session
 
 
@@ -241,7 +242,7 @@ def _through_the_store(cfg: Any, root: Path, found: dict[str, float]) -> Table:
     does: ``Store.put_blob`` (what recording a variable writes) against
     ``pickle.dump``, and ``Store.get_blob`` + unpickle against ``pickle.load``.
     """
-    from nbdurable.store import Store, values
+    from nbdurable.store import open_store, values
 
     t = Table(
         f"3b. One {fmt_bytes(cfg.big_bytes)} variable through the store, freed memory reused",
@@ -257,7 +258,7 @@ def _through_the_store(cfg: Any, root: Path, found: dict[str, float]) -> Table:
     )
     get = sys.modules[_ARRAYS].get
     d = root / "cells-through"
-    store = Store(d / "store")
+    store = open_store(d / "store")
     times: dict[str, list[int]] = {k: [] for k in ("put", "get", "dump", "load")}
     for k in range(cfg.cell_reps_big):
         value = get(k)
@@ -313,7 +314,7 @@ def _restored_into_ten(cfg: Any, shell: Any, root: Path) -> Table:
     _run(shell, f"data = np.random.default_rng(7).random({n_big})")
     for k in range(10):
         _run(shell, f"%%step hold{k}\nx{k} = data")
-    from nbdurable.kernel import session as engine
+    from nbdurable.durable import session as engine
 
     engine.reset_session()  # closes the store, so SQLite's WAL is folded in
     used = disk_usage(d) - base

@@ -4,7 +4,7 @@ The namespace: 1,000 user variables of everyday kinds (lists of numbers,
 dicts of strings, instances of a notebook class with a list attribute, small
 arrays, strings), a 100 MB float64 array, and (unless ``--no-gb``) a 1 GB
 DataFrame of 16 float64 columns. Measured per step, as the step runner pays
-it: the tokens taken before the body (:class:`nbdurable.kernel.changes.Tokens`)
+it: the tokens taken before the body (:class:`nbdurable.durable.changes.Tokens`)
 plus the comparison after it, once when nothing changed and once when one
 list and one element of the large array changed; and the walk that finds
 which objects of a recorded step live elsewhere in the namespace
@@ -23,7 +23,7 @@ import time
 
 import numpy as np
 
-from nbdurable.kernel import changes
+from nbdurable.durable import changes
 from nbdurable.store import sharing
 
 

@@ -174,15 +174,15 @@ class Nbdurable(SimplePeer):
         self.name = "nbdurable" + (f" ({', '.join(extra)})" if extra else "")
 
     def _open(self, d: Path) -> Any:
-        from nbdurable.kernel import session as engine
-        from nbdurable.store import Store
+        from nbdurable.durable import session as engine
+        from nbdurable.store import open_store
 
         engine.reset_session()
-        store = Store(d, durability=self.durability)
+        store = open_store(d, durability=self.durability)
         session = engine.get_session()
         session.set_store(store, RUN_ID)
         if self.in_step:
-            from nbdurable.kernel.context import StepContext
+            from nbdurable.durable.context import StepContext
 
             session.current = StepContext("bench-step", "bench-step")
         else:
@@ -197,7 +197,7 @@ class Nbdurable(SimplePeer):
         return step(step_id(i), produce, i)
 
     def _close(self, h: Any) -> None:
-        from nbdurable.kernel import session as engine
+        from nbdurable.durable import session as engine
 
         engine.get_session().current = None
         engine.reset_session()

@@ -67,11 +67,11 @@ class NbdurablePg(peers.Nbdurable):
         self.namespaces.append(f"bench_{uuid.uuid4().hex[:10]}")
 
     def _open(self, d: Path) -> Any:
-        from nbdurable.kernel import session as engine
-        from nbdurable.store import Store
+        from nbdurable.durable import session as engine
+        from nbdurable.store import open_store
 
         engine.reset_session()
-        store = Store(_with_namespace(self.url, self.namespaces[-1]))
+        store = open_store(_with_namespace(self.url, self.namespaces[-1]))
         session = engine.get_session()
         session.set_store(store, peers.RUN_ID)
         session.current = engine.StepContext("bench-step", "bench-step")
@@ -80,7 +80,7 @@ class NbdurablePg(peers.Nbdurable):
         return nbdurable.step
 
     def _close(self, h: Any) -> None:
-        from nbdurable.kernel import session as engine
+        from nbdurable.durable import session as engine
 
         session = engine.get_session()
         session.current = None
@@ -356,13 +356,13 @@ def _rows(t: Table, n: int, measured: list[tuple[Any, list[Any]]]) -> None:
 
 
 def _writer(url: str, run: str, n: int, size: int, out: Any) -> None:
-    from nbdurable.kernel import session as engine
-    from nbdurable.store import Store
+    from nbdurable.durable import session as engine
+    from nbdurable.store import open_store
 
     peers.VALUES[:] = peers.make_values(size, n)
     engine.reset_session()
     session = engine.get_session()
-    session.set_store(Store(url), run)
+    session.set_store(open_store(url), run)
     session.current = engine.StepContext("bench-step", "bench-step")
     import nbdurable
 
@@ -384,9 +384,9 @@ def concurrent(url: str, writers: int, n: int, size: int) -> Table:
     )
     ns = f"bench_{uuid.uuid4().hex[:10]}"
     target = _with_namespace(url, ns)
-    from nbdurable.store import Store
+    from nbdurable.store import open_store
 
-    Store(target).close()  # create the namespace once, before the race
+    open_store(target).close()  # create the namespace once, before the race
     ctx = multiprocessing.get_context("spawn")
     out = ctx.Queue()
     procs = [

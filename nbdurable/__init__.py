@@ -22,18 +22,22 @@ from .errors import (
 
 _LAZY = {
     "configure": "config",
-    "idempotency_key": "kernel.substeps",
-    "recorded": "kernel.substeps",
-    "step": "kernel.substeps",
+    "idempotency_key": "durable.substeps",
+    "recorded": "durable.substeps",
+    "step": "durable.substeps",
 }
 
 
 def __getattr__(name: str) -> Any:
-    # Imported on first use: the engine pulls in IPython, which the CLI
-    # (`nbdurable status`, `ls`, ...) should not pay for.
+    # Imported on first use: the engine is not light, and the CLI (`nbdurable
+    # status`, `ls`, ...) should not pay for it.
     if name in _LAZY:
+        import sys
         from importlib import import_module
 
+        if _LAZY[name].startswith("durable.") and "IPython" in sys.modules:
+            # step() called in IPython before `%load_ext`: the engine's host is the shell.
+            import_module(".ipython", __name__)
         value = getattr(import_module(f".{_LAZY[name]}", __name__), name)
         globals()[name] = value
         return value
@@ -60,21 +64,21 @@ __version__ = "0.1.0"
 
 
 def panel() -> Any:
-    """The step panel widget for the current run (see :mod:`nbdurable.kernel.panel`)."""
-    from .kernel.panel import panel as _panel
+    """The step panel widget for the current run (see :mod:`nbdurable.ipython.panel`)."""
+    from .ipython.panel import panel as _panel
 
     return _panel()
 
 
 def load_ipython_extension(ipython: Any) -> None:
     """``%load_ext nbdurable``."""
-    from .kernel.magic import load
+    from .ipython.magic import load
 
     load(ipython)
 
 
 def unload_ipython_extension(ipython: Any) -> None:
     """``%unload_ext nbdurable``: remove the hooks ``load`` added."""
-    from .kernel.magic import unload
+    from .ipython.magic import unload
 
     unload(ipython)

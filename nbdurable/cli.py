@@ -27,7 +27,7 @@ class _Parser(argparse.ArgumentParser):
     """An ArgumentParser whose errors are one line, naming the way to get help."""
 
     def error(self, message: str) -> NoReturn:
-        from .identity.keys import one_line
+        from .text import one_line
 
         message = one_line(message)
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
@@ -374,20 +374,21 @@ def _usage(message: str) -> Exception:
 
 def _store_dir(args: argparse.Namespace, notebook: Path | None) -> Any:
     """The store: ``--store``, else NBDURABLE_STORE, else the directory (a Path or a URL)."""
+    from . import config
     from .identity.locate import store_dir
-    from .store import engine
+    from .store import opener
 
     given = getattr(args, "store", None)
     if given is not None:
-        return given if engine.is_url(given) else _path(Path(given))
-    return engine.chosen(store_dir(notebook))
+        return given if opener.is_url(given) else _path(Path(given))
+    return config.chosen_store(store_dir(notebook))
 
 
 def _shown(target: Any) -> str:
     """A store as printed: a URL without its password."""
-    from .store import engine
+    from .store import opener
 
-    if engine.is_url(target):
+    if opener.is_url(target):
         from .store.postgres import display
 
         return display(target)
@@ -396,26 +397,26 @@ def _shown(target: Any) -> str:
 
 def _open(directory: Path, must_exist: bool = True) -> Any:
     """The store at ``directory``; None if it does not exist and ``must_exist`` is false."""
-    from .store import Store
+    from .store import open_store, opener
 
-    if not _is(lambda: Store.exists(directory)):
+    if not _is(lambda: opener.exists(directory)):
         if must_exist:
             raise _usage(
                 f"no nbdurable store at {_shown(directory)}; pass --store DIR or set "
                 "NBDURABLE_DIR to the directory that holds the runs"
             )
         return None
-    return Store(directory)
+    return open_store(directory)
 
 
 def _run_id(args: argparse.Namespace, notebook: Path, store: Any, directory: Path) -> str:
     """The run the command works on; a named run must exist."""
     if args.run_name is None:
         from .identity.locate import run_id_for, store_dir
-        from .store import engine
+        from .store import opener
 
-        # A shared store: run ids are relative to the local directory (see store.engine).
-        return run_id_for(notebook, store_dir(notebook) if engine.is_url(directory) else directory)
+        # A shared store: run ids are relative to the local directory (see store.opener).
+        return run_id_for(notebook, store_dir(notebook) if opener.is_url(directory) else directory)
     from .identity.keys import validate_name
     from .store import admin
 
@@ -602,8 +603,8 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 def cmd_ls(args: argparse.Namespace) -> int:
     """``nbdurable ls``."""
-    from ._text import human_size
     from .store import admin
+    from .text import human_size
 
     directory = _store_dir(args, None)
     with _open(directory) as store:
@@ -625,8 +626,8 @@ def cmd_ls(args: argparse.Namespace) -> int:
 
 def cmd_gc(args: argparse.Namespace) -> int:
     """``nbdurable gc``."""
-    from ._text import human_size
     from .store import admin, versions
+    from .text import human_size
 
     age = admin.parse_age(args.older_than)
     directory = _store_dir(args, None)
@@ -670,13 +671,13 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 def cmd_copy(args: argparse.Namespace) -> int:
     """``nbdurable copy``."""
-    from ._text import human_size
-    from .store import engine
+    from .store import opener
     from .store.copy import copy_run
+    from .text import human_size
 
     source = _store_dir(args, None)
-    dest = args.to if engine.is_url(args.to) else _path(Path(args.to))
-    with _open(source) as src, engine.open_store(dest) as dst:
+    dest = args.to if opener.is_url(args.to) else _path(Path(args.to))
+    with _open(source) as src, opener.open_store(dest) as dst:
         report = copy_run(src, dst, args.run_id)
     print(
         f"copied run {args.run_id!r}: {report.records} records and {report.blobs} saved "
@@ -715,7 +716,7 @@ def main(argv: list[str] | None = None) -> int:
     if any(v == [] for k, v in vars(args).items() if k != "steps"):
         parser.error("an option's value is '--'; give the value itself")  # argparse gives []
     from .errors import NbdurableError
-    from .identity.keys import one_line
+    from .text import one_line
 
     # jupyter_client imports ipykernel to find the native kernel, and with older
     # ipykernel releases that imports debugpy, which prints a four-line "frozen

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, fields, replace
+from pathlib import Path
 from typing import Any
 
 from .clients.usage import check_prices
@@ -28,7 +30,7 @@ class Settings:
       or ``"power"`` (also survives power loss; slower writes). Takes effect
       when the store is next opened.
     - ``store``: where runs are recorded: a directory, or a
-      ``postgresql://`` URL for a team store (see ``nbdurable.store.engine``);
+      ``postgresql://`` URL for a team store (see ``nbdurable.store.opener``);
       None (default): ``NBDURABLE_STORE``, else ``NBDURABLE_DIR``, else
       ``.nbdurable/`` beside the notebook. Takes effect when the store is next opened.
     - ``http``: record every step as ``%%step NAME --http`` does (every HTTP
@@ -105,16 +107,16 @@ def _check_store(store: object) -> None:
     A URL is opened (and closed) here, so a bad URL, a missing key or a server
     that is down is said at the ``configure`` line and the setting stays as it
     was; a kernel already recording moves to the new store between steps
-    (see ``kernel.session``).
+    (see ``durable.session``).
     """
     if not isinstance(store, str) or not store.strip():
         raise SettingError(f"store must be a directory or a postgresql:// URL (got {store!r})")
-    from .store import engine
+    from .store import opener
 
     try:
-        engine.engine_for(store)
-        if engine.is_url(store):
-            engine.open_store(store).close()
+        opener.engine_for(store)
+        if opener.is_url(store):
+            opener.open_store(store).close()
     except StoreError as exc:
         raise SettingError(f"store not changed: {exc}") from None
 
@@ -124,3 +126,19 @@ def _prices(prices: Any) -> dict[str, tuple[float, float]]:
         return check_prices(prices)
     except ValueError as exc:
         raise SettingError(str(exc)) from None
+
+
+def chosen_store(default_dir: Path) -> str | Path:
+    """The store to open, first match wins.
+
+    1. ``nbdurable.configure(store=...)`` (a directory or a URL);
+    2. ``NBDURABLE_STORE`` in the environment (a directory or a URL);
+    3. ``default_dir``: the directory of :func:`nbdurable.identity.locate.store_dir`
+       (``NBDURABLE_DIR``, else ``.nbdurable/`` beside the notebook).
+    """
+    from .store import opener
+
+    raw = get().store or os.environ.get("NBDURABLE_STORE", "").strip()
+    if not raw:
+        return default_dir
+    return raw if opener.is_url(raw) else Path(raw).expanduser().absolute()

@@ -28,12 +28,12 @@ from pathlib import Path
 from typing import Any
 
 from . import procstate
-from ._text import human_size
 from .clients.usage import Tally
 from .identity import locate, verdict
 from .identity.keys import analyse, source_fingerprint, step_version
 from .store import RUN_SCOPE, RunView, Store, versions
 from .store.records import StepRecord, StepState
+from .text import human_size
 
 
 @dataclass(frozen=True)

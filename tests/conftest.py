@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from nbdurable.store import Store
+from nbdurable.store import open_store
 
 
 @pytest.fixture(autouse=True)
@@ -16,7 +16,7 @@ def _no_env_key(monkeypatch):
 @pytest.fixture
 def store(tmp_path):
     """A fresh store in the test's temporary directory."""
-    s = Store(tmp_path / "store")
+    s = open_store(tmp_path / "store")
     yield s
     s.close()
 

@@ -54,9 +54,10 @@ from kernel_util import make_notebook
 
 import nbdurable
 from nbdurable import cli
-from nbdurable.identity import locate
-from nbdurable.kernel import session as engine
-from nbdurable.store import RUN_SCOPE, Store
+from nbdurable.durable import session as engine
+from nbdurable.identity import stepline
+from nbdurable.ipython.host import session_for
+from nbdurable.store import RUN_SCOPE, open_store
 
 # When a property fails, hypothesis' pytest plugin imports its patch writer
 # (libcst), whose import raises mypy_extensions' DeprecationWarning; under
@@ -148,7 +149,7 @@ class Env:
 
 def _close_panel() -> None:
     # `%step panel` leaves a live panel listening to the engine; close it with its session.
-    from nbdurable.kernel import panel as steppanel
+    from nbdurable.ipython import panel as steppanel
 
     if steppanel._panel is not None:
         steppanel._panel.close()
@@ -157,7 +158,7 @@ def _close_panel() -> None:
 def snapshot(directory: Path) -> dict[str, Any]:
     """Every key of the store with its verified record (signed bytes: equal records are
     equal bytes); checks the store's integrity on the way."""
-    with Store(directory) as s:
+    with open_store(directory) as s:
         assert s.check(fix=False) == [], "the store fails its integrity check"
         keys = [k for prefix in ("meta/", "r/") for k in s.scan(prefix)]
         out: dict[str, Any] = {k: s.get(k) for k in keys}
@@ -290,11 +291,11 @@ HUGE = st.builds(
 )
 TOKEN = st.one_of(st.sampled_from(NASTY), st.text(LINE_CHAR, max_size=12), HUGE)
 TOKENS = st.lists(TOKEN, max_size=4)
-COMMAND_LINES = st.tuples(st.sampled_from(locate.STEP_COMMANDS), TOKENS)
+COMMAND_LINES = st.tuples(st.sampled_from(stepline.STEP_COMMANDS), TOKENS)
 #: Step names, valid (at most 128 characters) and just too long.
 NAMES = st.from_regex(r"[A-Za-z_][A-Za-z0-9_.:-]{0,140}", fullmatch=True)
 VALID_NAMES = st.from_regex(r"[A-Za-z_][A-Za-z0-9_.:-]{0,127}", fullmatch=True).filter(
-    lambda n: n not in locate.STEP_COMMANDS
+    lambda n: n not in stepline.STEP_COMMANDS
 )
 LINES = st.one_of(
     st.text(LINE_CHAR, max_size=40),
@@ -371,7 +372,7 @@ def _must_not_run(*args: Any, **kwargs: Any) -> Any:
 
 def fresh_session(env: Env, run: str) -> engine.Session:
     engine.reset_session()
-    session = engine.get_session(env.shell)
+    session = session_for(env.shell)
     session.set_run(run)
     return session
 
@@ -407,7 +408,7 @@ def calls(env: Env, pairs: list[tuple[str, Any]], *, in_step: str | None) -> lis
     if in_step is None:
         return [nbdurable.step(sub_id, fn) for sub_id, fn in pairs]
     env.shell.user_ns["CALLS"] = pairs
-    engine.get_session().run_step(CALLS, name=in_step, force=True)
+    engine.get_session().steps.run_step(CALLS, name=in_step, force=True)
     return env.shell.user_ns["got"]
 
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from nbdurable.errors import CorruptRecord, StoreError
-from nbdurable.store import MAGIC, Store, blobs, values
+from nbdurable.store import MAGIC, Store, blobs, open_store, values
 
 BIG = 6 * 1024 * 1024  # over blobs.THREAD_OVER and blobs.MAP_OVER: the threaded/mapped paths
 
@@ -247,10 +247,10 @@ import os, sys
 import numpy as np
 from nbdurable.store import blobs
 from nbdurable.store import values
-from nbdurable.store import Store
+from nbdurable.store import Store, open_store
 
 where, point = sys.argv[1], sys.argv[2]
-store = Store(where)
+store = open_store(where)
 if point == "mid-write":
     real, fed = blobs._HashThread.feed, []
 
@@ -288,7 +288,7 @@ def test_a_kill_while_writing_a_large_value_loses_nothing_and_leaves_no_orphan(t
     proc = subprocess.run([sys.executable, "-c", _CHILD, str(where), point, str(n)], check=False)
     assert proc.returncode == -9, "the writer was not killed"
     a = np.random.default_rng(7).random(n)
-    with Store(where) as store:
+    with open_store(where) as store:
         age_files(store.cache_dir)
         store.check(fix=True)  # removes what the killed write left behind, if anything
         assert store.check(fix=False) == []

@@ -35,7 +35,7 @@ import pytest
 from kernel_util import REPO_ROOT, make_notebook, run_notebook
 
 from nbdurable import commands, status
-from nbdurable.store import RunView, Store
+from nbdurable.store import RunView, open_store
 
 pytestmark = pytest.mark.browser
 
@@ -204,7 +204,7 @@ def _tail(path: Path, n: int = 40) -> str:
 
 
 def _infos(store_dir: Path, notebook: Path) -> dict[str, status.StepInfo]:
-    with Store(store_dir) as store:
+    with open_store(store_dir) as store:
         return {i.label: i for i in status.step_infos(store, RUN_ID, notebook)}
 
 
@@ -230,7 +230,7 @@ def _check_panel(lab):
     notebook = root / "panel.ipynb"
     env = {"NBDURABLE_DIR": str(store), "NBDURABLE_NOTEBOOK": str(notebook)}
     run_notebook(make_notebook(FIRST), cwd=root, env=env)
-    with Store(store) as s:
+    with open_store(store) as s:
         commands.set_pin(s, RUN_ID, "name:pinned", True)
     nbformat.write(make_notebook(SECOND), notebook)
     ARTIFACTS.mkdir(exist_ok=True)
@@ -309,7 +309,7 @@ def _check_panel(lab):
             assert after["research"].recorded_at is None and after["research"].substeps == 0
             # Its dependant is marked stale in the store; the row keeps the first reason
             # the step runner would give (its code changed: checked before stale marks).
-            with Store(store) as s:
+            with open_store(store) as s:
                 assert (
                     "upstream step 'research' was cleared"
                     in RunView(s, RUN_ID).state("name:pinned").stale

@@ -36,7 +36,7 @@ def cells(model: str, suffix: str, extra: str = "") -> list[str]:
         "lam = step('lam', lambda: tick('lam') or MODEL.upper())" + extra,
         "print(out, more, lam)",
         extra
-        and "from nbdurable.kernel.session import get_session\n"
+        and "from nbdurable.durable.session import get_session\n"
         "s = get_session()\n"
         "for k in list(s.store.scan(s.keys.subs_prefix('name:s'))):\n"
         "    header, body = s.store.get(k)\n"

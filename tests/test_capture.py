@@ -1,4 +1,4 @@
-"""Tests for nbdurable.kernel.capture: unit tests on a plain shell, then real kernels."""
+"""Tests for nbdurable.ipython.capture: unit tests on a plain shell, then real kernels."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from IPython.core.interactiveshell import InteractiveShell
 from IPython.display import HTML, clear_output, display
 from kernel_util import make_notebook, outputs_of, run_notebook, stream_text
 
-from nbdurable.kernel.capture import (
+from nbdurable.ipython.capture import (
     WIDGET_PLACEHOLDER,
     WIDGET_VIEW_MIME,
     Capture,
@@ -25,8 +25,8 @@ from nbdurable.kernel.capture import (
     underlying,
     unrecorded,
 )
-from nbdurable.kernel.kernelio import _marker_prefix_at_end
-from nbdurable.kernel.widgettext import has_own_text
+from nbdurable.ipython.kernelio import _marker_prefix_at_end
+from nbdurable.ipython.widgettext import has_own_text
 
 # A 1x1 PNG.
 PNG_B64 = (
@@ -296,7 +296,7 @@ def test_a_split_marker_is_held_back(text, kept):
 def test_a_sync_marker_split_between_two_pipe_reads_is_cut_out():
     from types import SimpleNamespace
 
-    from nbdurable.kernel.kernelio import StreamTap
+    from nbdurable.ipython.kernelio import StreamTap
 
     fake = SimpleNamespace(parent_header={}, name="stdout")
     tap = StreamTap(fake, lambda name, text: None, lambda: False)
@@ -533,7 +533,7 @@ def test_replay_refuses_unknown_outputs_before_emitting_anything(shell, capsys):
 SETUP = """\
 import ast, json, pathlib, sys
 from IPython.core.magic import register_cell_magic
-from nbdurable.kernel.capture import Capture, replay, show_last_expr
+from nbdurable.ipython.capture import Capture, replay, show_last_expr
 
 saved = {}
 

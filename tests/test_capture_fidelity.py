@@ -18,8 +18,8 @@ import textwrap
 import pytest
 from kernel_util import make_notebook, normalize_outputs, run_notebook, stream_text
 
-from nbdurable.kernel.capture import WIDGET_VIEW_MIME
-from nbdurable.kernel.kernelio import MARKER
+from nbdurable.ipython.capture import WIDGET_VIEW_MIME
+from nbdurable.ipython.kernelio import MARKER
 
 pytestmark = pytest.mark.kernel
 

@@ -40,7 +40,7 @@ from test_browser import CHROMIUM, CHROMIUM_ARGS, _free_port, _tail, _write_sett
 
 from nbdurable import commands
 from nbdurable import status as ops
-from nbdurable.store import Store
+from nbdurable.store import open_store
 
 pytestmark = pytest.mark.browser
 
@@ -107,7 +107,7 @@ def _record(root: Path, store: Path) -> str:
         cell.id = old.id  # the same cells, as a user's notebook keeps them
     nbformat.write(second, path)
     _run_until_broken(second, root, env)
-    with Store(store) as s:
+    with open_store(store) as s:
         commands.set_pin(s, RUN_ID, "name:pinme", True)
     # The warning names a file of this checkout: not in the README's picture.
     second.cells[3].outputs = [o for o in second.cells[3].outputs if o.output_type != "stream"]
@@ -223,7 +223,7 @@ def test_cell_marks(app):
     # The endpoint alone: the same states as `nbdurable status`, with no kernel.
     status, reply = _get(f"{url}/nbdurable/api/steps?path={NOTEBOOK}")
     assert status == 200, reply
-    with Store(store) as s:
+    with open_store(store) as s:
         rows = {i.key: i.state for i in ops.step_infos(s, RUN_ID, root / NOTEBOOK)}
     assert {c["key"]: c["state"] for c in reply["cells"]} == {k: rows[k] for k in expected}
     assert reply["run"] == RUN_ID

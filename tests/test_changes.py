@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from nbdurable.kernel import changes
+from nbdurable.durable import changes
 
 
 def changed_by(ns: dict, act) -> list[str]:

@@ -343,10 +343,10 @@ def test_status_export_pin_clear_gc_through_the_cli(tmp_path, capsys, monkeypatc
 
 
 def test_gc_keeps_every_blob_when_a_step_record_is_unreadable(tmp_path):
-    from nbdurable.store import Store
     from nbdurable.store import admin as runs
+    from nbdurable.store import open_store
 
-    with Store(tmp_path / "store") as store:
+    with open_store(tmp_path / "store") as store:
         sha, _ = store.put_blob(b"some value")
         # A record that fails its signature check: it might reference any blob.
         store._rows.cache.set("r/0123456789abcdef/s/name:x", b"not a signed record")
@@ -392,10 +392,10 @@ def test_check_says_what_it_found_and_what_it_repaired(tmp_path, capsys, monkeyp
 
     from test_hostile import age_files
 
-    from nbdurable.store import Store
+    from nbdurable.store import open_store
 
     big = os.urandom(64 * 1024)  # kept in value files, not in the database
-    with Store(tmp_path / "store") as store:
+    with open_store(tmp_path / "store") as store:
         store.put("r/x/s/a", {"n": 1}, big)
         store.put("r/x/s/b", {"n": 2}, big)
 
@@ -430,7 +430,7 @@ def test_check_says_what_it_found_and_what_it_repaired(tmp_path, capsys, monkeyp
     nb = write(tmp_path, ["x = 1"])  # its store is NBDURABLE_DIR, the same one
     code, out, err = inproc(capsys, monkeypatch, tmp_path, "check", nb)
     assert code == 0 and out.strip() == f"store {where}: sound, nothing to repair", out + err
-    with Store(where) as store:
+    with open_store(where) as store:
         assert store.get("r/x/s/a") == ({"n": 1}, big) and store.get("r/x/s/b") is None
 
     code, out, err = inproc(capsys, monkeypatch, tmp_path, "check", "--store", tmp_path / "none")

@@ -162,7 +162,7 @@ def test_demo_runs_on_a_team_store(tmp_path, clean_env, capsys, pg_server):
     import psycopg
 
     from nbdurable.demo.crash_resume import DEMO_KEY
-    from nbdurable.store import Store, admin
+    from nbdurable.store import admin, open_store
     from nbdurable.store.postgres import display
 
     ns = f"t_{uuid.uuid4().hex[:12]}"
@@ -182,7 +182,7 @@ def test_demo_runs_on_a_team_store(tmp_path, clean_env, capsys, pg_server):
         assert s["replayed"] == {"steps": 1, "calls": 2} and s["kernel_deaths"] == 1
         assert not (work / ".nbdurable").exists(), "nothing was recorded beside the notebook"
         os.environ["NBDURABLE_KEY"] = DEMO_KEY
-        with Store(url) as store:
+        with open_store(url) as store:
             assert admin.known_run(store, s["run"])
         # The team's own key cannot open what the demo key signed: one line, exit 2.
         os.environ["NBDURABLE_KEY"] = "the-team-key-of-sixteen+"

@@ -21,7 +21,7 @@ from kernel_util import make_notebook, outputs_of, run_notebook, stream_text
 from nbclient.exceptions import CellExecutionError, DeadKernelError
 
 from nbdurable.demo.sim import ledger_calls
-from nbdurable.kernel.capture import WIDGET_VIEW_MIME
+from nbdurable.ipython.capture import WIDGET_VIEW_MIME
 
 pytestmark = pytest.mark.kernel
 
@@ -567,7 +567,7 @@ def substep_cells(arg: str) -> list[str]:
         ),
         "nbdurable.configure(on_divergence='warn');",
         "%%step dup\nstep('same', len, 'a')\nstep('same', len, 'b')",
-        "from nbdurable.kernel.session import get_session\n"
+        "from nbdurable.durable.session import get_session\n"
         "s = get_session()\n"
         "def ids(scope):\n"
         "    return sorted(k.rsplit('/', 1)[1] for k in s.store.scan(s.keys.subs_prefix(scope)))\n"

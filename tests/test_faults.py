@@ -43,7 +43,7 @@ from kernel_util import make_notebook, run_notebook
 from nbclient.exceptions import CellExecutionError, DeadKernelError
 
 from nbdurable.demo.sim import MailProvider, ledger_calls
-from nbdurable.store import Store
+from nbdurable.store import open_store
 from nbdurable.store.records import SubRecord
 
 pytestmark = pytest.mark.kernel
@@ -174,7 +174,7 @@ class Scenario:
     def recorded_substeps(self) -> dict[str, tuple[str, str]]:
         """Sub-step records now in the store: key -> (ledger kind, ledger arg)."""
         out = {}
-        with Store(self.store) as store:
+        with open_store(self.store) as store:
             for key in store.scan("r/"):
                 if "/u/" not in key:
                     continue
@@ -184,7 +184,7 @@ class Scenario:
         return out
 
     def check_store(self) -> None:
-        with Store(self.store) as store:
+        with open_store(self.store) as store:
             store.check(fix=True)
             assert store.check(fix=False) == [], "a second integrity check must be clean"
 
@@ -339,7 +339,7 @@ def soak(n: int, seed: int, root: Path, store_url: str | None = None) -> None:
         except AssertionError as exc:
             raise SystemExit(f"kill #{i} {kill} (seed {seed}): {exc}") from exc
         if url:
-            with Store(url) as store:
+            with open_store(url) as store:
                 store.drop()
         died += "died" in line
         print(f"[{i + 1}/{n}] {line}", flush=True)

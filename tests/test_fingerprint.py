@@ -874,9 +874,9 @@ def test_fingerprints_in_real_kernels_survive_restarts_and_see_module_edits(tmp_
 
 def test_every_nbdurable_module_is_library_code():
     """nbdurable's own modules, in every subpackage, are never followed as the user's code."""
-    import nbdurable.kernel.substeps
+    import nbdurable.durable.substeps
     import nbdurable.store.disk
     from nbdurable.identity import localcode
 
-    for module in (nbdurable, nbdurable.kernel.substeps, nbdurable.store.disk, localcode):
+    for module in (nbdurable, nbdurable.durable.substeps, nbdurable.store.disk, localcode):
         assert localcode.is_library_file(module.__file__), module.__name__

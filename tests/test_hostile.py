@@ -36,7 +36,7 @@ from kernel_util import make_notebook, outputs_of, run_notebook, stream_text
 from nbdurable import cli
 from nbdurable.errors import CorruptRecord, StoreError
 from nbdurable.identity import locate
-from nbdurable.store import RUN_SCOPE, RunKeys, Store
+from nbdurable.store import RUN_SCOPE, RunKeys, Store, open_store, opener
 from nbdurable.store import admin as runs
 from nbdurable.store import disk as nbd_store
 from nbdurable.store.records import StepRecord
@@ -287,15 +287,15 @@ def test_a_store_that_cannot_be_opened_is_one_clear_line(tmp_path, fault):
         else:
             mp.setattr(sqlite3, "connect", connect)
         with pytest.raises(StoreError) as err:
-            Store(path)
+            open_store(path)
     assert_clear(err.value, path, "cannot open the nbdurable store", OPEN_FAULTS[fault])
-    with Store(path) as s:  # the fault gone, the same directory opens
+    with open_store(path) as s:  # the fault gone, the same directory opens
         assert s.get("meta/format") is not None
 
 
 def test_a_failed_open_leaves_an_existing_store_intact(tmp_path):
     path = tmp_path / "store"
-    with Store(path) as s:
+    with open_store(path) as s:
         s.put("r/x/s/a", {"n": 1}, BIG)
         before = contents(s)
         key = (path / "key").read_bytes()
@@ -307,10 +307,10 @@ def test_a_failed_open_leaves_an_existing_store_intact(tmp_path):
             lambda *a, **k: FailingConnection(real_connect(*a, **k), db_read_only, writes),
         )
         with pytest.raises(StoreError) as err:
-            Store(path)
+            open_store(path)
     assert_clear(err.value, path, WRITABLE)
     assert (path / "key").read_bytes() == key
-    with Store(path) as s:
+    with open_store(path) as s:
         assert contents(s) == before
         assert s.check(fix=False) == []
 
@@ -392,7 +392,7 @@ def test_a_full_disk_is_one_clear_line_and_recorded_work_survives(tmp_path):
     """
     with small_disk(tmp_path / "disk") as disk, pytest.MonkeyPatch.context() as mp:
         where = disk if disk is not None else tmp_path / "mocked"
-        s = Store(where / "store")
+        s = open_store(where / "store")
         try:
             if disk is not None:
                 ballast = disk / "ballast"
@@ -463,10 +463,10 @@ def test_a_deleted_store_is_not_read_from_its_ghost(store):
 
 def test_a_replaced_store_is_reported_then_used(tmp_path):
     path = tmp_path / "store"
-    first = Store(path)
+    first = open_store(path)
     first.put("r/x/s/old", {"n": 1})
     shutil.rmtree(path)
-    with Store(path) as second:  # e.g. another kernel started a new store there
+    with open_store(path) as second:  # e.g. another kernel started a new store there
         second.put("r/x/s/new", {"n": 2})
     try:
         with pytest.raises(StoreError, match="deleted or replaced"):
@@ -475,7 +475,7 @@ def test_a_replaced_store_is_reported_then_used(tmp_path):
         first.put("r/x/s/mine", {"n": 3})
     finally:
         first.close()
-    with Store(path) as again:
+    with open_store(path) as again:
         assert set(again.scan("r/")) == {"r/x/s/new", "r/x/s/mine"}
 
 
@@ -579,11 +579,11 @@ def test_a_planted_pickled_key_is_never_unpickled(store, tmp_path):
 
 def test_a_damaged_format_record_is_a_clear_error_on_open(tmp_path):
     path = tmp_path / "store"
-    with Store(path) as s:
+    with open_store(path) as s:
         raw = s._rows.cache.get("meta/format")
         s._rows.cache.set("meta/format", raw[:-2] + b"?}")
     with pytest.raises(StoreError) as err:
-        Store(path)
+        open_store(path)
     assert_clear(err.value, path, "cannot be verified", "Restore the key")
 
 
@@ -670,7 +670,7 @@ def damage(tmp: Path) -> list[Path]:
     store_dir = tmp / "store"
     rk = RunKeys(locate.run_id_for(tmp / "nb.ipynb", store_dir))
     targets = [tmp / f"pwned-{what}" for what in ("blob", "sub", "substep", "key")]
-    with Store(store_dir) as s:
+    with open_store(store_dir) as s:
         flip_a_byte(s, rk.step("name:flipped"))
         truncate(value_file(s, blob_of(s, rk, "big_blob", "big")))
         truncate(value_file(s, rk.step("name:big_record")))
@@ -754,7 +754,7 @@ def test_damaged_and_planted_records_rerun_with_a_warning_naming_the_step(tmp_pa
     assert "planted_blob" in exported
     assert "nb.ipynb" in run_cli(capsys, "ls", "--store", store_dir)
     assert not any(t.exists() for t in targets), "a planted pickle ran"
-    with Store(store_dir) as s:
+    with open_store(store_dir) as s:
         assert s.check(fix=False) == []
 
     # The re-recorded steps replay from now on (the damaged blob was written anew),
@@ -783,8 +783,8 @@ def test_a_store_deleted_during_a_step_is_reported_and_the_kernel_keeps_working(
     assert stream_text(outputs_of(nb, 3)) == "alive 1 2\n"
     # Nothing of the step went on into the deleted store, nor into a new one there
     # (the kernel's lease release at exit may have opened a new, empty store).
-    if Store.exists(tmp_path / "store"):
-        with Store(tmp_path / "store") as s:
+    if opener.exists(tmp_path / "store"):
+        with open_store(tmp_path / "store") as s:
             assert s.scan("b/") == [] and not any("/s/" in k for k in s.scan("r/"))
 
 
@@ -830,6 +830,6 @@ def test_after_the_store_was_deleted_the_next_step_records_into_a_new_one(tmp_pa
     store_dir = tmp_path / "store"
     assert stat.S_IMODE(store_dir.stat().st_mode) == 0o700
     rk = RunKeys(locate.run_id_for(tmp_path / "nb.ipynb", store_dir))
-    with Store(store_dir) as s:
+    with open_store(store_dir) as s:
         assert s.get(rk.step("name:first")) and s.get(rk.step("name:second"))
         assert s.check(fix=False) == []

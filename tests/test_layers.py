@@ -1,10 +1,15 @@
 """The layers import one way: a test that walks every import of the package (AST).
 
-identity/ and store/ never import kernel/ or run/, nor IPython; run/ never
-imports kernel/; only store/_diskcache.py imports diskcache. Imports inside
-functions count (a lazy import is still a dependency), and so do imports of
-imports: a store module that imports a top-level module that imports the
-kernel breaks the rule as surely as a direct import.
+From the top: ipython/ (the shell side) → durable/ (the engine) → the
+shared modules (config, status, commands, states, text, ...) → identity/ and
+store/. durable/ never imports ipython/ nor IPython; nothing below durable/
+imports it; store/ never imports config; run/ (which drives kernels from
+outside) never imports durable/ or ipython/; only store/_diskcache.py
+imports diskcache; and the package's modules import one another without
+cycles. Imports inside functions count (a lazy import is still a
+dependency), and so do imports of imports: a store module that imports a
+top-level module that imports the engine breaks the rule as surely as a
+direct import.
 """
 
 from __future__ import annotations
@@ -19,10 +24,22 @@ import nbdurable
 ROOT = Path(nbdurable.__file__).parent
 
 #: (the importing layer, what it must never reach)
+_SHELL = ("nbdurable.ipython", "IPython", "ipykernel", "ipywidgets")
+_ABOVE_SHARED = ("nbdurable.durable", "nbdurable.run", "nbdurable.cli", *_SHELL)
+#: Allowed below the shell side all the same: IPython's cell transformer is pure text
+#: (status turns a saved cell into the Python a kernel would run); it starts no shell.
+ALLOWED = ("IPython.core.inputtransformer2",)
+#: The shared middle layer: top-level modules every side uses.
+SHARED = ("commands", "config", "errors", "events", "faults", "redact", "states", "status", "text")
 RULES = [
-    ("nbdurable.identity", ("nbdurable.kernel", "nbdurable.run", "IPython", "ipykernel")),
-    ("nbdurable.store", ("nbdurable.kernel", "nbdurable.run", "IPython", "ipykernel")),
-    ("nbdurable.run", ("nbdurable.kernel",)),
+    ("nbdurable.durable", ("nbdurable.run", *_SHELL)),
+    *((f"nbdurable.{m}", _ABOVE_SHARED) for m in SHARED),
+    ("nbdurable.identity", ("nbdurable.config", "nbdurable.status", *_ABOVE_SHARED)),
+    ("nbdurable.store", ("nbdurable.config", "nbdurable.status", *_ABOVE_SHARED)),
+    ("nbdurable.procstate", _ABOVE_SHARED),
+    ("nbdurable.clients", _ABOVE_SHARED),
+    ("nbdurable.run", ("nbdurable.durable", *_SHELL)),
+    ("nbdurable.server", ("nbdurable.durable", *_SHELL)),
 ]
 
 
@@ -33,17 +50,35 @@ def module_name(path: Path, root: Path = ROOT) -> str:
     return ".".join(parts)
 
 
+def _nodes(tree: ast.AST, typing_too: bool) -> list[ast.AST]:
+    """Every node of ``tree``; without ``typing_too``, none under ``if TYPE_CHECKING:``."""
+    out, todo = [], [tree]
+    while todo:
+        node = todo.pop()
+        out.append(node)
+        if not typing_too and isinstance(node, ast.If) and "TYPE_CHECKING" in ast.dump(node.test):
+            todo.extend(node.orelse)
+            continue
+        todo.extend(ast.iter_child_nodes(node))
+    return out
+
+
 def imports_of(
-    source: str, module: str, is_package: bool = False, modules: set[str] = ()
+    source: str,
+    module: str,
+    is_package: bool = False,
+    modules: set[str] = (),
+    typing_too: bool = True,
 ) -> set[str]:
     """Every module ``module``'s source imports, relative imports resolved.
 
     ``from a import b`` is ``a.b`` when that is one of ``modules``, else ``a``
-    (``b`` is then a name defined in ``a``).
+    (``b`` is then a name defined in ``a``). Without ``typing_too``, imports
+    made only for type checkers are left out (they never run).
     """
     package = module if is_package else module.rpartition(".")[0]
     found: set[str] = set()
-    for node in ast.walk(ast.parse(source)):
+    for node in _nodes(ast.parse(source), typing_too):
         if isinstance(node, ast.Import):
             found.update(a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -59,12 +94,16 @@ def imports_of(
     return found
 
 
-def graph() -> dict[str, set[str]]:
+def graph(typing_too: bool = True) -> dict[str, set[str]]:
     """Module -> the modules it imports (the package's own, and outside ones)."""
     paths = {module_name(p): p for p in ROOT.rglob("*.py")}
     return {
         name: imports_of(
-            path.read_text(encoding="utf-8"), name, path.stem == "__init__", set(paths)
+            path.read_text(encoding="utf-8"),
+            name,
+            path.stem == "__init__",
+            set(paths),
+            typing_too,
         )
         for name, path in paths.items()
     }
@@ -86,6 +125,8 @@ def violations(g: dict[str, set[str]]) -> list[str]:
                 mod = todo.pop(0)
                 for dep in sorted(g.get(mod, ())):
                     hit = next((f for f in forbidden if within(dep, f)), None)
+                    if any(within(dep, a) for a in ALLOWED):
+                        hit = None
                     if hit:
                         bad.append(f"{start} reaches {dep}: {' -> '.join(chain[mod] + [dep])}")
                         continue
@@ -93,6 +134,68 @@ def violations(g: dict[str, set[str]]) -> list[str]:
                         chain[dep] = chain[mod] + [dep]
                         todo.append(dep)
     return bad
+
+
+def cycles(g: dict[str, set[str]]) -> list[list[str]]:
+    """The package's import cycles: each strongly connected component of two or more
+    modules (or one importing itself), sorted (Tarjan's algorithm, iteratively).
+    """
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    on_stack: set[str] = set()
+    stack: list[str] = []
+    found: list[list[str]] = []
+    for root in sorted(g):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(d for d in g[root] if d in g)))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, deps = work[-1]
+            dep = next(deps, None)
+            if dep is not None:
+                if dep not in index:
+                    index[dep] = low[dep] = len(index)
+                    stack.append(dep)
+                    on_stack.add(dep)
+                    work.append((dep, iter(sorted(d for d in g[dep] if d in g))))
+                elif dep in on_stack:
+                    low[node] = min(low[node], index[dep])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1 or node in g[node]:
+                    found.append(sorted(component))
+    return sorted(found)
+
+
+def _without_packages(g: dict[str, set[str]]) -> dict[str, set[str]]:
+    # A package's __init__ that only re-exports its modules (store/__init__) is
+    # not a cycle with them: importing `nbdurable.store.base` from `store.view`
+    # runs the package's __init__ first, but the edge that matters is the module.
+    packages = {m for m in g if (ROOT.parent / m.replace(".", "/") / "__init__.py").exists()}
+    return {m: deps - packages if m not in packages else set() for m, deps in g.items()}
+
+
+def test_no_import_cycles():
+    found = cycles(_without_packages(graph(typing_too=False)))
+    assert not found, "import cycles:\n" + "\n".join(" <-> ".join(c) for c in found)
+
+
+def test_the_cycle_check_finds_a_lazy_cycle():
+    g = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": {"e"}}
+    assert cycles(g) == [["a", "b", "c"], ["e"]]
 
 
 def test_layers_import_one_way():
@@ -108,44 +211,23 @@ def test_only_the_fence_imports_diskcache():
 def test_the_walk_sees_lazy_relative_and_indirect_imports():
     # The checker itself: a violation hidden in a function, behind a relative
     # import and one module away, is found and its chain named.
-    mods = {"nbdurable.store.fake", "nbdurable.helper", "nbdurable.kernel.session"}
+    mods = {"nbdurable.store.fake", "nbdurable.helper", "nbdurable.durable.session"}
     g = {
         "nbdurable.store.fake": imports_of(
             "def f():\n    from ..helper import go\n", "nbdurable.store.fake", modules=mods
         ),
         "nbdurable.helper": imports_of(
-            "from .kernel import session\n", "nbdurable.helper", modules=mods
+            "from .durable import session\n", "nbdurable.helper", modules=mods
         ),
-        "nbdurable.run.fake": imports_of("import nbdurable.kernel.magic\n", "nbdurable.run.fake"),
+        "nbdurable.run.fake": imports_of("import nbdurable.ipython.magic\n", "nbdurable.run.fake"),
     }
     bad = violations(g)
     assert any(
-        line.startswith("nbdurable.store.fake reaches nbdurable.kernel")
+        line.startswith("nbdurable.store.fake reaches nbdurable.durable")
         and "nbdurable.helper" in line
         for line in bad
     ), bad
-    assert any(line.startswith("nbdurable.run.fake reaches nbdurable.kernel") for line in bad), bad
-
-
-def test_old_import_paths_keep_working_for_one_release(tmp_path):
-    from nbdurable import engine
-    from nbdurable.kernel import context, session
-    from nbdurable.store import MAGIC, RUN_SCOPE, RunKeys, Store
-    from nbdurable.store.disk import DiskStore
-
-    assert engine.get_session is session.get_session
-    assert engine.reset_session is session.reset_session
-    assert engine.Session is session.Session and engine.SubIndex is context.SubIndex
-    assert engine.NbdurableWarning is nbdurable.NbdurableWarning
-    session.reset_session()
-    assert engine._session is None
-    assert session.get_session() is engine._session
-    session.reset_session()
-    with Store(tmp_path / "store") as store:  # the interface opens the embedded engine
-        assert isinstance(store, Store) and isinstance(store, DiskStore)
-        store.put(RunKeys("nb.ipynb").sub(RUN_SCOPE, "x"), {"n": 1})
-        assert store.read(RunKeys("nb.ipynb").sub(RUN_SCOPE, "x")).startswith(MAGIC)
-    assert Store.exists(tmp_path / "store")
+    assert any(line.startswith("nbdurable.run.fake reaches nbdurable.ipython") for line in bad), bad
 
 
 def test_the_public_api_is_unchanged():

@@ -18,8 +18,8 @@ from jupyter_client.manager import KernelManager
 from kernel_util import REPO_ROOT, kernel_name, make_notebook, private_sockets, run_notebook
 from nbclient.exceptions import CellExecutionError
 
-from nbdurable.kernel import lease
-from nbdurable.store import Store
+from nbdurable.durable import lease
+from nbdurable.store import open_store
 
 pytestmark = pytest.mark.kernel
 
@@ -147,7 +147,7 @@ def test_a_dead_holder_is_taken_over_automatically(tmp_path):
         a.close()
     ticks_a = [i for pid, i in _ticks(tmp_path) if pid == pid_a]
     assert 0 < len(ticks_a) < 30
-    with Store(tmp_path / "store") as store:
+    with open_store(tmp_path / "store") as store:
         holder = lease.read(store, "shared.ipynb")
     assert holder is not None and holder.pid == pid_a, "the dead kernel still holds the lease"
 

@@ -28,7 +28,7 @@ from kernel_util import make_notebook, outputs_of, run_notebook, stream_text
 from llm_server import LLMServer, read_log
 from nbclient.exceptions import DeadKernelError
 
-from nbdurable.store import Store
+from nbdurable.store import open_store
 
 pytestmark = pytest.mark.kernel
 
@@ -90,7 +90,7 @@ class Scenario:
 
     def recorded(self) -> set[str]:
         """The ids of the sub-steps recorded in the store."""
-        with Store(self.root / "store") as store:
+        with open_store(self.root / "store") as store:
             return {store.get(k)[0]["id"] for k in store.scan("r/") if "/u/" in k}
 
 

@@ -59,7 +59,7 @@ def cells(server: LLMServer) -> list[str]:
         "    final = st.get_final_message()\n"
         "print('USAGE c', final.usage.input_tokens, final.usage.output_tokens)",
         "%step list",
-        "from nbdurable.kernel.session import run_summary\nprint(run_summary()['tokens'])",
+        "from nbdurable.durable.session import run_summary\nprint(run_summary()['tokens'])",
     ]
 
 

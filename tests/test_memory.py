@@ -377,7 +377,7 @@ def test_origins_hold_nothing_a_plain_run_frees():
     import gc
     import weakref
 
-    from nbdurable.kernel.recording import Origins, Snapshot
+    from nbdurable.durable.recording import Origins, Snapshot
 
     class Obj:
         pass

@@ -11,7 +11,7 @@ import pytest
 from IPython.core.interactiveshell import InteractiveShell
 
 import nbdurable
-from nbdurable.kernel import session as engine
+from nbdurable.durable import session as engine
 
 
 @pytest.fixture

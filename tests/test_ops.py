@@ -8,11 +8,11 @@ import re
 import pytest
 
 from nbdurable import commands, status
-from nbdurable._text import human_size
 from nbdurable.errors import UsageProblem
 from nbdurable.identity.keys import source_fingerprint
 from nbdurable.store import RUN_SCOPE, RunKeys, Store
 from nbdurable.store.records import StepRecord, StepState, SubRecord, VarRecord
+from nbdurable.text import human_size
 
 RUN = "nb.ipynb"
 RK = RunKeys(RUN)

@@ -24,9 +24,9 @@ import nbformat
 import pytest
 from kernel_util import make_notebook, outputs_of, run_notebook, stream_text
 
+from nbdurable.durable import fileio
 from nbdurable.identity import verdict
-from nbdurable.kernel import fileio
-from nbdurable.store import Store
+from nbdurable.store import open_store
 from nbdurable.store.records import StepRecord
 
 SETUP = (
@@ -113,7 +113,7 @@ def replayed(nb, index: int) -> bool:
 def step_records(store_dir: Path) -> dict[str, StepRecord]:
     """The step records in the store, by step name."""
     out = {}
-    with Store(store_dir) as store:
+    with open_store(store_dir) as store:
         for key in store.scan("r/"):
             if "/s/" in key:
                 rec = StepRecord.from_header(store.get(key)[0])

@@ -1,4 +1,4 @@
-"""Tests for nbdurable.kernel.panel: the widget's rows, buttons, live updates and batching.
+"""Tests for nbdurable.ipython.panel: the widget's rows, buttons, live updates and batching.
 
 The in-process tests drive a real Session on a plain InteractiveShell with a
 real Store in tmp_path (no kernel: widgets get ipywidgets' dummy comm); the
@@ -26,11 +26,12 @@ from kernel_util import (
 
 import nbdurable
 from nbdurable import cli, commands, events, status
+from nbdurable.durable import session as engine
 from nbdurable.errors import NbdurableWarning
 from nbdurable.identity import locate
-from nbdurable.kernel import session as engine
-from nbdurable.kernel.panel import STATE_HELP, StepPanel, row_html
-from nbdurable.store import RUN_SCOPE, RunKeys, Store
+from nbdurable.ipython.host import session_for
+from nbdurable.ipython.panel import STATE_HELP, StepPanel, row_html
+from nbdurable.store import RUN_SCOPE, RunKeys, open_store
 
 RUN = "panel-test"
 
@@ -58,8 +59,8 @@ def session(tmp_path):
     shell = InteractiveShell.instance()
     shell.user_ns["step"] = nbdurable.step
     engine.reset_session()
-    s = engine.get_session(shell)
-    s.set_store(Store(tmp_path / "store"), RUN)
+    s = session_for(shell)
+    s.set_store(open_store(tmp_path / "store"), RUN)
     s.notebook = tmp_path / "nb.ipynb"
     s.nbfile = locate.NotebookFile(s.notebook)
     yield s
@@ -75,17 +76,17 @@ def every_state(session, request):
     """
     if request.param == "postgres":
         session.store.close()
-        session.set_store(Store(request.getfixturevalue("pg_url")), RUN)
+        session.set_store(open_store(request.getfixturevalue("pg_url")), RUN)
     write_notebook(session.notebook, STEPS)
     for name in ("plan", "research", "frozen", "pinned", "changed"):
-        session.run_step(STEPS[name], name=name)
+        session.steps.run_step(STEPS[name], name=name)
     with pytest.raises(ValueError, match="boom"):
-        session.run_step(STEPS["broken"], name="broken")
+        session.steps.run_step(STEPS["broken"], name="broken")
     with pytest.warns(NbdurableWarning, match="cannot be saved"):
-        session.run_step(STEPS["handle"], name="handle")
-    session.run_step("gone = 0", name="gone")  # later deleted from the notebook
+        session.steps.run_step(STEPS["handle"], name="handle")
+    session.steps.run_step("gone = 0", name="gone")  # later deleted from the notebook
     session.status.pop("name:gone")  # ... and this is a new kernel as far as it knows
-    session.run_step(STEPS["plan"], name="plan")  # replayed
+    session.steps.run_step(STEPS["plan"], name="plan")  # replayed
     for name in ("frozen", "pinned"):
         commands.set_pin(session.store, RUN, f"name:{name}", True)
     write_notebook(session.notebook, {**STEPS, **CHANGED_LATER})
@@ -265,7 +266,7 @@ def test_live_updates_while_a_step_runs(session):
     body = "for i in range(4):\n    step(f's:{i}', str, i)\n    probe(f'{i + 1} {WHAT}')"
     try:
         session.user_ns["WHAT"] = "recorded"
-        session.run_step(body, name="loop")
+        session.steps.run_step(body, name="loop")
         assert seen() == [("running", f"{n} recorded") for n in range(1, 5)]
         # The row's state and its text change in one flush on the timer thread:
         # wait for the text, which is set last.
@@ -275,7 +276,7 @@ def test_live_updates_while_a_step_runs(session):
         )
         # Run again (forced): the sub-steps replay, and the counter says so.
         session.user_ns["WHAT"] = "replayed"
-        session.run_step(body, name="loop", force=True)
+        session.steps.run_step(body, name="loop", force=True)
         assert seen() == [("running", f"{n} replayed") for n in range(1, 5)]
         wait_for(lambda: p.rows["name:loop"].state == "recorded", timeout=60)
         wait_for(
@@ -314,7 +315,9 @@ def test_a_reload_while_a_sub_step_is_recorded_counts_it_once(session):
 
     session.user_ns["probe"] = probe
     try:
-        session.run_step("step('s:0', str, 0)\nprobe()\nstep('s:1', str, 1)\nprobe()", name="two")
+        session.steps.run_step(
+            "step('s:0', str, 0)\nprobe()\nstep('s:1', str, 1)\nprobe()", name="two"
+        )
         assert len(shown) == 2
         assert "1 recorded" in shown[0] and "2 recorded" not in shown[0], shown[0]
         assert "2 recorded" in shown[1] and "3 recorded" not in shown[1], shown[1]
@@ -328,7 +331,7 @@ def test_a_failed_step_shows_failed_live(session):
     p = StepPanel(session, interval=0.02)
     try:
         with pytest.raises(ZeroDivisionError):
-            session.run_step("1 / 0", name="oops")
+            session.steps.run_step("1 / 0", name="oops")
         wait_for(lambda: "name:oops" in p.rows and p.rows["name:oops"].state == "failed")
         assert "ZeroDivisionError" in p.rows["name:oops"].html.value
     finally:
@@ -369,7 +372,7 @@ def test_thousands_of_substeps_are_batched(session, monkeypatch):
     session.user_ns["middle"] = middle
     t0 = time.monotonic()
     try:
-        session.run_step(
+        session.steps.run_step(
             f"for i in range({n}):\n    step(f's:{{i}}', str, i)\n    if i == {n // 2}: middle()",
             name="big",
         )
@@ -497,7 +500,7 @@ def test_step_panel_magic_in_a_real_kernel(tmp_path):
 
 def test_a_step_run_here_but_not_saved_yet_is_not_orphaned(session):
     write_notebook(session.notebook, {"plan": STEPS["plan"]})
-    session.run_step("fresh = 1", name="fresh")  # a new cell JupyterLab has not saved yet
+    session.steps.run_step("fresh = 1", name="fresh")  # a new cell JupyterLab has not saved yet
     p = StepPanel(session)
     try:
         assert states(p) == {"plan": "pending", "fresh": "recorded"}
@@ -536,7 +539,7 @@ def test_a_buttons_message_goes_when_a_cell_runs(every_state):
         rows = {r.info.label: r for r in p.rows.values()}
         rows["research"].pin_button.click()
         assert "pinned: research" in p.message.value, p.message.value
-        every_state.shell.run_cell("1 + 1")
+        every_state.host.shell.run_cell("1 + 1")
         assert p.message.value == ""
         assert rows["research"].state == "pinned"  # the action itself stays
     finally:
@@ -552,7 +555,7 @@ def test_a_save_shows_without_running_a_cell(every_state):
         flushes, looks = p.flushes, p.looks
         wait_for(lambda: p.looks >= looks + 3, msg=lambda: f"{p.looks} looks")
         assert p.flushes == flushes
-        count = every_state.shell.execution_count
+        count = every_state.host.shell.execution_count
         write_notebook(every_state.notebook, {**STEPS, **CHANGED_LATER, "plan": "plan = [1, 2]"})
         wait_for(
             lambda: states(p)["plan"] == "invalidated",
@@ -566,7 +569,7 @@ def test_a_save_shows_without_running_a_cell(every_state):
         )
         assert 'data-state="may run"' in p.rows["name:research"].html.value
         assert "1 may run" in p.header.value, p.header.value
-        assert every_state.shell.execution_count == count  # no cell ran
+        assert every_state.host.shell.execution_count == count  # no cell ran
     finally:
         p.close()
     p._watcher.join(5)  # closing stops the watcher

@@ -19,6 +19,7 @@ import pytest
 from pg_util import namespace, pg_sql, terminate
 
 from nbdurable.cli import main
+from nbdurable.durable import lease
 from nbdurable.errors import (
     CorruptRecord,
     FormatVersionError,
@@ -26,7 +27,6 @@ from nbdurable.errors import (
     LeaseLost,
     StoreError,
 )
-from nbdurable.kernel import lease
 from nbdurable.store import RunKeys, Store, admin, layout, open_store, values
 from nbdurable.store.copy import copy_run
 from nbdurable.store.postgres import PgStore, display
@@ -36,7 +36,7 @@ pytestmark = pytest.mark.postgres
 
 @pytest.fixture
 def pg(pg_url):
-    s = Store(pg_url)
+    s = open_store(pg_url)
     yield s
     s.close()
 
@@ -63,7 +63,7 @@ def _chunks(url: str) -> int:
 
 
 def test_a_url_opens_the_postgres_engine_and_a_directory_the_embedded_one(pg_url, tmp_path):
-    with Store(pg_url) as a, open_store(pg_url) as b, open_store(tmp_path / "d") as c:
+    with open_store(pg_url) as a, open_store(pg_url) as b, open_store(tmp_path / "d") as c:
         assert type(a) is PgStore and type(b) is PgStore
         assert type(c).__name__ == "DiskStore"
         assert a.path == b.path and a.path.endswith(f"/test?namespace={namespace(pg_url)}")
@@ -94,7 +94,7 @@ def test_records_ranges_and_transactions_behave_as_on_disk(pg):
 def test_namespaces_are_apart(pg_url, pg_server):
     other = pg_url.replace("namespace=t_", "namespace=u_")
     try:
-        with Store(pg_url) as a, Store(other) as b:
+        with open_store(pg_url) as a, open_store(other) as b:
             a.put("r/x/meta", {"a": 1})
             assert b.get("r/x/meta") is None
             assert a.get("r/x/meta") == ({"a": 1}, b"")
@@ -107,7 +107,7 @@ def test_namespaces_are_apart(pg_url, pg_server):
 
 def test_a_blob_spanning_many_chunks_streams_both_ways(pg_url):
     url = pg_url + "&chunk_size=65536"
-    with Store(url) as s:
+    with open_store(url) as s:
         sha, arr = _array_blob(s, 400_000)  # 3.2 MB: about 49 chunks of 64 KB
         size = s.size_of(layout.blob(sha))
         assert _chunks(url) == -(-size // 65536) > 40
@@ -117,14 +117,14 @@ def test_a_blob_spanning_many_chunks_streams_both_ways(pg_url):
         assert s.put_blob(stream, bufs) == (sha, 0)
         assert _chunks(url) == -(-size // 65536)
         assert s.check() == []
-    with Store(url) as fresh:  # another process, another connection
+    with open_store(url) as fresh:  # another process, another connection
         assert np.array_equal(_load(fresh, sha), arr)
 
 
 def test_a_damaged_chunk_is_refused_then_rewritten(pg_url):
     url = pg_url + "&chunk_size=65536"
     ns = namespace(url)
-    with Store(url) as s:
+    with open_store(url) as s:
         sha, arr = _array_blob(s, 100_000)
         pg_sql(
             url,
@@ -141,7 +141,7 @@ def test_a_damaged_chunk_is_refused_then_rewritten(pg_url):
 
 def test_check_removes_a_blob_with_lost_chunks(pg_url):
     url = pg_url + "&chunk_size=65536"
-    with Store(url) as s:
+    with open_store(url) as s:
         sha, _ = _array_blob(s, 100_000)
         pg_sql(url, f'DELETE FROM "{namespace(url)}".chunks WHERE n = 2')
         problems = s.check(fix=False)
@@ -156,7 +156,7 @@ def test_check_removes_a_blob_with_lost_chunks(pg_url):
 def test_no_key_no_store(pg_url, monkeypatch):
     monkeypatch.delenv("NBDURABLE_KEY")
     with pytest.raises(StoreError) as info:
-        Store(pg_url)
+        open_store(pg_url)
     message = str(info.value)
     assert "NBDURABLE_KEY" in message and "\n" not in message
     assert (
@@ -168,7 +168,7 @@ def test_the_key_is_never_stored_and_another_key_is_refused(pg_url, monkeypatch)
     import os
 
     key = os.environ["NBDURABLE_KEY"]
-    with Store(pg_url) as s:
+    with open_store(pg_url) as s:
         s.put("r/x/meta", {"a": 1})
     ns = namespace(pg_url)
     found = pg_sql(
@@ -179,15 +179,15 @@ def test_the_key_is_never_stored_and_another_key_is_refused(pg_url, monkeypatch)
     assert found == [(0,)]
     monkeypatch.setenv("NBDURABLE_KEY", "another-team-key-0123456789")
     with pytest.raises(StoreError) as info:
-        Store(pg_url)
+        open_store(pg_url)
     assert "another store key" in str(info.value) and "namespace" in str(info.value)
 
 
 def test_a_newer_schema_is_refused_in_one_line(pg_url):
-    Store(pg_url).close()
+    open_store(pg_url).close()
     pg_sql(pg_url, f'UPDATE "{namespace(pg_url)}".schema_version SET version = 99')
     with pytest.raises(FormatVersionError) as info:
-        Store(pg_url)
+        open_store(pg_url)
     assert "layout 99" in str(info.value) and "Upgrade nbdurable" in str(info.value)
     assert "\n" not in str(info.value)
 
@@ -202,7 +202,7 @@ def test_a_server_that_is_down_at_startup_is_one_line_naming_the_url(monkeypatch
         port = sock.getsockname()[1]
     url = f"postgresql://alice:s3cret@127.0.0.1:{port}/test?namespace=x"
     with pytest.raises(StoreError) as info:
-        Store(url)
+        open_store(url)
     message = str(info.value)
     assert f"postgresql://alice@127.0.0.1:{port}/test" in message
     assert "s3cret" not in message and "\n" not in message
@@ -210,7 +210,7 @@ def test_a_server_that_is_down_at_startup_is_one_line_naming_the_url(monkeypatch
 
 
 def test_sessions_killed_between_writes_lose_nothing_and_record_nothing_twice(pg_url):
-    with Store(pg_url) as s:
+    with open_store(pg_url) as s:
         rk = RunKeys("r")
         for i in range(40):
             if i % 5 == 0:
@@ -225,7 +225,7 @@ def test_sessions_killed_between_writes_lose_nothing_and_record_nothing_twice(pg
 
 def test_the_main_thread_keeps_its_connection_while_threads_share_the_pool(pg_url):
     """The recording thread keeps one session across records; threads record alongside it."""
-    with Store(pg_url) as s:
+    with open_store(pg_url) as s:
         s.put("r/x/first", {}, b"")
         held = s._held
         pid = held.info.backend_pid
@@ -255,7 +255,7 @@ def test_the_main_thread_keeps_its_connection_while_threads_share_the_pool(pg_ur
 
 def test_a_record_the_server_refuses_is_one_line_and_the_next_one_lands(pg_url):
     """A single record goes as a prepared statement: a server error still reads as one line."""
-    with Store(pg_url) as s:
+    with open_store(pg_url) as s:
         s.put("r/x/a", {"i": 1}, b"v")  # prepared on this connection
         ns = namespace(pg_url)
         pg_sql(pg_url, f'ALTER TABLE "{ns}".kv ADD CONSTRAINT small CHECK (size < 100)')
@@ -282,7 +282,7 @@ def test_a_session_killed_in_the_middle_of_a_blob_write(pg_url, monkeypatch):
         return real(self, chunk)
 
     monkeypatch.setattr(_pg.ChunkWriter, "_insert", insert)
-    with Store(url) as s:
+    with open_store(url) as s:
         sha, arr = _array_blob(s, 200_000)
         assert killed and killed[0] >= 1, "the session writing the blob was ended"
         assert np.array_equal(_load(s, sha), arr)
@@ -295,7 +295,7 @@ def test_a_step_record_whose_session_ends_commits_whole_once(pg_url, monkeypatch
     """apply() is one statement: its session ended, the retry writes every record of it once."""
     import psycopg as pg_mod
 
-    with Store(pg_url) as s:
+    with open_store(pg_url) as s:
         rk = RunKeys("r")
         real = pg_mod.Connection.execute
         sent = []
@@ -320,7 +320,7 @@ def test_a_step_record_whose_session_ends_commits_whole_once(pg_url, monkeypatch
 def test_a_slow_store_answers_within_the_statement_timeout(pg_url):
     url = pg_url + "&statement_timeout=1"
     key = RunKeys("r").lease
-    with Store(url) as s:
+    with open_store(url) as s:
         s.put("r/x/meta", {})
         space = s._space
         # Another machine holds the lease row's lock and does not let go.
@@ -344,7 +344,7 @@ def pg_server_of(url: str) -> str:
 
 
 def test_swap_is_a_compare_and_set_across_stores(pg_url):
-    stores = [Store(pg_url) for _ in range(2)]
+    stores = [open_store(pg_url) for _ in range(2)]
     key = "r/x/counter"
 
     def bump(s):
@@ -363,7 +363,7 @@ def test_swap_is_a_compare_and_set_across_stores(pg_url):
 
 def test_a_lease_names_its_host_and_expires_across_machines(pg_url, monkeypatch):
     monkeypatch.setenv("NBDURABLE_LEASE_EXPIRY", "2")
-    a_store, b_store = Store(pg_url), Store(pg_url)
+    a_store, b_store = open_store(pg_url), open_store(pg_url)
     monkeypatch.setenv("NBDURABLE_HOST", "machine-a")
     a = lease.Lease(a_store, "shared.ipynb")
     a.acquire()
@@ -405,13 +405,13 @@ def _run_with_blob(store: Store, run_id: str) -> tuple[str, np.ndarray]:
 
 
 def test_copy_a_run_to_postgres_and_back(pg_url, tmp_path):
-    src = Store(tmp_path / "disk")
+    src = open_store(tmp_path / "disk")
     sha, arr = _run_with_blob(src, "nb.ipynb")
-    with Store(pg_url) as pg:
+    with open_store(pg_url) as pg:
         report = copy_run(src, pg, "nb.ipynb")
         assert (report.records, report.blobs) == (3, 1)
         assert np.array_equal(_load(pg, sha), arr)
-        back = Store(tmp_path / "back")
+        back = open_store(tmp_path / "back")
         copy_run(pg, back, "nb.ipynb")
         rk = RunKeys("nb.ipynb")
         assert sorted(back.scan(rk.base)) == sorted(src.scan(rk.base))
@@ -422,13 +422,13 @@ def test_copy_a_run_to_postgres_and_back(pg_url, tmp_path):
 
 
 def test_a_tampered_record_aborts_the_copy_with_nothing_copied(pg_url, tmp_path):
-    src = Store(tmp_path / "disk")
+    src = open_store(tmp_path / "disk")
     _run_with_blob(src, "nb.ipynb")
     rk = RunKeys("nb.ipynb")
     raw = bytearray(src.read(rk.sub("s1", "call:0")))
     raw[-1] ^= 1
     src.write({rk.sub("s1", "call:0"): bytes(raw)})
-    with Store(pg_url) as pg:
+    with open_store(pg_url) as pg:
         with pytest.raises(StoreError) as info:
             copy_run(src, pg, "nb.ipynb")
         assert "nothing was copied" in str(info.value) and "\n" not in str(info.value)
@@ -436,7 +436,7 @@ def test_a_tampered_record_aborts_the_copy_with_nothing_copied(pg_url, tmp_path)
 
 
 def test_cli_ls_gc_check_and_copy_with_a_url(pg_url, tmp_path, capsys):
-    src = Store(tmp_path / "disk")
+    src = open_store(tmp_path / "disk")
     _run_with_blob(src, "nb.ipynb")
     src.close()
     assert main(["copy", "nb.ipynb", "--from", str(tmp_path / "disk"), "--to", pg_url]) == 0
@@ -453,14 +453,14 @@ def test_cli_ls_gc_check_and_copy_with_a_url(pg_url, tmp_path, capsys):
     # ... and back to a directory, verified on the way.
     assert main(["copy", "nb.ipynb", "--from", pg_url, "--to", str(tmp_path / "back")]) == 0
     assert "copied run 'nb.ipynb': 3 records and 1 saved variables" in capsys.readouterr().out
-    with Store(tmp_path / "back") as back, Store(tmp_path / "disk") as disk:
+    with open_store(tmp_path / "back") as back, open_store(tmp_path / "disk") as disk:
         rk = RunKeys("nb.ipynb")
         assert back.scan(rk.base) == disk.scan(rk.base)
     assert main(["check", "--store", str(tmp_path / "disk")]) == 0
     assert "sound" in capsys.readouterr().out
     assert main(["gc", "--store", pg_url, "--older-than", "0s"]) == 0
     assert "removed run 'nb.ipynb'" in capsys.readouterr().out
-    with Store(pg_url) as pg:
+    with open_store(pg_url) as pg:
         assert admin.list_runs(pg) == [] and pg.scan("b/") == []
     assert main(["copy", "nb.ipynb", "--from", pg_url, "--to", str(tmp_path / "x")]) == 2
     assert "no run 'nb.ipynb'" in capsys.readouterr().err
@@ -468,19 +468,19 @@ def test_cli_ls_gc_check_and_copy_with_a_url(pg_url, tmp_path, capsys):
 
 def test_the_store_is_configured_else_nbdurable_store_else_the_directory(tmp_path, monkeypatch):
     import nbdurable
+    from nbdurable import config
     from nbdurable.errors import UsageProblem
-    from nbdurable.store import engine
 
     url = "postgresql://team@db/runs?namespace=team1"
     monkeypatch.delenv("NBDURABLE_STORE", raising=False)
-    assert engine.chosen(tmp_path) == tmp_path
+    assert config.chosen_store(tmp_path) == tmp_path
     monkeypatch.setenv("NBDURABLE_STORE", str(tmp_path / "elsewhere"))
-    assert engine.chosen(tmp_path) == tmp_path / "elsewhere"
+    assert config.chosen_store(tmp_path) == tmp_path / "elsewhere"
     monkeypatch.setenv("NBDURABLE_STORE", url)
-    assert engine.chosen(tmp_path) == url
+    assert config.chosen_store(tmp_path) == url
     try:
         nbdurable.configure(store=str(tmp_path / "configured"))
-        assert engine.chosen(tmp_path) == tmp_path / "configured"
+        assert config.chosen_store(tmp_path) == tmp_path / "configured"
     finally:
         nbdurable.configure(store=None)
     with pytest.raises(UsageProblem, match="postgresql:// URL"):
@@ -495,7 +495,7 @@ def two_machines(request, tmp_path, monkeypatch):
     """Machine A's lease lapsed (its heartbeats stalled) and machine B took the run over."""
     monkeypatch.setenv("NBDURABLE_LEASE_EXPIRY", "1")
     target = request.getfixturevalue("pg_url") if request.param == "postgres" else tmp_path
-    a_store, b_store = Store(target), Store(target)
+    a_store, b_store = open_store(target), open_store(target)
     monkeypatch.setenv("NBDURABLE_HOST", "machine-a")
     a = lease.Lease(a_store, "shared.ipynb")
     a.acquire()
@@ -542,7 +542,7 @@ def test_a_holder_whose_lease_was_taken_over_cannot_write(two_machines):
 @pytest.mark.parametrize("takeover", ["commits", "rolls back"])
 def test_a_record_racing_a_slow_takeover_lands_before_it_or_not_at_all(pg_url, takeover):
     """A takeover holds the lease row (a slow store, a slow machine); A's record waits for it."""
-    a_store = Store(pg_url)
+    a_store = open_store(pg_url)
     a = lease.Lease(a_store, "shared.ipynb")
     a.acquire()
     a._stop.set()

@@ -26,8 +26,8 @@ from test_story import CELLS
 
 from nbdurable.cli import main
 from nbdurable.demo.sim import ledger_calls
-from nbdurable.kernel import lease
-from nbdurable.store import RunKeys, Store, values
+from nbdurable.durable import lease
+from nbdurable.store import RunKeys, open_store, values
 from nbdurable.store.postgres import display
 
 pytestmark = [pytest.mark.postgres, pytest.mark.kernel]
@@ -114,7 +114,7 @@ def test_cli_status_export_pin_and_clear_through_a_url(tmp_path, pg_url, capsys)
     assert state() == "recorded"
     assert main(["clear", notebook, "plan", "--store", pg_url]) == 0
     assert state() == "pending"
-    with Store(pg_url) as store:
+    with open_store(pg_url) as store:
         assert store.scan("r/story.ipynb/") == [], "the step and its sub-steps are gone"
 
 
@@ -145,7 +145,7 @@ def test_two_machines_share_a_run_one_at_a_time(tmp_path, pg_url):
     assert _kinds(before) == {"plan": 1, "search": 41, "answer": 41}
 
     # B cannot see whether A's process lives: it waits for A's lease to lapse.
-    with Store(pg_url) as store:
+    with open_store(pg_url) as store:
         holder = lease.read(store, "story.ipynb")
         assert holder is not None and holder.host == "host-a"
         deadline = time.monotonic() + 60
@@ -327,7 +327,7 @@ def test_the_magics_and_the_panel_on_the_team_store(tmp_path, pg_url):
     )
     after = outputs_of(out, 7)[0]["text"].splitlines()
     assert after[2].split()[1:3] == ["greet", "pending"], after
-    with Store(pg_url) as store:
+    with open_store(pg_url) as store:
         assert store.scan("r/nb.ipynb/s/") == [], "cleared in the team store"
 
 
@@ -372,7 +372,7 @@ def test_configure_store_in_a_running_kernel_moves_the_run_and_its_lease(tmp_pat
         pid = k.pid
         again = k.run(b)  # replays from the team store: the body does not run
         assert again["status"] == "ok" and again["stdout"] == "", again
-        with Store(pg_url) as team, Store(directory) as local:
+        with open_store(pg_url) as team, open_store(directory) as local:
             holder = lease.read(team, "nb.ipynb")
             assert holder is not None and holder.pid == pid, "the lease moved with the run"
             assert lease.read(local, "nb.ipynb") is None, "the old store's lease was given back"
@@ -508,7 +508,7 @@ def test_a_holder_whose_heartbeat_stalled_past_expiry_stops_at_its_next_record(t
         msg_id = a.kc.execute(STALL[1])
         _wait_for((sync / "in-call").exists, "reached its fourth call", a)
         # A is alive, but its lease lapses: no heartbeat for longer than the expiry.
-        with Store(pg_url) as store:
+        with open_store(pg_url) as store:
             deadline = time.monotonic() + 60
             while time.time() - lease.read(store, "stall.ipynb").heartbeat < EXPIRY + 0.5:
                 assert time.monotonic() < deadline, "A's lease never lapsed"
@@ -539,7 +539,7 @@ def test_a_holder_whose_heartbeat_stalled_past_expiry_stops_at_its_next_record(t
     ]
     scope = "name:calls"
     rk = RunKeys("stall.ipynb")
-    with Store(pg_url) as store:
+    with open_store(pg_url) as store:
         got = [values.loads(store.get(rk.sub(scope, f"c{i}"))[1]) for i in range(6)]
         assert got == [(pid_a if i < 3 else pid_b, i * i) for i in range(6)]
         assert store.get(rk.step(scope))[0]["name"] == "calls", "B's step record is there"

@@ -8,7 +8,7 @@ from kernel_util import make_notebook
 
 from nbdurable.server import notebook_path
 from nbdurable.server.marks import step_marks
-from nbdurable.store import Store
+from nbdurable.store import open_store
 
 
 def test_notebook_path_stays_under_the_root(tmp_path):
@@ -50,7 +50,7 @@ def test_every_step_is_pending_before_a_store_exists(tmp_path, monkeypatch):
 def test_an_empty_store_reads_like_no_store(tmp_path):
     nb = make_notebook(["%%step plan\nx = 1"])
     nbformat.write(nb, tmp_path / "a.ipynb")
-    Store(tmp_path / "store").close()
+    open_store(tmp_path / "store").close()
     data = step_marks(tmp_path / "a.ipynb", tmp_path / "store")
     assert data["store_exists"] is True
     assert [(c["key"], c["state"]) for c in data["cells"]] == [("name:plan", "pending")]

@@ -11,8 +11,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from nbdurable.durable import recording
 from nbdurable.identity import keys
-from nbdurable.kernel import recording
 from nbdurable.store import Store, sharing, values
 
 

@@ -11,6 +11,8 @@ from pathlib import Path
 import diskcache
 import pytest
 
+from nbdurable.durable.context import StepContext
+from nbdurable.durable.session import Session
 from nbdurable.errors import (
     CorruptRecord,
     FormatVersionError,
@@ -19,9 +21,7 @@ from nbdurable.errors import (
     UsageProblem,
 )
 from nbdurable.identity import locate
-from nbdurable.kernel.context import StepContext
-from nbdurable.kernel.session import Session
-from nbdurable.store import RUN_SCOPE, RunKeys, Store
+from nbdurable.store import RUN_SCOPE, RunKeys, Store, open_store
 from nbdurable.store.records import FORMAT_VERSION, RECORD_FORMAT
 
 
@@ -63,7 +63,7 @@ def test_blobs_are_stored_once_by_content(store):
 
 
 def test_store_directory_is_private(tmp_path):
-    with Store(tmp_path / "deep" / "store") as s:
+    with open_store(tmp_path / "deep" / "store") as s:
         assert stat.S_IMODE(s.path.stat().st_mode) == 0o700
         assert stat.S_IMODE((s.path / "key").stat().st_mode) == 0o600
 
@@ -83,7 +83,7 @@ def test_a_damaged_key_file_is_a_clear_error(tmp_path):
     (tmp_path / "store").mkdir()
     (tmp_path / "store" / "key").write_bytes(b"short")
     with pytest.raises(StoreError, match="shorter than 16 bytes.*delete the store directory"):
-        Store(tmp_path / "store")
+        open_store(tmp_path / "store")
 
 
 # -- signing and planted pickles -----------------------------------------------------------
@@ -106,13 +106,13 @@ def test_a_record_moved_to_another_key_fails_its_signature(store):
 
 def test_a_record_signed_with_another_key_is_refused(tmp_path, monkeypatch):
     monkeypatch.setenv("NBDURABLE_KEY", "the first key, long enough")
-    with Store(tmp_path / "store") as s:
+    with open_store(tmp_path / "store") as s:
         s.put("r/x/s/a", {"n": 1})
     monkeypatch.setenv("NBDURABLE_KEY", "another key, long enough too")
     # On open, a store that does not verify is a StoreError (one line in the magic),
     # not one unusable record: no step may run unrecorded against it.
     with pytest.raises(StoreError, match="cannot be verified.*another store key"):
-        Store(tmp_path / "store")
+        open_store(tmp_path / "store")
 
 
 @pytest.mark.parametrize("padding", [0, 100_000], ids=["inline", "in-a-file"])
@@ -148,11 +148,11 @@ def test_the_engine_ignores_a_planted_record_with_a_warning(store, tmp_path):
 
 def test_format_version_is_written_and_checked_on_open(tmp_path):
     path = tmp_path / "store"
-    with Store(path) as s:
+    with open_store(path) as s:
         assert s.get("meta/format")[0]["format"] == FORMAT_VERSION
         s.put("meta/format", {"format": FORMAT_VERSION + 1})
     with pytest.raises(FormatVersionError) as err:
-        Store(path)
+        open_store(path)
     message = str(err.value)
     assert str(path) in message
     assert f"format {FORMAT_VERSION + 1}" in message and f"format {FORMAT_VERSION}." in message
@@ -262,8 +262,8 @@ def test_finding_a_saved_cell_fingerprints_each_cell_once_per_read(tmp_path, mon
 
 def test_a_recorded_sub_step_header_is_a_sub_record(store, monkeypatch):
     # The sub-step hot path builds SubRecord's header by hand: it must stay that schema.
-    from nbdurable.kernel import session as engine
-    from nbdurable.kernel import substeps
+    from nbdurable.durable import session as engine
+    from nbdurable.durable import substeps
     from nbdurable.store.records import SubRecord
 
     monkeypatch.setattr(engine, "_session", None)
@@ -288,7 +288,7 @@ def _shout(text: str) -> str:
 
 def _in_step(store: Store, monkeypatch: pytest.MonkeyPatch) -> object:
     """A fresh session on ``store`` whose current step is ``name:s`` (as a restart gives)."""
-    from nbdurable.kernel import session as engine
+    from nbdurable.durable import session as engine
 
     monkeypatch.setattr(engine, "_session", None)
     session = engine.get_session()
@@ -299,7 +299,7 @@ def _in_step(store: Store, monkeypatch: pytest.MonkeyPatch) -> object:
 
 @pytest.mark.parametrize("total_max", [32 * 1024 * 1024, 1_000], ids=["in-memory", "over-cap"])
 def test_a_steps_sub_steps_replay_from_one_read(store, monkeypatch, total_max):
-    from nbdurable.kernel import substeps
+    from nbdurable.durable import substeps
     from nbdurable.store import base as store_mod
 
     monkeypatch.setattr(store_mod, "LOAD_TOTAL_MAX", total_max)
@@ -328,7 +328,7 @@ def test_a_steps_sub_steps_replay_from_one_read(store, monkeypatch, total_max):
 
 
 def test_a_tampered_sub_step_in_the_step_read_is_called_again(store, monkeypatch):
-    from nbdurable.kernel import substeps
+    from nbdurable.durable import substeps
 
     session = _in_step(store, monkeypatch)
     substeps.step("call", lambda: "recorded")
@@ -342,9 +342,9 @@ def test_a_tampered_sub_step_in_the_step_read_is_called_again(store, monkeypatch
 
 
 def test_the_run_scope_index_lives_one_cell_and_never_calls_twice(store, monkeypatch):
-    from nbdurable.kernel import session as engine
-    from nbdurable.kernel import substeps
-    from nbdurable.kernel.magic import _pre_run_cell
+    from nbdurable.durable import session as engine
+    from nbdurable.durable import substeps
+    from nbdurable.ipython.magic import _pre_run_cell
 
     monkeypatch.setattr(engine, "_session", None)
     session = engine.get_session()
@@ -373,7 +373,7 @@ def test_the_run_scope_index_lives_one_cell_and_never_calls_twice(store, monkeyp
 
 @pytest.mark.parametrize("planted", ["text", 1.5, -3, 2**62, 10**9], ids=repr)
 def test_a_planted_non_bytes_row_is_a_corrupt_record(store, monkeypatch, planted):
-    from nbdurable.kernel import substeps
+    from nbdurable.durable import substeps
 
     session = _in_step(store, monkeypatch)
     key = session.keys.sub("name:s", "call")
@@ -388,7 +388,7 @@ def test_a_planted_non_bytes_row_is_a_corrupt_record(store, monkeypatch, planted
 def test_a_store_deleted_during_a_step_is_not_replayed_from(store, monkeypatch):
     import shutil
 
-    from nbdurable.kernel import substeps
+    from nbdurable.durable import substeps
 
     made = []
 
@@ -409,7 +409,7 @@ def test_a_store_deleted_during_a_step_is_not_replayed_from(store, monkeypatch):
 
 
 def test_a_failed_sub_step_can_be_retried_with_the_same_id(store, monkeypatch):
-    from nbdurable.kernel import substeps
+    from nbdurable.durable import substeps
 
     _in_step(store, monkeypatch)
     attempts = []

@@ -21,8 +21,8 @@ import pytest
 from test_ops import RK, RUN, record, sub
 
 from nbdurable import commands, status
+from nbdurable.durable import lease
 from nbdurable.errors import CorruptRecord, LeaseHeld
-from nbdurable.kernel import lease
 from nbdurable.store import RunView, Store, blobs, layout, values
 from nbdurable.store.base import Fence
 

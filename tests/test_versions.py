@@ -13,7 +13,7 @@ import pytest
 
 from nbdurable import commands, status
 from nbdurable.identity.keys import source_fingerprint, step_version
-from nbdurable.kernel.rows import row_html
+from nbdurable.ipython.rows import row_html
 from nbdurable.store import RunKeys, Store, admin, open_store, versions
 from nbdurable.store.copy import copy_run
 from nbdurable.store.records import StepRecord, StepState, SubRecord, VarRecord
@@ -183,7 +183,7 @@ def shell(tmp_path, monkeypatch):
     from IPython.core.interactiveshell import InteractiveShell
 
     import nbdurable
-    from nbdurable.kernel import session as engine
+    from nbdurable.durable import session as engine
 
     monkeypatch.setenv("NBDURABLE_DIR", str(tmp_path / "store"))
     monkeypatch.setenv("NBDURABLE_NOTEBOOK", str(tmp_path / "v.ipynb"))
@@ -213,7 +213,7 @@ def _run(sh, topic: str) -> str:
     assert sh.run_cell(f"topic = {topic!r}").success
     assert sh.run_cell(STEP).success
     assert sh.user_ns["result"] == topic.upper()
-    from nbdurable.kernel import session as engine
+    from nbdurable.durable import session as engine
 
     return engine.get_session().status["name:fetch"][0]
 
@@ -229,7 +229,7 @@ def test_a_pinned_step_keeps_its_version_whatever_its_inputs(shell):
     assert sh.run_cell("topic = 'dogs'").success
     assert sh.run_cell(STEP).success
     assert sh.user_ns["result"] == "CATS"  # pinned: the current version, stale
-    from nbdurable.kernel import session as engine
+    from nbdurable.durable import session as engine
 
     s = engine.get_session()
     assert versions.kept(s.store, s.keys, "name:fetch") == []  # nothing switched
@@ -256,7 +256,7 @@ def test_an_unreadable_kept_version_runs_again_in_one_line_and_is_replaced(shell
     sh, log = shell
     _run(sh, "cats")
     _run(sh, "dogs")
-    from nbdurable.kernel import session as engine
+    from nbdurable.durable import session as engine
 
     s = engine.get_session()
     (kept,) = versions.kept(s.store, s.keys, "name:fetch")

@@ -8,6 +8,8 @@
  * replay note), or its source differs from the saved one (edited, not saved).
  */
 
+import vocabulary from './vocabulary.json';
+
 /** One saved %%step cell and its state, as GET /nbdurable/api/steps sends it. */
 export interface IStepRow {
   key: string;
@@ -60,10 +62,14 @@ export interface IMark {
   title: string;
 }
 
-/** %step commands: a `%%step list` line is not a step (mirrors identity/locate.py). */
-const STEP_COMMANDS = ['list', 'clear', 'pin', 'unpin', 'run', 'panel', 'takeover'];
+/**
+ * The %step commands, the step-name rule and the states, as nbdurable defines
+ * them (nbdurable/states.py): vocabulary.json is written by
+ * `python -m nbdurable.states`, and a test checks that it, and this build, agree.
+ */
+const STEP_COMMANDS: string[] = vocabulary.commands;
 const STEP_LINE = /^\s*%%step\b(.*)$/;
-const NAME = /^[A-Za-z_][A-Za-z0-9_.:-]{0,127}$/;
+const NAME = new RegExp(`^(?:${vocabulary.name_pattern})$`);
 
 /** A %%step cell's name and body; null when the source is not a step the magic accepts. */
 export function parseStep(source: string): { name: string | null; body: string } | null {
@@ -148,34 +154,13 @@ export function isEdited(cell: ICellView, row: IStepRow): boolean {
   return p === null || p.name !== row.name || !same(p.body, row.body);
 }
 
-const LOOK: { [state: string]: string } = {
-  recorded: '✓ recorded',
-  replayed: '↻ replayed',
-  running: '▶ running',
-  pending: '○ pending',
-  invalidated: '⚠ invalidated',
-  'may run': '? may run',
-  pinned: '⚑ pinned',
-  failed: '✗ failed',
-  'not replayable': '◐ not replayable',
-  edited: '✎ edited',
-  orphaned: '⊘ orphaned'
-};
-
-const WHAT: { [state: string]: string } = {
-  recorded: 'Recorded: the next run replays it.',
-  replayed: 'Replayed from its record in the last run; the next run replays it again.',
-  running: 'The kernel runs it now.',
-  pending: 'Not recorded yet: the next run executes and records it.',
-  invalidated: 'Its record no longer matches: the next run executes it again.',
-  'may run':
-    'A step before it runs first: the next run replays it only if what it reads from that step comes out the same.',
-  pinned: 'Pinned: the next run replays its record even if it no longer matches.',
-  failed: 'Its last run raised: the next run executes it again.',
-  'not replayable':
-    'Recorded, but a variable could not be saved: its body runs again, its sub-steps replay.',
-  edited: 'Edited and not saved: save the notebook to see what the next run does.'
-};
+const STATES: { [state: string]: { glyph: string; next_run: string } } = vocabulary.states;
+const LOOK: { [state: string]: string } = Object.fromEntries(
+  Object.entries(STATES).map(([name, s]) => [name, `${s.glyph} ${name}`])
+);
+const WHAT: { [state: string]: string } = Object.fromEntries(
+  Object.entries(STATES).map(([name, s]) => [name, s.next_run])
+);
 
 /** ``14:02`` today, else ``2026-11-30 14:02``. */
 export function when(t: number, now: Date = new Date()): string {

@@ -12,7 +12,7 @@
  * A panel shown again (`%step panel`) in the new kernel is live and left alone.
  *
  * A panel output is recognised by its plain-text form, which starts with
- * "nbdurable run '<run id>'" (StepPanel.text() in nbdurable/kernel/panel.py).
+ * "nbdurable run '<run id>'" (StepPanel.text() in nbdurable/ipython/panel.py).
  */
 
 import type { CodeCell, Cell } from '@jupyterlab/cells';

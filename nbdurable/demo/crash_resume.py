@@ -93,10 +93,10 @@ class _Where:
 
 def _on_store(store: str) -> _Where:
     """Where ``--store`` puts the demo (see the module docstring)."""
-    from ..store import engine
+    from ..store import opener
 
     run = f"demo-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
-    if not engine.is_url(store):
+    if not opener.is_url(store):
         return _Where(Path(store).expanduser().absolute(), run)
     if os.environ.get("NBDURABLE_KEY"):
         return _Where(store, run)
@@ -295,10 +295,10 @@ def _attempts(
 
 
 def _shown(target: str | Path) -> str:
-    from ..store import engine
+    from ..store import opener
     from ..store._pg import display
 
-    return display(target) if engine.is_url(target) else str(target)
+    return display(target) if opener.is_url(target) else str(target)
 
 
 def _table(s: dict[str, Any], store: str | Path, run: str | None, demo_key: bool) -> str:

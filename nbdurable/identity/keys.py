@@ -111,7 +111,9 @@ def source_fingerprint(source: str) -> str:
 
 # -- names --------------------------------------------------------------------
 
-_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.:-]{0,127}")
+#: A step name (the frontend gets it from the server, see nbdurable.states.vocabulary).
+NAME_PATTERN = r"[A-Za-z_][A-Za-z0-9_.:-]{0,127}"
+_NAME = re.compile(NAME_PATTERN)
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _CELL_ID = re.compile(r"[a-zA-Z0-9_-]{1,64}")  # nbformat 4.5's cell id pattern
 _NAME_RULE = "use letters, digits, _ . : - (at most 128, starting with a letter or _)"
@@ -120,14 +122,6 @@ _NAME_RULE = "use letters, digits, _ . : - (at most 128, starting with a letter 
 def _shown(value: str) -> str:
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
-
-
-_UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
-
-
-def one_line(text: str) -> str:
-    """``text`` with line breaks and control characters escaped (for one-line messages)."""
-    return _UNPRINTABLE.sub(lambda m: repr(m.group())[1:-1], text)
 
 
 def validate_name(name: str, what: str = "step name") -> str:

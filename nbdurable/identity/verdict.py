@@ -3,7 +3,7 @@
 :func:`invalid_reason` takes a step's record and state and what is known
 now, and returns why the record cannot be replayed (one phrase: "its code
 changed", "input 'x' changed", "file 'data.csv' changed", ...) or None when
-it replays. The step runner (:mod:`nbdurable.kernel.stepper`) calls it with
+it replays. The step runner (:mod:`nbdurable.durable.stepper`) calls it with
 everything known in the kernel at the moment the cell runs; the panel,
 ``%step list`` and ``nbdurable status`` (through :mod:`nbdurable.status`)
 call it with what they know, so what they show is what running does.
@@ -206,7 +206,7 @@ def files_changed(recorded: dict[str, list[Any]]) -> list[str]:
     Same size and mtime: unchanged; otherwise the content digest decides.
     Files read and written whole are ``[size, mtime_ns, digest]``; a file a
     step appended to is ``[end, mtime_ns, digest of start..end, start]``
-    (see :mod:`nbdurable.kernel.fileio`): it may have grown since, its part
+    (see :mod:`nbdurable.durable.fileio`): it may have grown since, its part
     must be intact.
     """
     out = []

@@ -23,7 +23,7 @@ How outcomes are known, without changing what the kernel runs:
 - calls made: sub-step records whose ``started`` time falls in this attempt
   (read from the store, so a crashed attempt's calls are counted too);
 - calls replayed and time saved: asked of the kernel after every cell
-  (``nbdurable.kernel.session.run_summary()``), which counts exactly what it
+  (``nbdurable.durable.session.run_summary()``), which counts exactly what it
   replayed; the run's totals add every attempt's (a kernel that died is
   counted up to the last cell it finished). The same answer names the run the
   kernel records into, so after ``%step run other`` the runner reads that run.
@@ -60,11 +60,11 @@ from .notebook import check_path, kernel_log_tail, read_notebook, replay_note, w
 from .progress import Progress
 from .result import Attempt, CellError, CellOutcome, RunResult
 
-#: Asked of the final kernel: nbdurable.kernel.session.run_summary(), read through
+#: Asked of the final kernel: nbdurable.durable.session.run_summary(), read through
 #: sys.modules so that a kernel that never used nbdurable does not import it now.
 _SAVED_EXPR = (
     "(lambda m: __import__('json').dumps(m and m.run_summary()))"
-    "(__import__('sys').modules.get('nbdurable.kernel.session'))"
+    "(__import__('sys').modules.get('nbdurable.durable.session'))"
 )
 
 
@@ -97,19 +97,20 @@ class _Run:
         self.kernel = kernel
         self.progress = progress
         self.startup_timeout = startup_timeout
-        from ..store import engine as store_engine
+        from .. import config
+        from ..store import opener
 
         # The store: a directory, or a URL (then run ids stay relative to the local
-        # directory, as the kernel computes them: see store.engine).
+        # directory, as the kernel computes them: see store.opener).
         self.store_target = (
-            store_engine.chosen(locate.store_dir(notebook)) if store is None else store
+            config.chosen_store(locate.store_dir(notebook)) if store is None else store
         )
-        self.shared = store_engine.is_url(self.store_target)
+        self.shared = opener.is_url(self.store_target)
         self.store_dir = locate.store_dir(notebook) if self.shared else Path(self.store_target)
         run_id = run_name or locate.run_id_for(notebook, self.store_dir)
         self.rk = RunKeys(run_id)
         self.kernel_env = {**os.environ, **env, "NBDURABLE_NOTEBOOK": str(notebook)}
-        # Who holds the run's lease, as a second runner is told (see nbdurable.kernel.lease).
+        # Who holds the run's lease, as a second runner is told (see nbdurable.durable.lease).
         self.kernel_env.setdefault("NBDURABLE_HOLDER", f"nbdurable run (pid {os.getpid()})")
         # Older ipykernel kernelspecs start Python 3.11+ without
         # -Xfrozen_modules=off, and debugpy then prints a multi-line warning on
@@ -154,12 +155,12 @@ class _Run:
         Opened up front so that the runner and the kernel never race to create
         the store's key file. A notebook that never mentions nbdurable gets no store.
         """
-        from ..store import Store
+        from ..store import open_store
 
         uses = any("nbdurable" in c.source for c in self.nb.cells if c.cell_type == "code")
         if not (uses or self.steps or self.shared or self.store_dir.exists()):
             return None
-        return Store(self.store_target)
+        return open_store(self.store_target)
 
     # -- reading the store ----------------------------------------------------------
     def _made_since(self, scope: str | None, since: float) -> int:
@@ -520,13 +521,11 @@ def run_notebook(
         env["NBDURABLE_TAKEOVER"] = "1"
     if store is None and env.get("NBDURABLE_DIR"):
         store = env["NBDURABLE_DIR"]
-    from ..store import engine as store_engine
+    from ..store import opener
 
     store_path: str | Path | None = None
     if store is not None:  # a directory, or a URL of a shared store
-        store_path = (
-            str(store) if store_engine.is_url(store) else Path(store).expanduser().absolute()
-        )
+        store_path = str(store) if opener.is_url(store) else Path(store).expanduser().absolute()
     workdir = Path(cwd).expanduser().absolute() if cwd is not None else path.parent
     if not workdir.is_dir():
         raise UsageProblem(f"--cwd {workdir} is not a directory; give an existing directory")

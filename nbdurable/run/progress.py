@@ -7,7 +7,8 @@ import threading
 import time
 from typing import IO
 
-from .._text import plural, seconds, tokens
+from ..states import OUTCOMES
+from ..text import plural, seconds, tokens
 from .result import Attempt, CellOutcome, RunResult
 
 
@@ -38,8 +39,8 @@ class Progress:
         """The run is over."""
 
 
-_SYMBOLS = {"replayed": "↻", "executed": "✓", "invalidated": "✓", "failed": "✗", "kernel died": "✗"}
-_ASCII = {"replayed": "=", "executed": "+", "invalidated": "+", "failed": "x", "kernel died": "x"}
+_SYMBOLS = {outcome: glyph for outcome, (glyph, _) in OUTCOMES.items()}
+_ASCII = {outcome: ascii_ for outcome, (_, ascii_) in OUTCOMES.items()}
 
 
 class ConsoleProgress(Progress):

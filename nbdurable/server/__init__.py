@@ -62,7 +62,7 @@ def _handler_class() -> type:
     from tornado import web
 
     from ..errors import NbdurableError
-    from ..identity.keys import one_line
+    from ..text import one_line
     from .marks import step_marks
 
     class StepsHandler(APIHandler):

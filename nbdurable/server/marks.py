@@ -33,7 +33,7 @@ from typing import Any
 
 from .. import status
 from ..identity import locate
-from ..store import Store
+from ..store import open_store, opener
 
 
 def step_marks(notebook: Path, store_dir: Path | None = None) -> dict[str, Any]:
@@ -47,9 +47,9 @@ def step_marks(notebook: Path, store_dir: Path | None = None) -> dict[str, Any]:
     notebook = Path(notebook).absolute()
     directory = store_dir if store_dir is not None else locate.store_dir(notebook)
     run_id = locate.run_id_for(notebook, directory)
-    exists = Store.exists(directory)
+    exists = opener.exists(directory)
     if exists:
-        with Store(directory) as store:
+        with open_store(directory) as store:
             infos = status.step_infos(store, run_id, notebook)
     else:
         infos = status.pending_infos(notebook)

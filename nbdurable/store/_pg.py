@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-from .._text import one_line
 from ..errors import FormatVersionError, StoreError
+from ..text import one_line
 from . import blobs
 
 try:

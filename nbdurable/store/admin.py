@@ -20,8 +20,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .._text import plural
 from ..errors import CorruptRecord, UsageProblem
+from ..text import plural
 from . import layout
 from .base import Store
 from .layout import RUN_SCOPE, RunKeys

@@ -1,4 +1,4 @@
-"""The store interface: what the kernel side, the runner and the CLI may ask of a store.
+"""The store interface: what the engine, the runner and the CLI may ask of a store.
 
 :class:`Store` is an abstract base class over bytes. An engine implements a
 handful of primitives (read, range read, write-and-delete in one
@@ -7,9 +7,9 @@ class builds records on them: signing and verifying every value (see
 :mod:`.codec`), the format check on open, the lease's compare-and-set
 (:meth:`Store.swap`), and blobs small enough to travel with a record.
 
-The embedded engine is diskcache (:mod:`.disk`). ``Store(directory)``
-opens it, as ``pathlib.Path(...)`` opens the path class of the platform:
-code that only says ``Store`` works with any engine.
+The embedded engine is diskcache (:mod:`.disk`), the shared one PostgreSQL
+(:mod:`.postgres`); :func:`~.opener.open_store` opens the one a directory or
+URL names, and code that only says ``Store`` works with any of them.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ from __future__ import annotations
 import abc
 import contextlib
 import hashlib
-import os
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -42,7 +41,7 @@ class Fence:
     """A write that lands only while the lease record at ``key`` names ``token``.
 
     The kernel side passes its lease's fence with every record it writes
-    (see ``nbdurable.kernel.lease``); the engine checks it in the write's own
+    (see ``nbdurable.durable.lease``); the engine checks it in the write's own
     transaction, so a writer whose lease was taken over (its heartbeats
     stalled past the expiry, or ``%step takeover``) cannot write one more
     record into the run: the write raises :class:`LeaseLost` and nothing of it
@@ -84,20 +83,6 @@ class Store(abc.ABC):
     #: How many deletes this object made: an index of records read before
     #: (see kernel.context.SubIndex) is read again after one.
     deletions: int = 0
-
-    def __new__(cls, *args: Any, **kwargs: Any) -> Store:  # noqa: D102 - see the class
-        if cls is Store:  # Store(directory): the embedded engine; Store(url): its engine
-            from .engine import engine_for
-
-            cls = engine_for(args[0] if args else kwargs.get("directory", ""))
-        return super().__new__(cls)
-
-    @staticmethod
-    def exists(directory: str | os.PathLike[str]) -> bool:
-        """True if ``directory`` holds a store (a URL: always; see :mod:`.engine`)."""
-        from .engine import exists
-
-        return exists(directory)
 
     def _start(self, secret: bytes) -> None:
         """Called by an engine once open: the signing key, then the format check."""
@@ -257,7 +242,7 @@ class Store(abc.ABC):
     def swap(self, key: str, update: Callable[[Header | None], Header | None]) -> Header | None:
         """Replace ``key``'s header by ``update(current)`` atomically; return the current one.
 
-        The lease's compare-and-set (see :mod:`nbdurable.kernel.lease`):
+        The lease's compare-and-set (see :mod:`nbdurable.durable.lease`):
         ``update`` may raise to leave the record as it is, or return None to
         delete it. An unreadable current record counts as absent. An engine
         shared by machines overrides this with its own row lock.

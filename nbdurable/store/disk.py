@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from .. import faults
-from .._text import one_line
 from ..errors import CorruptRecord, StoreError
+from ..text import one_line
 from . import blobs, codec, layout
 from ._diskcache import DBNAME, INLINE_MAX, MODE_BINARY, MODE_RAW, VALUE_FILE, Rows
 from .base import Fence, Store

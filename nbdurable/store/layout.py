@@ -4,7 +4,7 @@ Every key is a plain string, every value signed bytes (see :mod:`.codec`)::
 
     meta/format                      format version of the store
     r/<run>/meta                     run id, notebook, last activity
-    r/<run>/lease                    who records into the run now (see nbdurable.kernel.lease)
+    r/<run>/lease                    who records into the run now (see nbdurable.durable.lease)
     r/<run>/s/<step key>             StepRecord header (JSON)
     r/<run>/t/<step key>             StepState (pinned / failed / stale)
     r/<run>/u/<step key>/<sub id>    SubRecord header + pickled value

@@ -10,8 +10,9 @@ signature verified (see :mod:`nbdurable.store`).
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 #: On-disk format of the store (its key layout). Increment on breaking change;
 #: a store whose format is newer than this is refused on open with a clear message.
@@ -25,6 +26,42 @@ FORMAT_VERSION = 1
 #: format 2. Formats 2 and 3 are both read. Sub-step records are unchanged
 #: and still written as format 1.
 RECORD_FORMAT = 3
+
+
+@functools.cache
+def _field_names(cls: type) -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(cls))
+
+
+class _Header:
+    """A record that travels as a JSON header: its fields, flat, plus ``kind``.
+
+    Shallow, not ``dataclasses.asdict``: that deep-copies every output (images
+    too), and a sub-step's header is written once per call. A record with
+    nested parts converts them in :meth:`_encode` / :meth:`_decode`.
+    """
+
+    KIND: ClassVar[str]
+
+    def to_header(self) -> dict[str, Any]:
+        """Encode as a JSON-able dict."""
+        d = {name: getattr(self, name) for name in _field_names(type(self))}
+        d["kind"] = self.KIND
+        return self._encode(d)
+
+    @classmethod
+    def from_header(cls, d: dict[str, Any]) -> Any:
+        """Decode from :meth:`to_header` output; raises ``KeyError``/``TypeError`` if malformed."""
+        d = dict(d)
+        d.pop("kind", None)
+        return cls(**cls._decode(d))
+
+    def _encode(self, d: dict[str, Any]) -> dict[str, Any]:
+        return d
+
+    @classmethod
+    def _decode(cls, d: dict[str, Any]) -> dict[str, Any]:
+        return d
 
 
 @dataclass(frozen=True)
@@ -54,8 +91,10 @@ class VarRecord:
 
 
 @dataclass(frozen=True)
-class StepRecord:
+class StepRecord(_Header):
     """A finished ``%%step`` cell: what it read, what it bound, what it printed."""
+
+    KIND: ClassVar[str] = "step"
 
     run: str
     key: str
@@ -82,10 +121,10 @@ class StepRecord:
     result: dict[str, Any] | None = None
     format: int = RECORD_FORMAT
     #: environment variables the step read: name -> SHA-256 digest of the value it
-    #: saw (None: unset); never the value. See :mod:`nbdurable.kernel.envreads`.
+    #: saw (None: unset); never the value. See :mod:`nbdurable.durable.envreads`.
     env: dict[str, str | None] = field(default_factory=dict)
     #: files the step read: absolute path -> [size, mtime_ns, SHA-256 of the content];
-    #: see :mod:`nbdurable.kernel.fileio`
+    #: see :mod:`nbdurable.durable.fileio`
     files: dict[str, list[Any]] = field(default_factory=dict)
     #: tokens the step's sub-steps' model replies reported, per model, as
     #: ``nbdurable.clients.usage.Tally.to_json`` gives them: what a replay saves
@@ -95,7 +134,7 @@ class StepRecord:
     declared: dict[str, list[str]] = field(default_factory=dict)
     #: files the step wrote, as it left them: absolute path -> [size, mtime_ns, SHA-256],
     #: or [end, mtime_ns, SHA-256 of its part, start] for a file it appended to; see
-    #: :mod:`nbdurable.kernel.fileio`
+    #: :mod:`nbdurable.durable.fileio`
     written: dict[str, list[Any]] = field(default_factory=dict)
 
     @property
@@ -105,30 +144,25 @@ class StepRecord:
             self.process and self.process.get("unreplayable")
         )
 
-    def to_header(self) -> dict[str, Any]:
-        """Encode as a JSON-able dict."""
-        # Shallow, not dataclasses.asdict: that deep-copies every output (images too).
-        d = {name: getattr(self, name) for name in _STEP_FIELDS}
+    def _encode(self, d: dict[str, Any]) -> dict[str, Any]:
         d["variables"] = [{n: getattr(v, n) for n in _VAR_FIELDS} for v in self.variables]
         d["deleted"] = list(self.deleted)
         d["outputs"] = list(self.outputs)
-        d["kind"] = "step"
         return d
 
     @classmethod
-    def from_header(cls, d: dict[str, Any]) -> StepRecord:
-        """Decode from :meth:`to_header` output; raises ``KeyError``/``TypeError`` if malformed."""
-        d = dict(d)
-        d.pop("kind", None)
+    def _decode(cls, d: dict[str, Any]) -> dict[str, Any]:
         d["variables"] = tuple(VarRecord(**v) for v in d["variables"])
         d["deleted"] = tuple(d["deleted"])
         d["outputs"] = tuple(d["outputs"])
-        return cls(**d)
+        return d
 
 
 @dataclass(frozen=True)
-class SubRecord:
+class SubRecord(_Header):
     """A finished sub-step: one ``step()`` call. Its value is the record's body."""
+
+    KIND: ClassVar[str] = "sub"
 
     run: str
     scope: str
@@ -156,20 +190,6 @@ class SubRecord:
     #: tokens the reply reported (``Tally.to_json``: ``[[model, input, output, replies]]``)
     tokens: list[list[Any]] = field(default_factory=list)
 
-    def to_header(self) -> dict[str, Any]:
-        """Encode as a JSON-able dict."""
-        # Written once per sub-step: a flat dict, not dataclasses.asdict's deep copy.
-        d = {name: getattr(self, name) for name in _SUB_FIELDS}
-        d["kind"] = "sub"
-        return d
-
-    @classmethod
-    def from_header(cls, d: dict[str, Any]) -> SubRecord:
-        """Decode from :meth:`to_header` output."""
-        d = dict(d)
-        d.pop("kind", None)
-        return cls(**d)
-
 
 #: Variable kinds whose ``ref`` is a blob.
 BLOB_KINDS = ("value", "shared")
@@ -192,18 +212,18 @@ def blob_refs(header: dict[str, Any]) -> list[str]:
     return refs
 
 
-_SUB_FIELDS = tuple(f.name for f in dataclasses.fields(SubRecord))
-_STEP_FIELDS = tuple(f.name for f in dataclasses.fields(StepRecord))
 _VAR_FIELDS = tuple(f.name for f in dataclasses.fields(VarRecord))
 
 
 @dataclass(frozen=True)
-class StepState:
+class StepState(_Header):
     """User-set and failure state of a step, kept apart from its record.
 
     A step can be pinned, can have failed on its last execution, and can be
     marked stale because a step it depends on was cleared.
     """
+
+    KIND: ClassVar[str] = "state"
 
     pinned: bool = False
     failed: str | None = None
@@ -213,18 +233,9 @@ class StepState:
     position: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
-    def to_header(self) -> dict[str, Any]:
-        """Encode as a JSON-able dict."""
-        d = dataclasses.asdict(self)
-        d["kind"] = "state"
+    def _encode(self, d: dict[str, Any]) -> dict[str, Any]:
+        d["extra"] = dict(self.extra)  # the record's own copy, as asdict made
         return d
-
-    @classmethod
-    def from_header(cls, d: dict[str, Any]) -> StepState:
-        """Decode from :meth:`to_header` output."""
-        d = dict(d)
-        d.pop("kind", None)
-        return cls(**d)
 
     @property
     def empty(self) -> bool:

@@ -38,6 +38,7 @@ array after a replay and ``v.base is arr`` holds as in a plain run.
 
 from __future__ import annotations
 
+import contextvars
 import pickle
 import sys
 import types
@@ -45,7 +46,7 @@ from collections.abc import Collection, Iterable, Mapping
 from typing import Any
 
 from ..errors import NbdurableError
-from ..identity import localcode
+from ..identity import keys, localcode
 
 #: The tag of a reference persistent id.
 TAG = "nbdurable.ref"
@@ -56,6 +57,30 @@ BUDGET = 200_000
 DEPTH = 64
 _ATOMS = (str, bytes, int, float, bool, complex, type(None))
 _KEYS = (str, int, float, bool, type(None))
+
+
+#: The namespace live notebook classes are looked up in while loading
+#: (see values._live_class and _patch_class).
+load_namespace: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar(
+    "nbdurable_namespace", default=None
+)
+
+
+def live_namespace() -> dict[str, Any] | None:
+    """The namespace a load in progress resolves notebook names in (None outside one)."""
+    return load_namespace.get()
+
+
+def _fp(obj: Any) -> str:
+    try:
+        return keys.fingerprint(obj)
+    except Exception:  # a user's fingerprint hook failing: such a reference never matches
+        return "unfingerprintable"
+
+
+def ref_fingerprint(obj: Any) -> str:
+    """The fingerprint a reference to ``obj`` is checked against on replay."""
+    return _fp(obj)
 
 
 class NotExact(NbdurableError, LookupError):
@@ -200,11 +225,9 @@ class ClassPatch:
 
 
 def _patch_class(name: str, fingerprint: str | None, attrs: dict, removed: list[str]) -> type:
-    from . import values
-
-    live = resolve(values.live_namespace() or {}, (name,))
+    live = resolve(live_namespace() or {}, (name,))
     if not isinstance(live, type) or (
-        fingerprint is not None and values.ref_fingerprint(live) != fingerprint
+        fingerprint is not None and ref_fingerprint(live) != fingerprint
     ):
         raise NotExact(f"class {name} is not the class the step changed")
     for key, value in attrs.items():

@@ -51,11 +51,6 @@ from . import sharing
 
 PROTOCOL = 5
 
-# The namespace live notebook classes are looked up in while loading (see _live_class).
-_namespace: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar(
-    "nbdurable_namespace", default=None
-)
-
 
 #: Types pickled by plain pickle exactly as by cloudpickle (no code, no classes inside).
 _PLAIN = frozenset((str, bytes, int, float, bool, type(None)))
@@ -316,7 +311,7 @@ def load_values(
     recorded fingerprints (:class:`sharing.NotExact` if one differs); with no
     namespace they load as placeholder strings (for an export).
     """
-    token = _namespace.set(namespace)
+    token = sharing.load_namespace.set(namespace)
     try:
         used = [0]  # out-of-band buffers taken so far
 
@@ -343,24 +338,7 @@ def load_values(
 
         return _deep_safe(run)
     finally:
-        _namespace.reset(token)
-
-
-def live_namespace() -> dict[str, Any] | None:
-    """The namespace a load in progress resolves notebook names in (None outside one)."""
-    return _namespace.get()
-
-
-def _fp(obj: Any) -> str:
-    try:
-        return keys.fingerprint(obj)
-    except Exception:  # a user's fingerprint hook failing: such a reference never matches
-        return "unfingerprintable"
-
-
-def ref_fingerprint(obj: Any) -> str:
-    """The fingerprint a reference to ``obj`` is checked against on replay."""
-    return _fp(obj)
+        sharing.load_namespace.reset(token)
 
 
 def loads(
@@ -387,12 +365,12 @@ def load_value(
     class, a function) the unpickler looks up with ``find_class``, or on an
     out-of-band buffer: a load that did neither made plain data.
     """
-    token = _namespace.set(namespace)
+    token = sharing.load_namespace.set(namespace)
     try:
         unpickler = _Unpickler(io.BytesIO(data), buffers=buffers or ())
         return _deep_safe(unpickler.load), unpickler.plain and not buffers
     finally:
-        _namespace.reset(token)
+        sharing.load_namespace.reset(token)
 
 
 class _Unpickler(pickle.Unpickler):
@@ -418,7 +396,7 @@ class _Unpickler(pickle.Unpickler):
         if self.live is None:
             return f"<the object at {sharing.describe(path)}>"
         obj = sharing.resolve(self.live, path)
-        if self.check and fp is not None and _fp(obj) != fp:
+        if self.check and fp is not None and sharing.ref_fingerprint(obj) != fp:
             raise sharing.NotExact(f"{sharing.describe(path)} is not the object it was")
         return obj
 
@@ -457,7 +435,7 @@ def restore_problem(
         return None
     refs: list[str] | None = None
     if len(stream) <= TRIAL_MAX:
-        token = _namespace.set(namespace)
+        token = sharing.load_namespace.set(namespace)
         unpickler = _TrialUnpickler(io.BytesIO(stream), buffers=pickled.buffers)
         try:
             for _ in range(count):
@@ -468,7 +446,7 @@ def restore_problem(
         except Exception as exc:  # whatever loading would raise on replay
             return f"it does not load back ({type(exc).__name__}: {exc})"
         finally:
-            _namespace.reset(token)
+            sharing.load_namespace.reset(token)
     own = set(produced)
     if refs is None:  # too large to load twice, or not ours to load: read its names
         if not _may_name(stream, own):
@@ -513,7 +491,7 @@ class _TrialUnpickler(_Unpickler):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.main_refs: list[str] = []
-        self.live = _namespace.get()
+        self.live = sharing.load_namespace.get()
 
     def find_class(self, module: str, name: str) -> Any:
         if module.split(".", 1)[0] not in _TRIAL_MODULES:
@@ -680,7 +658,7 @@ def _ref(tag: str, path: Any, fp: str | None) -> Any:
 
 def _live_class(qualname: str, fingerprint: str, copy: bytes) -> type:
     """The namespace's class ``qualname`` if its fingerprint matches, else the saved copy."""
-    live: Any = _namespace.get()
+    live: Any = sharing.load_namespace.get()
     for part in qualname.split("."):
         live = live.get(part) if isinstance(live, dict) else getattr(live, part, None)
     if (

@@ -46,11 +46,11 @@ from typing import Any
 import ipywidgets as widgets
 
 from .. import commands, config, events, status
+from ..durable.session import Session, get_session
 from ..errors import NbdurableError
 from ..status import StepInfo
 from ..store import RUN_SCOPE, RunView
 from .rows import _BUTTON, _GREY, _GROUP, STATE_HELP, StepRow, _attr, _e, row_html
-from .session import Session, get_session
 
 __all__ = ["DEFAULT_INTERVAL", "STATE_HELP", "StepPanel", "StepRow", "panel", "row_html"]
 
@@ -209,7 +209,7 @@ class StepPanel(widgets.VBox):
             return
         self._displays.append(handle.display_id)
         self._saved_text = self.text()
-        shell = self.session.shell
+        shell = getattr(self.session.host, "shell", None)  # a ShellHost's
         if self._watching is None and shell is not None:
             shell.events.register("post_run_cell", self._after_cell)
             self._watching = shell

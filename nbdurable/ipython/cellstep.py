@@ -42,11 +42,13 @@ from typing import Any
 
 from IPython.core.error import UsageError
 
+from ..durable import httpsteps
+from ..durable.context import say, warn
+from ..durable.stepper import Replayed, Running
 from ..errors import LeaseHeld, NbdurableError, SettingError, StoreError, UsageProblem
-from ..identity import keys, locate
-from . import httpsteps
-from .context import say, warn
-from .stepper import Replayed, Running
+from ..identity import stepline
+from ..text import one_line
+from .capture import WIDGET_VIEW_MIME, strip_widget_views
 
 MARKER = "__nbdurable_step__"
 
@@ -205,19 +207,19 @@ class StepCell:
     def __call__(self, line: str, body: str) -> bool:
         """Begin the step; True when its body must execute, False when it was replayed."""
         __tracebackhide__ = True
-        from .session import get_session
+        from .host import session_for
 
         self.close(None, stale=True)
         cell_file = sys._getframe(1).f_code.co_filename
         _show_header(cell_file, line)
         try:
-            args = locate.parse_step_line(line)
-            started = get_session(self.shell).steps.begin(
+            args = stepline.parse(line)
+            started = session_for(self.shell).steps.begin(
                 body, name=args.name, force=args.force, input_patterns=args.inputs
             )
         except (UsageProblem, StoreError, LeaseHeld) as exc:
             # One line, no traceback, as the magic says it.
-            raise UsageError(keys.one_line(" ".join(str(exc).split()))) from None
+            raise UsageError(one_line(exc)) from None
         self._owner = getattr(self.shell.displayhook, "exec_result", None)
         self._cell_file = cell_file
         if isinstance(started, Replayed):
@@ -225,7 +227,7 @@ class StepCell:
             return False
         self._running = started
         if httpsteps.wanted(args.http):
-            self._http = httpsteps.StepHTTP(get_session(self.shell), started.ctx)
+            self._http = httpsteps.StepHTTP(session_for(self.shell), started.ctx)
             try:
                 self._http.start()
             except StoreError as exc:
@@ -254,7 +256,7 @@ class StepCell:
 
             def recorded_format(result: Any) -> tuple[dict, dict]:
                 vars(hook).pop("compute_format_data", None)  # once
-                return replayed.format_data() if result is value else original(result)
+                return recorded_data(replayed.shown) if result is value else original(result)
 
             hook.compute_format_data = recorded_format
             self._unpatch = lambda: vars(hook).pop("compute_format_data", None)
@@ -293,9 +295,9 @@ class StepCell:
             _restore_history(self.shell)
         except Exception:  # the history's look is not worth failing a hook for
             pass
-        from .session import get_session
+        from .host import session_for
 
-        steps = get_session(self.shell).steps
+        steps = session_for(self.shell).steps
         try:
             if replayed is not None and not stale:
                 # (Ended late, a silent cell's: its outputs would land in another cell.)
@@ -307,7 +309,7 @@ class StepCell:
         except NbdurableError as exc:
             # Raised after the body ran (recording it failed): an end-of-cell hook
             # cannot raise a UsageError, so the same one line goes to stderr.
-            say("nbdurable: " + keys.one_line(" ".join(str(exc).split())))
+            say("nbdurable: " + one_line(exc))
         except Exception as exc:  # never leave IPython with a broken hook
             warn(f"nbdurable could not finish the step: {type(exc).__name__}: {exc}")
 
@@ -325,7 +327,7 @@ def one_line_errors(cell: StepCell) -> Any:
 
     def handler(shell: Any, etype: type, value: BaseException, tb: Any, tb_offset: Any = None):  # noqa: ANN202
         if cell.executing() or isinstance(value, SettingError):
-            shell.show_usage_error(UsageError(keys.one_line(" ".join(str(value).split()))))
+            shell.show_usage_error(UsageError(one_line(value)))
             return []
         stb = shell.InteractiveTB.structured_traceback(etype, value, tb, tb_offset=tb_offset)
         shell._showtraceback(etype, value, stb)
@@ -367,3 +369,10 @@ def _show_header(filename: str, args: str) -> None:
                 kept[filename] = entry
     except Exception:  # a traceback's look is not worth failing a cell for
         pass
+
+
+def recorded_data(shown: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A recorded ``execute_result``'s ``(data, metadata)``, as :func:`.capture.replay` does."""
+    data = strip_widget_views(shown.get("data", {}))
+    metadata = {k: v for k, v in (shown.get("metadata") or {}).items() if k != WIDGET_VIEW_MIME}
+    return data, metadata

@@ -12,45 +12,17 @@ from typing import TYPE_CHECKING
 
 import ipywidgets as widgets
 
-from .._text import human_size, seconds, tokens
+from ..states import GREY, STATES
 from ..status import StepInfo
 from ..store.layout import RUN_SCOPE
+from ..text import human_size, seconds, tokens
 
 if TYPE_CHECKING:
     from .panel import StepPanel
 
-# State -> (glyph, colour, filled). Colours are JupyterLab theme variables
-# (with fallbacks for other frontends), so the light and dark themes both
-# read well; every state also has its own glyph and text label, so the panel
-# reads without colour.
-_GREY = "var(--jp-ui-font-color2, #757575)"
-_LOOK: dict[str, tuple[str, str, bool]] = {
-    "recorded": ("✓", "var(--jp-success-color1, #388e3c)", False),
-    "replayed": ("↻", "var(--jp-success-color1, #388e3c)", True),
-    "running": ("▶", "var(--jp-brand-color1, #1976d2)", True),
-    "pending": ("○", _GREY, False),
-    "invalidated": ("⚠", "var(--jp-warn-color1, #f57c00)", False),
-    "may run": ("?", "var(--jp-warn-color1, #f57c00)", False),
-    "pinned": ("⚑", "var(--md-purple-400, #ab47bc)", False),
-    "failed": ("✗", "var(--jp-error-color1, #d32f2f)", True),
-    "not replayable": ("◐", "var(--jp-info-color1, #0097a7)", False),
-    "orphaned": ("⊘", "var(--jp-ui-font-color3, #9e9e9e)", False),
-}
-
-#: One line per state, as the README explains them.
-STATE_HELP: dict[str, str] = {
-    "recorded": "in the store; a rerun replays it instead of running it",
-    "replayed": "restored from its record in this kernel; nothing in it ran again",
-    "running": "executing now; its sub-step counter moves as calls are recorded",
-    "pending": "no record yet: it will run (sub-steps recorded before a crash still replay)",
-    "invalidated": "recorded, but its code or inputs changed (reason shown): it will run again",
-    "may run": "recorded, but a step before it will run first: it replays only if the values "
-    "it reads from that step come out the same",
-    "pinned": "replays even when invalidated; 'pinned · stale' says it would otherwise run again",
-    "failed": "its last execution raised; only the sub-steps that finished are recorded",
-    "not replayable": "recorded, but a value could not be saved: its body reruns, sub-steps replay",
-    "orphaned": "recorded in the store, but no longer in the notebook",
-}
+_GREY = GREY
+#: One line per state, as the README explains them (see nbdurable.states).
+STATE_HELP: dict[str, str] = {name: state.help for name, state in STATES.items()}
 
 #: Below this, a record's duration is not shown as time saved when it made calls.
 _MEASURABLE = 0.05
@@ -140,7 +112,8 @@ _GROUP = {
 def row_html(info: StepInfo, new: int = 0, replayed: int = 0) -> str:
     """The HTML of one row: position and label, state badge, facts, and a detail line."""
     state = _shown_state(info)
-    glyph, colour, filled = _LOOK.get(info.state, ("?", _GREY, False))
+    look = STATES.get(info.state)
+    glyph, colour, filled = (look.glyph, look.colour, look.filled) if look else ("?", GREY, False)
     text = "pinned · stale" if state == "pinned-stale" else info.state
     border = "dashed" if info.state in ("pending", "orphaned", "may run") else "solid"
     badge_style = (

@@ -11,7 +11,7 @@ code, defaults, closure values and the globals it reads, transitively; for
 ``@recorded``, of the undecorated function). A changed function means the
 call is made again and recorded anew; inside a step, the calls made again
 are said in one line when the step is recorded
-(:func:`~nbdurable.kernel.context.remade_summary`), not one warning per
+(:func:`~nbdurable.durable.context.remade_summary`), not one warning per
 call. A record written before callee fingerprints were recorded replays on
 its arguments alone, and the step says so in one line. A part of the callee
 that the call itself changes (a counter or cache in a global or closure it

@@ -12,53 +12,31 @@ read and wrote (:mod:`.fileio`) in one transaction.
 
 from __future__ import annotations
 
-import ast
 import hashlib
-import re
 import time
-import warnings
 from dataclasses import dataclass
 from html import escape
 from typing import TYPE_CHECKING, Any
 
-from .. import _text, config, events, faults, procstate, redact
+from .. import config, events, faults, procstate, redact
 from ..clients.usage import Tally
 from ..errors import CorruptRecord, LeaseLost, NbdurableError, StoreError, UsageProblem
 from ..identity import keys, verdict
 from ..store import spill, values, versions
 from ..store.records import StepRecord, StepState
+from ..text import tokens as tokens_text
 from . import envreads, fileio, recording
-from .capture import WIDGET_VIEW_MIME, Capture, replay, strip_widget_views
-from .context import StepContext, remade_summary, warn
-from .execute import flush_streams, run_body
+from .context import StepContext, flush_streams, remade_summary, warn
+from .host import Capture
+from .mutation import attributes, changed_names, dotted_imports, mutated_inputs, untouched
+from .plan import HIDDEN, Plan, fingerprint_or_type, read_names, version_of
 
 if TYPE_CHECKING:
     from .session import Session
 
-_HIDDEN = re.compile(
-    r"^(_+|_\d+|_i+|_i\d+|_ih|_oh|_dh|In|Out|get_ipython|exit|quit|__nbdurable_step__)$"
-)
-
-
-@dataclass
-class Plan:
-    """Everything known about a ``%%step`` cell before it runs."""
-
-    key: str
-    label: str
-    position: int | None
-    py: str  # the cell body as Python (IPython syntax transformed)
-    source_fp: str
-    analysis: keys.CellAnalysis
-    inputs: dict[str, str]  # name -> fingerprint compared with the record
-    raw_fps: dict[str, str]  # name -> plain content fingerprint, to spot in-place mutation
-    state: StepState
-    reason: str | None = None  # why its record was not replayed (it was invalidated)
-    declared: dict[str, list[str]] | None = None  # --inputs patterns -> the files they match
-
 
 class StepRunner:
-    """Runs ``%%step`` cells for one :class:`~nbdurable.kernel.session.Session`.
+    """Runs ``%%step`` cells for one :class:`~nbdurable.durable.session.Session`.
 
     It remembers, for this kernel, which step produced each variable and the
     object each step recorded or restored (see :meth:`_input_fp`).
@@ -111,9 +89,10 @@ class StepRunner:
     ) -> None:
         """Replay the ``%%step`` cell ``body`` if its record is valid; else execute and record.
 
-        The body runs here (:func:`execute.run_body`). A ``%%step`` cell typed
-        in a notebook does not come here: IPython runs its body itself between
-        :meth:`begin` and :meth:`finish` (see :mod:`.cellstep`).
+        The body runs here, through the host (in IPython,
+        :func:`nbdurable.ipython.execute.run_body`). A ``%%step`` cell typed in a
+        notebook does not come here: IPython runs its body itself between
+        :meth:`begin` and :meth:`finish` (see :mod:`nbdurable.ipython.cellstep`).
         """
         __tracebackhide__ = True
         started = self.begin(
@@ -123,7 +102,7 @@ class StepRunner:
             self.finish_replay(started)
             return
         try:
-            run_body(self.session.shell, started.plan.py, started.plan.analysis.has_await)
+            self.session.host.run_body(started.plan.py, started.plan.analysis.has_await)
         except BaseException as exc:
             self.finish(started, exc)
             raise
@@ -156,7 +135,7 @@ class StepRunner:
                 f"%%step cannot run inside step {self.session.current.label!r}; "
                 "use step() for calls inside a step"
             )
-        py = self.session.shell.transform_cell(body)
+        py = self.session.host.transform(body)
         key, label, position = self.session.resolve_key(name, body)
         analysis = keys.analyse(py)
         source_fp = keys.source_fingerprint(py)
@@ -166,16 +145,16 @@ class StepRunner:
         # it did not exist when the step was first recorded, and counting it
         # would make every rerun in the same kernel look like a change.
         raw_fps = {
-            n: _fingerprint(ns[n], f"input {n!r} of step {label!r}")
-            for n in sorted(_read_names(analysis, ns, self.session.shell))
-            if n in ns and not _HIDDEN.match(n) and self.producers.get(n) != key
+            n: fingerprint_or_type(ns[n], f"input {n!r} of step {label!r}")
+            for n in sorted(read_names(analysis, ns, self.session.host.hidden()))
+            if n in ns and not HIDDEN.match(n) and self.producers.get(n) != key
         }
         inputs = {n: self._input_fp(n, ns[n], fp) for n, fp in raw_fps.items()}
         declared = fileio.declared(input_patterns)
         rec = self.load_record(key, label)
         state = self.load_state(key)
         version = keys.step_version(source_fp, inputs)
-        tried = rec is not None and not state.pinned and _version(rec) != version
+        tried = rec is not None and not state.pinned and version_of(rec) != version
         if tried:
             rec = self._bring_back(key, label, rec, version)
         # Whatever nbdurable printed so far (warnings) reaches the frontend before
@@ -193,7 +172,7 @@ class StepRunner:
             if replayed is not None:
                 return replayed
         self.session.claim()
-        if rec is not None and _version(rec) != version:
+        if rec is not None and version_of(rec) != version:
             # The version about to run replaces the current one: keep that one first
             # (and bring back this version's sub-steps, unless that was tried above).
             self._switch(key, label, rec, version, restore=not tried)
@@ -236,7 +215,7 @@ class StepRunner:
         """Archive the current version, bring ``version`` back if kept (see store.versions)."""
         view = self.session.view
         keep = config.get().keep_versions
-        current = _version(rec)
+        current = version_of(rec)
         try:
             return versions.switch(
                 view.store, view.keys, key, current, version, keep, restore=restore
@@ -332,7 +311,7 @@ class StepRunner:
         )
         if not split or cut is None:
             cut = len(outputs)
-        replay(self.session.shell, outputs[:cut])
+        self.session.host.show(outputs[:cut])
         self.session.count_replayed(
             rec.duration, steps=1, calls=rec.substeps, tokens=Tally.from_json(rec.tokens)
         )
@@ -366,7 +345,7 @@ class StepRunner:
 
     def finish_replay(self, replayed: Replayed) -> None:
         """After the replayed result was shown: the outputs recorded after it, then the note."""
-        replay(self.session.shell, replayed.after)
+        self.session.host.show(replayed.after)
         if config.get().replay_note:
             self._note(replayed.rec, replayed.label, replayed.stale)
 
@@ -375,13 +354,13 @@ class StepRunner:
         calls = f", {rec.substeps} call{'s' if rec.substeps != 1 else ''}" if rec.substeps else ""
         used = Tally.from_json(rec.tokens).total.total
         if used:
-            calls += f", {_text.tokens(used)}"
+            calls += f", {tokens_text(used)}"
         saved = f"saved {rec.duration:.1f} s{calls}"
         text = f"↻ nbdurable: replayed step {label!r} (recorded {when}; {saved})"
         if stale:
             text += f" — pinned, stale: {stale}"
         html = f'<div style="font-size:smaller;opacity:0.6">{escape(text, quote=False)}</div>'
-        self.session.shell.display_pub.publish(
+        self.session.host.publish(
             data={"text/plain": text, "text/html": html},
             metadata={"nbdurable": {"note": "replayed", "step": rec.key}},
         )
@@ -394,11 +373,11 @@ class StepRunner:
         # compares it with after and records the difference with the step.
         proc = procstate.snapshot(ns, procstate.assigned_attributes(plan.py))
         ctx = StepContext(plan.key, plan.label, keys.step_version(plan.source_fp, plan.inputs))
-        ctx.attrs = _attributes(plan, ns)
+        ctx.attrs = attributes(plan, ns)
         for paths in (plan.declared or {}).values():  # as they are when the body starts
             for path in paths:
                 fileio.note(ctx.file_reads, path)
-        cap = Capture(self.session.shell)
+        cap = self.session.host.capture()
         cap.__enter__()  # left by finish()
         try:
             self.session.status[plan.key] = ("running", "")
@@ -469,37 +448,42 @@ class StepRunner:
     ) -> StepRecord:
         ns = self.session.user_ns
         key, label, position, py, state = plan.key, plan.label, plan.position, plan.py, plan.state
-        changed = _changed_names(before, ns, plan.analysis)
+        changed = changed_names(before, ns, plan.analysis)
         secrets = redact.secrets_in_env()
         process = procstate.delta(proc, procstate.snapshot(ns, proc.watch), secrets) or None
         # Changed in place: unless the object is a user module's data that the
         # process delta updates in place on replay (`from helpers import REGISTRY`
         # then `helpers.REGISTRY.append(..)`), which keeps the name bound to it.
         kept = procstate.updated_in_place(process)
-        in_place = _mutated_inputs(plan.raw_fps, before, ns, set(changed))
+        in_place = mutated_inputs(plan.raw_fps, before, ns, set(changed))
         in_place += before.mutated(ns, changed + in_place)  # by helpers, methods: unnamed
         changed += [n for n in in_place if not any(ns[n] is obj for obj in kept)]
-        deleted = tuple(sorted(n for n in before if n not in ns and not _HIDDEN.match(n)))
+        deleted = tuple(sorted(n for n in before if n not in ns and not HIDDEN.match(n)))
         try:
             saved = recording.save_variables(
                 self.session.store,
                 ns,
                 changed,
-                _dotted_imports(py),
-                _fingerprint,
+                dotted_imports(py),
+                fingerprint_or_type,
                 secrets,
                 unloadable=self.unloadable.pop(key, {}),
-                others=[n for n in ns if n not in changed and not _HIDDEN.match(n)],
+                others=[n for n in ns if n not in changed and not HIDDEN.match(n)],
                 checked=plan.inputs,
                 replace=before.class_patches(ns, changed),
             )
             # A method called on an object that cannot be saved (a model client) is
             # not by itself a change: left out when nothing of it that can be seen changed.
-            saved.drop_unsaved(_untouched(plan, before, ns, ctx.attrs))
+            saved.drop_unsaved(untouched(plan, before, ns, ctx.attrs))
             shown = _result_record(result, saved, ns, outputs, plan.inputs)
             if shown is None and result is not None and _has_result(outputs):
                 extra = recording.save_variables(
-                    self.session.store, {_RESULT: result}, [_RESULT], set(), _fingerprint, secrets
+                    self.session.store,
+                    {_RESULT: result},
+                    [_RESULT],
+                    set(),
+                    fingerprint_or_type,
+                    secrets,
                 )
                 var = extra.variables[0]
                 # An unsaved result is replayed as it looked (see Shown).
@@ -619,18 +603,6 @@ class StepRunner:
 
 
 #: Builtins that read the namespace by name at run time: a step calling one may
-#: read any variable, so every user variable is its input (conservative).
-_DYNAMIC = frozenset({"globals", "locals", "vars", "eval", "exec"})
-
-
-def _read_names(analysis: keys.CellAnalysis, ns: dict[str, Any], shell: Any) -> frozenset[str]:
-    """The names a step reads: its analysis's, or every user variable if it reads dynamically."""
-    if not any(n in analysis.reads and n not in ns for n in _DYNAMIC):  # not shadowed by the user
-        return analysis.reads
-    hidden = getattr(shell, "user_ns_hidden", {})
-    user = {n for n in ns if not (n.startswith("__") and n.endswith("__")) and n not in hidden}
-    return analysis.reads | user
-
 
 _RESULT = "the result"  # the last expression's value, saved like a variable
 
@@ -687,13 +659,6 @@ class Replayed:
     value: Any  # the result to show (None: none)
     shown: dict[str, Any] | None = None  # its recorded execute_result
 
-    def format_data(self) -> tuple[dict[str, Any], dict[str, Any]]:
-        """The recorded result's ``(data, metadata)``, as :func:`capture.replay` shows them."""
-        out = self.shown or {}
-        data = strip_widget_views(out.get("data", {}))
-        metadata = {k: v for k, v in (out.get("metadata") or {}).items() if k != WIDGET_VIEW_MIME}
-        return data, metadata
-
 
 class Shown:
     """A recorded result whose value could not be saved: shown as it looked."""
@@ -706,151 +671,3 @@ class Shown:
 
     def __repr__(self) -> str:
         return str(self._output.get("data", {}).get("text/plain", ""))
-
-
-def _version(rec: StepRecord) -> str:
-    """The version of a record: its code and the inputs it was recorded with."""
-    return keys.step_version(rec.source_fp, rec.inputs)
-
-
-def _changed_names(
-    before: dict[str, Any], after: dict[str, Any], analysis: keys.CellAnalysis
-) -> list[str]:
-    """Names the step bound, rebound or (by its syntax) may have mutated."""
-    out = set()
-    for name, value in after.items():
-        if _HIDDEN.match(name):
-            continue
-        if name not in before or before[name] is not value:
-            out.add(name)
-    for name in analysis.binds | analysis.mutates:
-        if name in after and not _HIDDEN.match(name):
-            # `time.sleep(1)` looks like a method call on `time`; a module the
-            # step did not rebind is not something it produced. Nor is the same
-            # int or str after `n.bit_length()`: no method changes it, and
-            # counting it made every step reading `n` depend on this one.
-            if name not in analysis.binds and (
-                values.is_module(after[name])
-                or (before.get(name) is after[name] and _immutable(after[name]))
-            ):
-                continue
-            out.add(name)
-    return sorted(out)
-
-
-_SCALARS = (int, float, complex, str, bytes, bool, type(None))
-
-
-def _immutable(value: Any) -> bool:
-    """A builtin scalar, or a tuple or frozenset of them: nothing a method call can change.
-
-    Exact types only (a subclass may add state), and one level only, so the
-    check costs a pass over a tuple at most; anything else a method was
-    called on stays a possible change, however its fingerprint looks, since
-    a large value's fingerprint samples it.
-    """
-    kind = type(value)
-    if kind in _SCALARS:
-        return True
-    return kind in (tuple, frozenset) and all(type(v) in _SCALARS for v in value)
-
-
-def _attributes(plan: Plan, ns: dict[str, Any]) -> dict[str, dict[str, int]]:
-    """For each input and each name the step's syntax may mutate (not bind): the ids
-    its attributes hold.
-
-    Inputs too, not only method calls the syntax shows: ``step("o",
-    client.chat.completions.create, ...)`` hands a bound method on, and the
-    change detection (:meth:`recording.Snapshot.mutated`) sees the client's
-    connection pool move. Only objects with attributes: one without (a database
-    connection, a generator) shows nothing of its state, so a call on it stays a
-    change.
-    """
-    out = {}
-    for name in (plan.analysis.mutates | set(plan.raw_fps)) - plan.analysis.binds:
-        attrs = getattr(ns.get(name), "__dict__", None)
-        if isinstance(attrs, dict) and attrs and not values.is_module(ns[name]):
-            # An attribute that held nothing yet (None, an SDK's NOT_GIVEN) is left
-            # out: filling it is a lazy cache, not a change (-1 never matches an id).
-            out[name] = {k: -1 if _unset(v) else id(v) for k, v in attrs.items()}
-    return out
-
-
-def _unset(value: Any) -> bool:
-    return value is None or type(value).__name__ in ("NotGiven", "Omit", "_NotGiven")
-
-
-def _untouched(
-    plan: Plan, before: dict[str, Any], after: dict[str, Any], attrs: dict[str, dict[str, int]]
-) -> set[str]:
-    """Names the step's syntax may have mutated (a method call) whose object did not change.
-
-    The same object, not rebound, with the content fingerprint it had before
-    the step (see :func:`_mutated_inputs`), every attribute it had then still
-    holding the same object (attributes added since are lazily made parts,
-    such as an SDK client's ``chat``, and so are attributes that held nothing).
-    """
-    out = set()
-    for name, ids in attrs.items():
-        fp = plan.raw_fps.get(name)
-        if fp is None or name not in after or after[name] is not before.get(name):
-            continue
-        now = getattr(after[name], "__dict__", None)
-        if not isinstance(now, dict) or any(
-            i != -1 and id(now.get(k)) != i for k, i in ids.items()
-        ):
-            continue
-        if _fingerprint(after[name], name) == fp:
-            out.add(name)
-    return out
-
-
-def _mutated_inputs(
-    raw_fps: dict[str, str], before: dict[str, Any], after: dict[str, Any], known: set[str]
-) -> list[str]:
-    """Inputs changed in place by calls the syntax cannot see (``random.shuffle(xs)``).
-
-    Each input still bound to the same object is fingerprinted again; a
-    different fingerprint means the step mutated it, so it is recorded too.
-    """
-    out = []
-    for name, fp in raw_fps.items():
-        if name in known or name not in after or after[name] is not before.get(name):
-            continue
-        value = after[name]
-        if values.is_module(value) or callable(value):
-            continue
-        if _fingerprint(value, name) != fp:
-            out.append(name)
-    return sorted(out)
-
-
-def _fingerprint(value: Any, what: str) -> str:
-    """:func:`keys.fingerprint`, falling back to the type when a custom hook fails."""
-    try:
-        return keys.fingerprint(value)
-    except Exception as exc:  # a user's __nbdurable_fingerprint__ may raise
-        warn(f"{what}: cannot fingerprint it ({exc!r}); comparing it by type only.")
-        return "type:" + values.type_name(value)
-
-
-_SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)
-
-
-def _dotted_imports(py: str) -> set[str]:
-    """``a.b.c`` for each ``import a.b.c`` (without ``as``) of the cell, outside functions."""
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            tree = compile(py, "<cell>", "exec", ast.PyCF_ONLY_AST | ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
-    except (SyntaxError, ValueError):
-        return set()
-    found: set[str] = set()
-    todo: list[ast.AST] = [tree]
-    while todo:
-        node = todo.pop()
-        if isinstance(node, ast.Import):
-            found |= {a.name for a in node.names if a.asname is None and "." in a.name}
-        elif not isinstance(node, _SCOPES):
-            todo.extend(ast.iter_child_nodes(node))
-    return found

@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import re
+
+_UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
 
 def one_line(text: object) -> str:
-    """``text`` with every run of whitespace (line breaks too) made one space."""
-    return " ".join(str(text).split())
+    r"""``text`` on one line, for a message: every run of whitespace (line breaks
+    too) made one space, any other control character escaped (``\x07``).
+    """
+    flat = " ".join(str(text).split())
+    return _UNPRINTABLE.sub(lambda m: repr(m.group())[1:-1], flat)
 
 
 def plural(n: int, word: str) -> str:

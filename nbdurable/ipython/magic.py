@@ -8,12 +8,14 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 
 from .. import commands, config, status
+from ..durable.session import Session, get_session
 from ..errors import LeaseHeld, StoreError, UsageProblem
-from ..identity import keys, locate
+from ..identity import keys, stepline
+from ..text import one_line
 from . import cellstep
-from .session import Session, get_session
+from .host import session_for
 
-_SUBCOMMANDS = locate.STEP_COMMANDS
+_SUBCOMMANDS = stepline.STEP_COMMANDS
 
 
 @magics_class
@@ -44,17 +46,17 @@ class StepMagics(Magics):
                 self._cell(line, cell)
         except (UsageProblem, StoreError, LeaseHeld) as exc:
             # One line, no traceback: each message already says what to do.
-            raise UsageError(keys.one_line(" ".join(str(exc).split()))) from None
+            raise UsageError(one_line(exc)) from None
 
     def _cell(self, line: str, cell: str) -> None:
         __tracebackhide__ = True
-        args = locate.parse_step_line(line)
+        args = stepline.parse(line)
         if args.http:
             raise UsageProblem(
                 "%%step --http records the HTTP of a cell's body; it cannot be used "
                 "from run_cell_magic: run the step as a cell, or wrap calls in step()"
             )
-        get_session(self.shell).run_step(
+        session_for(self.shell).steps.run_step(
             cell, name=args.name, force=args.force, input_patterns=args.inputs
         )
 
@@ -64,7 +66,7 @@ class StepMagics(Magics):
             known = ", ".join(_SUBCOMMANDS)
             raise UsageProblem(f"%step needs a command: {known} (see %step?)")
         cmd, rest = args[0], args[1:]
-        session = get_session(self.shell)
+        session = session_for(self.shell)
         if cmd == "list":
             _no_args(cmd, rest)
             infos = status.step_infos(

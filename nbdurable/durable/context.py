@@ -13,11 +13,11 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._text import plural, seconds, tokens
 from ..clients.usage import Tally
 from ..errors import NbdurableWarning
 from ..store import Store
-from .capture import unrecorded
+from ..text import plural, seconds, tokens
+from . import host
 
 #: The id of the sub-step call executing now (None: none). Its effects are the
 #: call's, which replays and is never repeated: idempotency keys name it, and
@@ -34,13 +34,22 @@ def warn(message: str) -> None:
     the step's output: it goes past the capture, so it is shown now and not
     replayed with the step's outputs on every later run.
     """
-    with unrecorded():
+    with host.unrecorded():
         warnings.warn(message, NbdurableWarning, stacklevel=3)
+
+
+def flush_streams() -> None:
+    """Send what was printed so far (nbdurable's warnings) before the step's own outputs."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (AttributeError, OSError, ValueError):  # no stream, or a closed one
+            pass
 
 
 def say(line: str) -> None:
     """Print one line about this execution on stderr, past any capture (never replayed)."""
-    with unrecorded():
+    with host.unrecorded():
         print(line, file=sys.stderr, flush=True)
 
 

@@ -11,7 +11,7 @@ cell's result into ``display_data``. Instead, while a :class:`Capture` is
 active:
 
 * in a kernel, the stream messages ipykernel sends for this cell are
-  recorded (:mod:`nbdurable.kernel.kernelio`): that includes logging handlers that
+  recorded (:mod:`nbdurable.ipython.kernelio`): that includes logging handlers that
   hold the original stream object and what is written to file descriptors
   1 and 2 (subprocesses, C code), grouped exactly as the frontend got it;
 * elsewhere (a terminal shell, tests) ``sys.stdout`` / ``sys.stderr`` are
@@ -136,7 +136,7 @@ class Capture:
     dropped with it.
 
     In a kernel, streams are recorded as the stream messages the frontend
-    gets (see :mod:`nbdurable.kernel.kernelio`), so the grouping of stdout and
+    gets (see :mod:`nbdurable.ipython.kernelio`), so the grouping of stdout and
     stderr is the frontend's. Elsewhere, to keep the live view in the true
     order, a write to one stream first flushes the other stream if it has
     unflushed text.

@@ -13,21 +13,11 @@ from __future__ import annotations
 import ast
 import asyncio
 import contextlib
-import sys
 import threading
 from typing import Any
 
 from ..identity.analysis import ends_with_semicolon
 from .capture import show_last_expr
-
-
-def flush_streams() -> None:
-    """Send what was printed so far (nbdurable's warnings) before the step's own outputs."""
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (AttributeError, OSError, ValueError):  # no stream, or a closed one
-            pass
 
 
 def run_body(shell: Any, py: str, has_await: bool) -> None:

@@ -164,7 +164,7 @@ def _save_joint(
 
     def ref_fp(path: sharing.Path, obj: Any) -> str | None:
         if id(obj) not in fps:
-            fps[id(obj)] = None if path[0] in checked else values.ref_fingerprint(obj)
+            fps[id(obj)] = None if path[0] in checked else sharing.ref_fingerprint(obj)
         return fps[id(obj)]
 
     while pending:

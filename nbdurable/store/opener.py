@@ -1,23 +1,17 @@
-"""Which engine holds the store: a directory (embedded) or a URL (shared).
+"""Opening a store: a directory opens the embedded engine, a URL the shared one.
 
-The store is, first match wins:
-
-1. ``nbdurable.configure(store=...)`` (a directory or a URL);
-2. ``NBDURABLE_STORE`` in the environment (a directory or a URL);
-3. the directory of :func:`nbdurable.identity.locate.store_dir`
-   (``NBDURABLE_DIR``, else ``.nbdurable/`` beside the notebook).
-
-A URL ``postgresql://user@host:port/db?namespace=team1`` (or ``postgres://``)
+Which store a process uses is :func:`nbdurable.config.chosen_store`'s
+answer (configured, else ``NBDURABLE_STORE``, else the notebook's
+directory); this module opens it. A URL ``postgresql://user@host:port/db?namespace=team1`` (or ``postgres://``)
 opens :mod:`.postgres`; anything else is a directory of :mod:`.disk`. With a
 URL store, the run id is still the notebook's path relative to the
-directory of step 3 (see ``locate.run_id_for``): two machines whose
+local directory (see ``locate.run_id_for``): two machines whose
 projects lie at different paths share the run of the same notebook.
 """
 
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Any
 
 from ..errors import StoreError
@@ -44,16 +38,6 @@ def engine_for(target: object) -> type[Any]:
     from .disk import DiskStore
 
     return DiskStore
-
-
-def chosen(default_dir: Path) -> str | Path:
-    """The store to open: configured, else ``NBDURABLE_STORE``, else ``default_dir``."""
-    from .. import config
-
-    raw = config.get().store or os.environ.get("NBDURABLE_STORE", "").strip()
-    if not raw:
-        return default_dir
-    return raw if is_url(raw) else Path(raw).expanduser().absolute()
 
 
 def open_store(target: str | os.PathLike[str], *, durability: str = "crash") -> Any:

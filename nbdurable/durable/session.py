@@ -1,11 +1,12 @@
-"""The run in this kernel: its context, its lease, and which cell is which.
+"""The run in this process: its store, its run id, its lease, what it saved.
 
 One :class:`Session` per process holds the run context (store, run id,
 notebook), the lease that makes this process the run's only recorder, the
 step executing now (sub-steps scope to it), what happened to each step in
-this kernel, and the savings so far. Executing a ``%%step`` cell is the step
-runner's job (:mod:`.stepper`). A session takes a shell-like object, so it
-can be driven without the magic layer.
+this kernel, and the savings so far. Which cell is which is
+:mod:`.cellkeys`' job; executing a ``%%step`` cell the step runner's
+(:mod:`.stepper`). A session asks its program for everything else through a
+:class:`~.host.Host`, so it is driven the same from IPython, a script or a test.
 
 Public API for code outside the kernel side: :func:`get_session`,
 :func:`current_session` and :func:`run_summary` (what ``nbdurable run`` asks
@@ -16,7 +17,6 @@ from __future__ import annotations
 
 import atexit
 import os
-import sys
 import threading
 import time
 from collections.abc import Iterable
@@ -25,20 +25,22 @@ from typing import Any
 
 from .. import config, events
 from ..clients.usage import Tally
-from ..errors import LeaseHeld, LeaseLost, NbdurableError, StoreError, UsageProblem
+from ..errors import LeaseHeld, LeaseLost, NbdurableError, StoreError
 from ..identity import keys, locate
-from ..store import RunKeys, RunView, Store, open_store
-from ..store import engine as store_engine
+from ..store import RunKeys, RunView, Store, open_store, opener
+from . import host as hosts
 from . import lease
+from .cellkeys import CellKeys
 from .context import Savings, StepContext, SubIndex, say, warn
+from .host import Host, PlainHost
 from .stepper import StepRunner
 
 
 class Session:
     """The durable run of this kernel (or script)."""
 
-    def __init__(self, shell: Any = None) -> None:
-        self.shell = shell
+    def __init__(self, host: Host | None = None) -> None:
+        self.host: Host = host if host is not None else PlainHost()
         self._store: Store | None = None
         self._configured: str | None = None  # config.get().store when the store was opened
         self._run_name: str | None = None
@@ -52,11 +54,7 @@ class Session:
         #: Guards the savings and the cell's ordinals (sub-steps may run in threads).
         self.lock = threading.RLock()
         self._warned_no_notebook = False
-        #: identical unnamed cells told apart by occurrence (see resolve_key): how many
-        #: times each body ran without a cell id or position, and where each frontend
-        #: cell id that is not saved in the file was placed
-        self._occurrences: dict[str, int] = {}
-        self._placed: dict[str, int] = {}
+        self.cells = CellKeys(self)  # which cell is executing: its step key
         self._lease: lease.Lease | None = None
         self._lease_seen = 0.0  # when the store last confirmed we hold it
         self._atexit = False
@@ -73,8 +71,8 @@ class Session:
     # -- run context ---------------------------------------------------------
     @property
     def user_ns(self) -> dict[str, Any]:
-        """The namespace steps run in (empty without a shell)."""
-        return self.shell.user_ns if self.shell is not None else {}
+        """The namespace steps run in (the host's)."""
+        return self.host.user_ns
 
     def _locate(self) -> None:
         if self._store is not None:
@@ -88,7 +86,7 @@ class Session:
         if self.notebook is None:
             # nbclient-based clients (nbconvert, papermill, `jupyter execute`) say
             # nothing: find the file by the cells this kernel executed.
-            self.notebook, where = locate.find_by_cells(self._executed())
+            self.notebook, where = locate.find_by_cells(self.host.executed())
         if self.notebook is not None and where:
             store = locate.store_dir(self.notebook)
             say(
@@ -108,15 +106,15 @@ class Session:
         self._open_store()
 
     def _open_store(self) -> None:
-        # The store: a directory, or a URL for a shared one (see store.engine). Run ids
+        # The store: a directory, or a URL for a shared one (see store.opener). Run ids
         # are relative to the local directory even then, so two machines whose
         # projects lie at different paths share the run of the same notebook.
         local = locate.store_dir(self.notebook)
-        target = store_engine.chosen(local)
+        target = config.chosen_store(local)
         configured = config.get().store
         self._store = open_store(target, durability=config.get().durability)
         self._configured = configured
-        self._anchor = local if store_engine.is_url(target) else self._store.path
+        self._anchor = local if opener.is_url(target) else self._store.path
 
     def _move_store(self) -> None:
         """Record into the store ``configure(store=...)`` named from now on, lease and all.
@@ -151,12 +149,6 @@ class Session:
         events.emit("run-changed", run)
         if held:  # the lease moves with the run: a holder in the new store is named now
             self.claim()
-
-    def _executed(self) -> list[str]:
-        """The raw sources of the cells this kernel executed, the current one last."""
-        history = getattr(self.shell, "history_manager", None)
-        raw = getattr(history, "input_hist_raw", None)
-        return [s for s in raw[1:] if isinstance(s, str)] if isinstance(raw, list) else []
 
     @property
     def store(self) -> Store:
@@ -236,7 +228,7 @@ class Session:
         if held is not None:
             held.release()
             self._lease = None
-        mine = lease.Lease(self.store, run, _holder_description(self.shell))
+        mine = lease.Lease(self.store, run, self._holder())
         previous = mine.acquire(takeover=takeover or os.environ.get("NBDURABLE_TAKEOVER") == "1")
         mine.generation = self.store.generation
         self._lease = mine
@@ -292,6 +284,10 @@ class Session:
         self._anchor = store.path if isinstance(store.path, Path) else locate.store_dir(None)
         self._run_name = run_id
 
+    def _holder(self) -> str:
+        """What holds a lease, for the message a second runner sees."""
+        return os.environ.get("NBDURABLE_HOLDER") or self.host.describe()
+
     def touch_run(self) -> tuple[str, dict[str, Any], bytes]:
         """The run's ``meta`` record, to write with a step's record (its last activity)."""
         now = time.time()
@@ -301,79 +297,8 @@ class Session:
 
     # -- identity --------------------------------------------------------------
     def resolve_key(self, name: str | None, body: str) -> tuple[str, str, int | None]:
-        """``(key, label, position)`` of the executing cell (see :mod:`nbdurable.identity.keys`)."""
-        cell_id, position = self._frontend_cell()
-        transient = None  # a frontend id the file does not keep (nbformat 4.4)
-        self._locate()
-        if self.nbfile is not None and self.nbfile.refresh():
-            if name is not None:
-                _refuse_shared_name(name, self.nbfile, self.notebook)
-            if cell_id is not None and not self.nbfile.ids_persist:
-                # nbformat 4.4 on disk: the frontend invents a new id on every load.
-                transient, cell_id = cell_id, None
-            saved = self._find_saved(self.nbfile, body, cell_id, position, transient)
-            if saved is not None:
-                position = saved.index
-                # nbclient and nbconvert send no cell id; the saved one is the id
-                # JupyterLab would send, and the one `%step list` reads.
-                cell_id = cell_id or saved.cell_id
-        if name is not None:
-            return (*keys.step_key(name, None, None, body), position)
-        key, label = keys.step_key(None, cell_id, position, body)
-        if cell_id is None and position is None:  # no file: identical cells by occurrence
-            n = self._occurrence(key)
-            if n:
-                key, label = f"{key}:{n + 1}", f"{label} ({n + 1})"
-        return key, label, position
-
-    def _find_saved(
-        self,
-        nbfile: locate.NotebookFile,
-        body: str,
-        cell_id: str | None,
-        position: int | None,
-        transient: str | None,
-    ) -> locate.StepCell | None:
-        """The saved cell running now; identical unnamed cells told apart by occurrence.
-
-        A client that sends no cell id and no position (nbclient, nbconvert,
-        papermill, a frontend on an nbformat 4.4 file) runs identical cells
-        in order: the k-th execution of a body is the k-th saved cell with it
-        (cyclically, so a second pass of the notebook starts again at the
-        first). A frontend id seen before keeps the cell it was given.
-        """
-        if cell_id is not None or position is not None:
-            return nbfile.find(body, position)
-        same = nbfile.find_all(body)
-        if len(same) < 2:
-            return same[0] if same else None
-        if transient is not None and transient in self._placed:
-            return next((c for c in same if c.index == self._placed[transient]), same[0])
-        found = same[self._occurrence(keys.source_fingerprint(body)) % len(same)]
-        if transient is not None:
-            self._placed[transient] = found.index
-        return found
-
-    def _occurrence(self, what: str) -> int:
-        """How many times ``what`` ran before in this kernel (and count this one)."""
-        with self.lock:
-            n = self._occurrences.get(what, 0)
-            self._occurrences[what] = n + 1
-            return n
-
-    def _frontend_cell(self) -> tuple[str | None, int | None]:
-        kernel = getattr(self.shell, "kernel", None)
-        if kernel is None:
-            return None, None
-        try:
-            md = kernel.get_parent("shell").get("metadata", {}) or {}
-        except Exception:  # not in an execute request (e.g. driven from a test)
-            return None, None
-        cid = md.get("cellId")
-        pos = (md.get("nbdurable") or {}).get("position")
-        return (cid if isinstance(cid, str) and cid else None), (
-            pos if isinstance(pos, int) else None
-        )
+        """``(key, label, position)`` of the executing cell (see :class:`.cellkeys.CellKeys`)."""
+        return self.cells.resolve(name, body)
 
     def changed(self, done: Any) -> None:
         """A command (:mod:`nbdurable.commands`) changed the run: update what this kernel shows."""
@@ -387,18 +312,6 @@ class Session:
             events.emit("store-changed", self.run_id, key, action=done.action)
 
     # -- cells and steps ----------------------------------------------------------------
-    def run_step(
-        self,
-        body: str,
-        *,
-        name: str | None = None,
-        force: bool = False,
-        input_patterns: tuple[str, ...] = (),
-    ) -> None:
-        """Replay the ``%%step`` cell ``body`` if its record is valid; else execute and record."""
-        __tracebackhide__ = True
-        self.steps.run_step(body, name=name, force=force, input_patterns=input_patterns)
-
     def new_cell(self, hooked: bool = True) -> None:
         """A cell starts: ``@recorded`` ordinals restart, the run scope's records are read afresh.
 
@@ -450,40 +363,18 @@ class Session:
             }
 
 
-def _holder_description(shell: Any) -> str:
-    """What holds a lease, for the message a second runner sees."""
-    runner = os.environ.get("NBDURABLE_HOLDER")
-    if runner:
-        return runner
-    if getattr(shell, "kernel", None) is not None:
-        try:
-            from ipykernel.connect import get_connection_file
-
-            return "kernel " + Path(get_connection_file()).stem.removeprefix("kernel-")
-        except Exception:  # not started from a connection file
-            return "kernel"
-    return "python " + " ".join(sys.argv[:1])
-
-
 _session: Session | None = None
 _session_lock = threading.Lock()
 
 
-def get_session(shell: Any = None) -> Session:
-    """The process-wide session, created on first use."""
+def get_session(host: Host | None = None) -> Session:
+    """The process-wide session, created on first use (with ``host``, else the default)."""
     global _session
     with _session_lock:
         if _session is None:
-            if shell is None:
-                try:
-                    from IPython import get_ipython
-
-                    shell = get_ipython()
-                except ImportError:  # pragma: no cover - IPython is a dependency
-                    shell = None
-            _session = Session(shell)
-        elif shell is not None and _session.shell is None:
-            _session.shell = shell
+            _session = Session(host if host is not None else hosts.default_host())
+        elif host is not None and isinstance(_session.host, PlainHost):
+            _session.host = host  # made before the shell was known (a plain step() call)
         return _session
 
 
@@ -511,15 +402,3 @@ def reset_session() -> None:
         if _session is not None and _session._store is not None:
             _session._store.close()
         _session = None
-
-
-def _refuse_shared_name(name: str, nbfile: locate.NotebookFile, notebook: Path | None) -> None:
-    """A ``%%step NAME`` that two saved cells use is refused: they would share one record."""
-    indexes = [c.index for c in nbfile.cells if c.name == name]
-    if len(indexes) > 1:
-        cells = ", ".join(f"#{i + 1}" for i in indexes)
-        where = notebook.name if notebook is not None else "the notebook"
-        raise UsageProblem(
-            f"step name {name!r} is used by {len(indexes)} cells of {where} (cells {cells}); "
-            "give each %%step its own name"
-        )
