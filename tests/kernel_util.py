@@ -17,6 +17,7 @@ import os
 import shutil
 import sys
 import tempfile
+from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -182,3 +183,45 @@ def _plain(value: Any) -> Any:
     if isinstance(value, list):
         return [_plain(item) for item in value]
     return value
+
+
+#: A notebook cell defining ``ran(name)``, which appends ``name`` to ``ran.log`` in
+#: the kernel's working directory: how the kernel tests count real executions.
+RAN_CELL = "def ran(name):\n    with open('ran.log', 'a') as f:\n        f.write(name + '\\n')"
+
+
+def ran(tmp: Path, log: str = "ran.log") -> Counter:
+    """How many times each name was logged by ``ran(name)`` in ``tmp``, over every run so far."""
+    path = tmp / log
+    return Counter(path.read_text().split()) if path.exists() else Counter()
+
+
+def durable_env(tmp: Path, **extra: str) -> dict[str, str]:
+    """A kernel's environment for a notebook saved at ``tmp/nb.ipynb`` recording to ``tmp/store``.
+
+    ``JPY_SESSION_NAME`` is emptied: a test run under a Jupyter server must not
+    take the server's notebook for this one.
+    """
+    return {
+        "NBDURABLE_DIR": str(tmp / "store"),
+        "NBDURABLE_NOTEBOOK": str(tmp / "nb.ipynb"),
+        "JPY_SESSION_NAME": "",
+        **extra,
+    }
+
+
+def run_saved(
+    tmp: Path,
+    cells: Iterable[str] | NotebookNode,
+    *,
+    env: Mapping[str, str] | None = None,
+    **kwargs: Any,
+) -> NotebookNode:
+    """Save the notebook at ``tmp/nb.ipynb``, as a user would have it, and run it there.
+
+    ``cells`` are code cells' sources (or a notebook, run as it is); ``env``
+    defaults to :func:`durable_env`. Other keywords go to :func:`run_notebook`.
+    """
+    nb = cells if isinstance(cells, NotebookNode) else make_notebook(cells)
+    nbformat.write(nb, tmp / "nb.ipynb")
+    return run_notebook(nb, cwd=tmp, env=durable_env(tmp) if env is None else env, **kwargs)

@@ -1,4 +1,4 @@
-"""An async SDK call replays as an awaitable (nbdurable/awaitables.py), real AsyncOpenAI."""
+"""An async SDK call replays as an awaitable (nbdurable/clients/awaitables.py), real AsyncOpenAI."""
 
 from __future__ import annotations
 
@@ -11,11 +11,9 @@ from llm_server import LLMServer
 
 from nbdurable.clients.awaitables import (
     record_async_iter,
-    record_awaitable,
     replay_async_iter,
     replay_awaitable,
     result_kind,
-    returns_awaitable,
 )
 
 openai = pytest.importorskip("openai")
@@ -25,6 +23,17 @@ openai = pytest.importorskip("openai")
 def server():
     with LLMServer(lifetime=300) as s:
         yield s
+
+
+def returns_awaitable(result) -> bool:
+    return result_kind(result) in ("awaitable", "both")
+
+
+async def record_awaitable(awaitable, on_result):
+    """What a sub-step does with an awaitable: await it, record its value, return it."""
+    value = await awaitable
+    on_result(value)
+    return value
 
 
 class Recorder:

@@ -19,19 +19,22 @@ when it is missing. Never ``playwright install``.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import nbformat
 import pytest
+from jupyter_util import (
+    ARTIFACTS,
+    CHROMIUM,
+    CHROMIUM_ARGS,
+    jupyter_server,
+    require_chromium,
+    write_settings,
+)
 from kernel_util import REPO_ROOT, make_notebook, run_notebook
 
 from nbdurable import commands, status
@@ -39,18 +42,6 @@ from nbdurable.store import RunView, open_store
 
 pytestmark = pytest.mark.browser
 
-CHROMIUM = os.environ.get("NBDURABLE_CHROMIUM", "/usr/bin/chromium")
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
-ARTIFACTS = REPO_ROOT / "test-artifacts"
 SCREENSHOT = REPO_ROOT / "docs" / "panel.png"
 NARROW_SCREENSHOT = REPO_ROOT / "docs" / "panel-narrow.png"  # a 360 px window
 DARK_SCREENSHOT = REPO_ROOT / "docs" / "panel-dark.png"
@@ -96,32 +87,6 @@ EXPECTED = {  # after run all, which stops at 'broken'
 }
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _write_settings(settings: Path, theme: str = "JupyterLab Light") -> None:
-    """Lab user settings: a fixed theme and no news / update toasts over the screenshot."""
-    apputils = settings / "@jupyterlab" / "apputils-extension"
-    apputils.mkdir(parents=True, exist_ok=True)
-    (apputils / "themes.jupyterlab-settings").write_text(json.dumps({"theme": theme}))
-    (apputils / "notification.jupyterlab-settings").write_text(
-        json.dumps({"fetchNews": "false", "checkForUpdates": False})
-    )
-
-
-def _require_chromium() -> None:
-    """Fail the test (not its setup) with one line saying what to install."""
-    if not Path(CHROMIUM).exists():
-        pytest.fail(
-            f"chromium not found at {CHROMIUM}: the browser test needs Debian's chromium "
-            "(`apt-get install chromium`, as .ci/run does) or NBDURABLE_CHROMIUM=/path",
-            pytrace=False,
-        )
-
-
 #: The server application of each frontend, and where it opens a notebook.
 APPS = {
     "lab": ("LabApp", "/lab/tree/"),
@@ -141,8 +106,7 @@ def jupyterlab(tmp_path, kind: str = "lab"):
     store = root / ".nbdurable"  # where it would be by default: beside the notebook
     root.mkdir()
     settings = tmp_path / "lab-settings"
-    _write_settings(settings)
-    port = _free_port()
+    write_settings(settings)
     env = {k: v for k, v in os.environ.items() if not k.startswith("NBDURABLE_")}
     env.update(
         NBDURABLE_DIR=str(store),
@@ -150,57 +114,13 @@ def jupyterlab(tmp_path, kind: str = "lab"):
         JUPYTER_CONFIG_DIR=str(tmp_path / "jupyter-config"),
         JUPYTER_RUNTIME_DIR=str(tmp_path / "jupyter-runtime"),
     )
-    log = open(tmp_path / "lab.log", "wb")  # noqa: SIM115 - closed in the teardown
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "jupyter",
-            kind,
-            "--allow-root",
-            "--no-browser",
-            "--ip=127.0.0.1",
-            f"--port={port}",
-            "--IdentityProvider.token=",
-            "--ServerApp.password=",
-            f"--ServerApp.root_dir={root}",
-            f"--{app}.expose_app_in_browser=True",
-            f"--{app}.user_settings_dir={settings}",
-            f"--{app}.workspaces_dir={tmp_path / 'lab-workspaces'}",
-        ],
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                with urllib.request.urlopen(url + "/api/status", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"jupyter {kind} did not start:\n" + _tail(tmp_path / "lab.log"))
-            time.sleep(0.2)
+    args = [
+        f"--{app}.expose_app_in_browser=True",
+        f"--{app}.user_settings_dir={settings}",
+        f"--{app}.workspaces_dir={tmp_path / 'lab-workspaces'}",
+    ]
+    with jupyter_server(kind, tmp_path, root, env, args, f"browser-{kind}.log") as url:
         yield url, root, store, tmp_path, kind
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)  # the server and the kernels it started
-            proc.wait(15)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(5)
-        log.close()
-        ARTIFACTS.mkdir(exist_ok=True)
-        shutil.copy(tmp_path / "lab.log", ARTIFACTS / f"browser-{kind}.log")
-
-
-def _tail(path: Path, n: int = 40) -> str:
-    return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
 
 
 def _infos(store_dir: Path, notebook: Path) -> dict[str, status.StepInfo]:
@@ -209,13 +129,13 @@ def _infos(store_dir: Path, notebook: Path) -> dict[str, status.StepInfo]:
 
 
 def test_panel_in_jupyterlab(tmp_path):
-    _require_chromium()
+    require_chromium()
     with jupyterlab(tmp_path) as lab:
         _check_panel(lab)
 
 
 def test_panel_in_notebook_7(tmp_path):
-    _require_chromium()
+    require_chromium()
     with jupyterlab(tmp_path, "notebook") as app:
         _check_panel(app)
 

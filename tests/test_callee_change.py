@@ -11,9 +11,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import nbformat
 import pytest
-from kernel_util import make_notebook, outputs_of, run_notebook, stream_text
+from kernel_util import outputs_of, run_saved, stream_text
 
 pytestmark = pytest.mark.kernel
 
@@ -46,10 +45,7 @@ def cells(model: str, suffix: str, extra: str = "") -> list[str]:
 
 
 def run(tmp: Path, nb_cells: list[str]):
-    nb = make_notebook([c for c in nb_cells if c])
-    nbformat.write(nb, tmp / "nb.ipynb")
-    env = {"NBDURABLE_DIR": str(tmp / "store"), "NBDURABLE_NOTEBOOK": str(tmp / "nb.ipynb")}
-    return run_notebook(nb, cwd=tmp, env={**env, "JPY_SESSION_NAME": ""})
+    return run_saved(tmp, [c for c in nb_cells if c])
 
 
 def calls(tmp: Path) -> list[str]:

@@ -428,34 +428,6 @@ def test_data_is_made_json_able(shell):
     json.dumps(cap.outputs, allow_nan=False)
 
 
-def test_on_output_sees_each_output_as_it_comes(shell):
-    seen = []
-    with Capture(shell) as cap:
-        cap.on_output(seen.append)
-        print("a")
-        print("b")
-        display("d")
-    assert [o["output_type"] for o in seen] == ["stream"] * 4 + ["display_data"]
-    assert "".join(o["text"] for o in seen if o["output_type"] == "stream") == "a\nb\n"
-    assert len(cap.outputs) == 2
-
-
-def test_a_failing_callback_is_dropped_with_a_warning(shell):
-    calls = []
-
-    def broken(output):
-        calls.append(output)
-        raise RuntimeError("bug")
-
-    with Capture(shell) as cap:
-        cap.on_output(broken)
-        with pytest.warns(RuntimeWarning, match="disabled"):
-            print("x")
-        print("y")
-    assert len(calls) == 1
-    assert cap.outputs == [stream("stdout", "x\ny\n")]
-
-
 def test_strip_widget_views():
     view = {"version_major": 2, "version_minor": 0, "model_id": "abc"}
     assert strip_widget_views({"text/plain": "IntSlider(value=3)", WIDGET_VIEW_MIME: view}) == {

@@ -24,19 +24,22 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
-import signal
-import subprocess
-import sys
 import time
 import urllib.request
 from pathlib import Path
 
 import nbformat
 import pytest
+from jupyter_util import (
+    ARTIFACTS,
+    CHROMIUM,
+    CHROMIUM_ARGS,
+    jupyter_server,
+    require_chromium,
+    write_settings,
+)
 from kernel_util import REPO_ROOT, make_notebook, run_notebook
 from nbclient.exceptions import CellExecutionError
-from test_browser import CHROMIUM, CHROMIUM_ARGS, _free_port, _tail, _write_settings
 
 from nbdurable import commands
 from nbdurable import status as ops
@@ -44,7 +47,6 @@ from nbdurable.store import open_store
 
 pytestmark = pytest.mark.browser
 
-ARTIFACTS = REPO_ROOT / "test-artifacts"
 SCREENSHOT = REPO_ROOT / "docs" / "cell-marks.png"
 NB7_SCREENSHOT = REPO_ROOT / "docs" / "cell-marks-nb7.png"
 UPDATE_SCREENSHOT = os.environ.get("NBDURABLE_UPDATE_SCREENSHOT") == "1"
@@ -120,16 +122,12 @@ def _record(root: Path, store: Path) -> str:
 @pytest.fixture(params=["lab", "notebook"])
 def app(request, tmp_path):
     """A JupyterLab or Notebook 7 server with nbdurable's extensions, on 127.0.0.1."""
-    if not Path(CHROMIUM).exists():
-        pytest.fail(
-            f"chromium not found at {CHROMIUM}: the browser test needs Debian's chromium "
-            "(`apt-get install chromium`, as .ci/run does) or NBDURABLE_CHROMIUM=/path"
-        )
+    require_chromium()
     kind = request.param
     root, store = tmp_path / "root", tmp_path / "root" / ".nbdurable"
     root.mkdir()
     settings = tmp_path / "lab-settings"
-    _write_settings(settings)
+    write_settings(settings)
     # The prebuilt frontend as an installed package puts it: <data dir>/labextensions/nbdurable.
     data = tmp_path / "jupyter-data"
     (data / "labextensions").mkdir(parents=True)
@@ -144,53 +142,12 @@ def app(request, tmp_path):
         JUPYTER_RUNTIME_DIR=str(tmp_path / "jupyter-runtime"),
     )
     app_class = "LabApp" if kind == "lab" else "JupyterNotebookApp"
-    log_path = tmp_path / f"{kind}.log"
-    log = open(log_path, "wb")  # noqa: SIM115 - closed in the teardown
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "jupyter",
-            kind,
-            "--allow-root",
-            "--no-browser",
-            "--ip=127.0.0.1",
-            f"--port={(port := _free_port())}",
-            "--IdentityProvider.token=",
-            "--ServerApp.password=",
-            f"--ServerApp.root_dir={root}",
-            f"--{app_class}.user_settings_dir={settings}",
-            f"--{app_class}.workspaces_dir={tmp_path / 'workspaces'}",
-        ],
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                with urllib.request.urlopen(url + "/api/status", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"jupyter {kind} did not start:\n" + _tail(log_path))
-            time.sleep(0.2)
+    args = [
+        f"--{app_class}.user_settings_dir={settings}",
+        f"--{app_class}.workspaces_dir={tmp_path / 'workspaces'}",
+    ]
+    with jupyter_server(kind, tmp_path, root, env, args, f"cell-marks-{kind}.log") as url:
         yield kind, url, root, store
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)  # the server and the kernels it started
-            proc.wait(15)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(5)
-        log.close()
-        ARTIFACTS.mkdir(exist_ok=True)
-        shutil.copy(log_path, ARTIFACTS / f"cell-marks-{kind}.log")
 
 
 def _get(url: str) -> tuple[int, dict]:

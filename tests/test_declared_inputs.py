@@ -14,9 +14,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import nbformat
 import pytest
-from kernel_util import make_notebook, outputs_of, run_notebook, stream_text
+from kernel_util import outputs_of, run_saved, stream_text
 
 pytestmark = pytest.mark.kernel
 
@@ -43,10 +42,7 @@ STEP = (
 
 
 def run(tmp: Path, step: str = STEP):
-    nb = make_notebook([PRELUDE, step, "print(said)"])
-    nbformat.write(nb, tmp / "nb.ipynb")
-    env = {"NBDURABLE_DIR": str(tmp / "store"), "NBDURABLE_NOTEBOOK": str(tmp / "nb.ipynb")}
-    return run_notebook(nb, cwd=tmp, env={**env, "JPY_SESSION_NAME": ""}, allow_errors=True)
+    return run_saved(tmp, [PRELUDE, step, "print(said)"], allow_errors=True)
 
 
 def ran(tmp: Path) -> int:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from kernel_util import make_notebook, outputs_of, run_notebook, stream_text
+from kernel_util import make_notebook, outputs_of, ran, run_notebook, run_saved, stream_text
 from nbclient.exceptions import CellExecutionError, DeadKernelError
 
 from nbdurable.demo.sim import ledger_calls
@@ -55,15 +55,7 @@ def env_for(tmp: Path, **extra: str) -> dict[str, str]:
 
 def execute(tmp: Path, cells: list[str], *, allow_errors: bool = True, **env: str):
     """Save the notebook where NBDURABLE_NOTEBOOK says, as a user would have it, and run it."""
-    nb = make_notebook(cells)
-    nbformat.write(nb, tmp / "nb.ipynb")
-    return run_notebook(nb, cwd=tmp, env=env_for(tmp, **env), allow_errors=allow_errors)
-
-
-def ran(tmp: Path) -> Counter:
-    """How many times each step body ran, over every run so far."""
-    log = tmp / "ran.log"
-    return Counter(log.read_text().split()) if log.exists() else Counter()
+    return run_saved(tmp, cells, env=env_for(tmp, **env), allow_errors=allow_errors)
 
 
 def calls(tmp: Path, since: int = 0) -> list[str]:

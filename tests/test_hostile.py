@@ -29,9 +29,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import diskcache
-import nbformat
 import pytest
-from kernel_util import make_notebook, outputs_of, run_notebook, stream_text
+from kernel_util import outputs_of, ran, run_saved, stream_text
 
 from nbdurable import cli
 from nbdurable.errors import CorruptRecord, StoreError
@@ -602,23 +601,8 @@ SETUP = (
 )
 
 
-def kernel_env(tmp: Path) -> dict[str, str]:
-    return {
-        "NBDURABLE_DIR": str(tmp / "store"),
-        "NBDURABLE_NOTEBOOK": str(tmp / "nb.ipynb"),
-        "JPY_SESSION_NAME": "",
-    }
-
-
 def execute(tmp: Path, cells: list[str], allow_errors: bool = False):
-    nb = make_notebook(cells)
-    nbformat.write(nb, tmp / "nb.ipynb")
-    return run_notebook(nb, cwd=tmp, env=kernel_env(tmp), allow_errors=allow_errors)
-
-
-def ran(tmp: Path) -> Counter:
-    log = tmp / "ran.log"
-    return Counter(log.read_text().split()) if log.exists() else Counter()
+    return run_saved(tmp, cells, allow_errors=allow_errors)
 
 
 def stderr_of(nb) -> str:

@@ -13,9 +13,8 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-import nbformat
 import pytest
-from kernel_util import make_notebook, outputs_of, run_notebook, stream_text
+from kernel_util import outputs_of, run_saved, stream_text
 
 pytestmark = pytest.mark.kernel
 
@@ -46,14 +45,7 @@ def plain(cells: list[str]) -> list[str]:
 
 def execute(tmp: Path, cells: list[str], *, timeout: int = 300):
     """Save the notebook where NBDURABLE_NOTEBOOK says and run it in a fresh kernel."""
-    nb = make_notebook(cells)
-    nbformat.write(nb, tmp / "nb.ipynb")
-    env = {
-        "NBDURABLE_DIR": str(tmp / "store"),
-        "NBDURABLE_NOTEBOOK": str(tmp / "nb.ipynb"),
-        "JPY_SESSION_NAME": "",
-    }
-    return run_notebook(nb, cwd=tmp, env=env, timeout=timeout)
+    return run_saved(tmp, cells, timeout=timeout)
 
 
 def three_runs(tmp_path_factory, name: str, cells: list[str], *, durable: int = 2):

@@ -20,9 +20,8 @@ import shutil
 from collections import Counter
 from pathlib import Path
 
-import nbformat
 import pytest
-from kernel_util import make_notebook, outputs_of, run_notebook, stream_text
+from kernel_util import outputs_of, run_saved, stream_text
 
 from nbdurable.durable import fileio
 from nbdurable.identity import verdict
@@ -84,14 +83,7 @@ def plain(cells: list[str]) -> list[str]:
 
 def execute(tmp: Path, cells: list[str], allow_errors: bool = False):
     """Save the notebook where NBDURABLE_NOTEBOOK says and run it in a fresh kernel."""
-    nb = make_notebook(cells)
-    nbformat.write(nb, tmp / "nb.ipynb")
-    env = {
-        "NBDURABLE_DIR": str(tmp / "store"),
-        "NBDURABLE_NOTEBOOK": str(tmp / "nb.ipynb"),
-        "JPY_SESSION_NAME": "",
-    }
-    return run_notebook(nb, cwd=tmp, env=env, allow_errors=allow_errors)
+    return run_saved(tmp, cells, allow_errors=allow_errors)
 
 
 def counts(path: Path) -> Counter:

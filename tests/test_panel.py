@@ -49,6 +49,11 @@ STEPS = {
 CHANGED_LATER = {"pinned": "stale_pin = 2", "changed": "x = 2"}
 
 
+def confirming(p: StepPanel) -> bool:
+    """True while a Clear / Clear all waits for Confirm or Cancel."""
+    return p._confirm_action is not None
+
+
 def write_notebook(path, bodies):
     nb = make_notebook(["%load_ext nbdurable"] + [f"%%step {n}\n{b}" for n, b in bodies.items()])
     nbformat.write(nb, path)
@@ -177,11 +182,11 @@ def test_buttons_change_the_store_and_the_rows(every_state):
 
         # Clear a step with sub-steps: asks first; Cancel keeps everything.
         rows["research"].clear_button.click()
-        assert p.confirming and p.confirm_box in rows["research"].box.children
+        assert confirming(p) and p.confirm_box in rows["research"].box.children
         assert "3 recorded sub-steps" in p.confirm_text.value
         assert s.store.has(rk.step("name:research"))
         p.cancel_button.click()
-        assert not p.confirming and p.confirm_box not in rows["research"].box.children
+        assert not confirming(p) and p.confirm_box not in rows["research"].box.children
         rows["research"].clear_button.click()
         p.confirm_button.click()
         assert not s.store.has(rk.step("name:research"))
@@ -191,12 +196,12 @@ def test_buttons_change_the_store_and_the_rows(every_state):
 
         # Clear a step without sub-steps: no question; its dependants go stale.
         rows["plan"].clear_button.click()
-        assert not p.confirming and not s.store.has(rk.step("name:plan"))
+        assert not confirming(p) and not s.store.has(rk.step("name:plan"))
         assert rows["plan"].state == "pending"
 
         # Clear all: asks, then the run is empty and every row pending.
         p.clear_all_button.click()
-        assert p.confirming and p.confirm_box in p._confirm_slot.children
+        assert confirming(p) and p.confirm_box in p._confirm_slot.children
         p.confirm_button.click()
         assert s.store.scan(rk.base) == []
         assert set(states(p).values()) == {"pending"}

@@ -34,13 +34,6 @@ from nbdurable.store.postgres import PgStore, display
 pytestmark = pytest.mark.postgres
 
 
-@pytest.fixture
-def pg(pg_url):
-    s = open_store(pg_url)
-    yield s
-    s.close()
-
-
 def _array_blob(store: Store, n: int) -> tuple[str, np.ndarray]:
     arr = np.arange(n, dtype=np.float64)
     stream, bufs = values.dumps_parts(arr)
@@ -69,26 +62,6 @@ def test_a_url_opens_the_postgres_engine_and_a_directory_the_embedded_one(pg_url
         assert a.path == b.path and a.path.endswith(f"/test?namespace={namespace(pg_url)}")
     with pytest.raises(StoreError, match="unknown store URL mysql://"):
         open_store("mysql://x@y/z")
-
-
-def test_records_ranges_and_transactions_behave_as_on_disk(pg):
-    rk = RunKeys("nb.ipynb")
-    pg.put(rk.meta, {"run": "nb.ipynb", "last": 1.0})
-    pg.apply(puts=[(rk.step(f"k{i}"), {"i": i}, b"x" * i) for i in range(5)])
-    assert pg.get(rk.step("k3")) == ({"i": 3}, b"xxx")
-    assert pg.scan(rk.steps) == [rk.step(f"k{i}") for i in range(5)]
-    assert pg.stats(rk.steps)[0] == 5
-    loaded = pg.load_prefix(rk.steps)
-    assert [pg.get_loaded(k, v)[0]["i"] for k, v in loaded.items()] == [0, 1, 2, 3, 4]
-    pg.apply(puts=[(rk.step("k9"), {"i": 9}, b"")], deletes=[rk.step("k0")])
-    assert not pg.has(rk.step("k0")) and pg.has(rk.step("k9"))
-    assert pg.delete(rk.step("k9")) and not pg.delete(rk.step("k9"))
-    assert pg.get("absent") is None and pg.size_of("absent") == 0
-    # A value of another key does not verify under this one (the key is signed).
-    raw = pg.read(rk.step("k1"))
-    pg.write({rk.step("k2"): raw})
-    with pytest.raises(CorruptRecord):
-        pg.get(rk.step("k2"))
 
 
 def test_namespaces_are_apart(pg_url, pg_server):

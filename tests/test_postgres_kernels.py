@@ -466,7 +466,7 @@ STALL = [
     "%load_ext nbdurable\n"
     "import os, pathlib, threading, time\n"
     "from nbdurable import step\n"
-    "from nbdurable.kernel import lease\n"
+    "from nbdurable.durable import lease\n"
     "sync = pathlib.Path(os.environ['SYNC_DIR'])\n"
     "if os.environ['WHO'] == 'a':\n"
     "    never = threading.Event()\n"

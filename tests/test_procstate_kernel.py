@@ -18,7 +18,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from kernel_util import make_notebook, normalize_outputs, outputs_of, run_notebook, stream_text
+from kernel_util import make_notebook, normalize_outputs, outputs_of, ran, run_notebook, stream_text
 
 pytestmark = pytest.mark.kernel
 pytest.importorskip("pandas")
@@ -101,11 +101,6 @@ def run(tmp: Path, nb, durable: bool):
         nbformat.write(nb, tmp / "nb.ipynb")
         env |= {"NBDURABLE_DIR": str(tmp / "store"), "NBDURABLE_NOTEBOOK": str(tmp / "nb.ipynb")}
     return run_notebook(nb, cwd=tmp, env=env, allow_errors=True)
-
-
-def ran(tmp: Path) -> Counter:
-    log = tmp / "ran.log"
-    return Counter(log.read_text().split()) if log.exists() else Counter()
 
 
 def probes(nb) -> dict[int, list[dict]]:

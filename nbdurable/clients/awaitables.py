@@ -4,7 +4,7 @@ The model SDKs wrap their ``async def`` methods in synchronous decorators, so
 ``inspect.iscoroutinefunction(aclient.chat.completions.create)`` is False and
 asking the function is the wrong question. What the call *returned* is the
 right one: a coroutine, a task or any object with ``__await__``
-(:func:`returns_awaitable`). When it did, the record notes it, and replay
+(:func:`result_kind`). When it did, the record notes it, and replay
 hands back an awaitable again (:func:`replay_awaitable`); when it did not,
 the bare value. Code written for the first run (``await step(...)``,
 ``asyncio.gather(*[step(...) ...])``, ``tg.create_task(step(...))``) then
@@ -16,11 +16,11 @@ returned: it is the one kind every consumer takes (``await``, ``gather``,
 future), it needs no running loop to be made, and it belongs to no loop, so
 it cannot be "attached to a different loop" after a kernel restart.
 
-On the recording side, :func:`record_awaitable` wraps the first run's
-awaitable in a coroutine that awaits it, hands the value to ``on_result``
-(the caller records it) and returns it. Only a value is recorded: an
-exception or a cancellation propagates and records nothing, so the call
-runs again next time.
+On the recording side, the sub-step returns a coroutine of its own that
+awaits the first run's awaitable and records its value
+(``nbdurable.durable.substeps``). Only a value is recorded: an exception or
+a cancellation propagates and records nothing, so the call runs again next
+time.
 
 Async iterators (an async generator, an SDK's ``AsyncStream``) are the other
 shape an async call takes: :func:`record_async_iter` yields the items while
@@ -35,17 +35,12 @@ decline to record it, loudly, rather than guess which way it will be used.
 from __future__ import annotations
 
 import inspect
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any, Literal, TypeVar
 
 T = TypeVar("T")
 
 Kind = Literal["plain", "awaitable", "async_iter", "both"]
-
-
-def returns_awaitable(result: Any) -> bool:
-    """Whether ``result`` (what a call returned) must be awaited to get its value."""
-    return inspect.isawaitable(result)
 
 
 def result_kind(result: Any) -> Kind:
@@ -57,24 +52,6 @@ def result_kind(result: Any) -> Kind:
     if awaitable:
         return "awaitable"
     return "async_iter" if aiter else "plain"
-
-
-async def _awaited(awaitable: Awaitable[T], on_result: Callable[[T], Any]) -> T:
-    value = await awaitable
-    on_result(value)
-    return value
-
-
-def record_awaitable(
-    awaitable: Awaitable[T], on_result: Callable[[T], Any]
-) -> Coroutine[Any, Any, T]:
-    """A coroutine that awaits ``awaitable``, hands its value to ``on_result``, returns it.
-
-    ``on_result`` runs only when the awaitable produced a value; if it raises,
-    the error reaches the caller's ``await`` (a failed record is never
-    silent).
-    """
-    return _awaited(awaitable, on_result)
 
 
 async def _value(value: T) -> T:

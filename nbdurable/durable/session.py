@@ -278,7 +278,7 @@ class Session:
             self._lease = None
 
     def set_store(self, store: Store, run_id: str | None = None) -> None:
-        """Use an already-open store (tests, the CLI)."""
+        """Record into a store opened elsewhere, as run ``run_id`` (tests and benchmarks)."""
         self._store = store
         self._configured = config.get().store
         self._anchor = store.path if isinstance(store.path, Path) else locate.store_dir(None)

@@ -63,7 +63,6 @@ OUTPUT_TYPES = frozenset(
     {"stream", "display_data", "update_display_data", "execute_result", "clear_output"}
 )
 
-OutputCallback = Callable[[dict[str, Any]], None]
 
 # What unrecorded() sets: a per-thread depth for the tees, and a process-wide
 # count for kernel stream taps (ipykernel sends stream messages from its own
@@ -167,7 +166,6 @@ class Capture:
         """
         self.shell = shell
         self.outputs: list[dict[str, Any]] = []
-        self._callbacks: list[OutputCallback] = []
         self._lock = threading.RLock()
         #: What a replay cannot show as it looked (widgets that have no text
         #: for their state, fd output that arrived too late); set on exit.
@@ -180,18 +178,6 @@ class Capture:
         self._pending_clear: int | None = None
         self._stack: contextlib.ExitStack | None = None
         self._entered = False
-
-    def on_output(self, callback: OutputCallback) -> None:
-        """Call ``callback(output_dict)`` as each output is captured.
-
-        For streams the dict holds just the new chunk of text (the merged text
-        is in :attr:`outputs`). The callback runs in the thread that produced
-        the output (in a kernel, stream chunks come from ipykernel's IO
-        thread), must be cheap, must not print, and must not mutate the dict.
-        A callback that raises is dropped with a warning.
-        """
-        with self._lock:
-            self._callbacks.append(callback)
 
     def __enter__(self) -> Capture:
         if self._entered:
@@ -276,21 +262,6 @@ class Capture:
                     outs.append({**output, "text": join_stream_text("", output["text"])})
                 else:
                     outs.append(output)
-            callbacks = list(self._callbacks)
-        for callback in callbacks:
-            try:
-                with self._quiet():
-                    callback(output)
-            except Exception as exc:
-                with self._lock:
-                    if callback in self._callbacks:
-                        self._callbacks.remove(callback)
-                warnings.warn(
-                    f"nbdurable: output callback {callback!r} raised {exc!r}; it is "
-                    "disabled for the rest of this cell (outputs are still recorded)",
-                    RuntimeWarning,
-                    stacklevel=2,
-                )
 
     @contextlib.contextmanager
     def _quiet(self) -> Iterator[None]:

@@ -507,11 +507,6 @@ class StepPanel(widgets.VBox):
             if self._confirm_slot.children:
                 self._confirm_slot.children = ()
 
-    @property
-    def confirming(self) -> bool:
-        """True while a Clear / Clear all waits for Confirm or Cancel."""
-        return self._confirm_action is not None
-
     def _say(self, text: str, error: bool = False) -> None:
         colour = "var(--jp-error-color1, #d32f2f)" if error else _GREY
         self.message.value = (
