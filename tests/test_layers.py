@@ -30,7 +30,18 @@ _ABOVE_SHARED = ("nbdurable.durable", "nbdurable.run", "nbdurable.cli", *_SHELL)
 #: (status turns a saved cell into the Python a kernel would run); it starts no shell.
 ALLOWED = ("IPython.core.inputtransformer2",)
 #: The shared middle layer: top-level modules every side uses.
-SHARED = ("commands", "config", "errors", "events", "faults", "redact", "states", "status", "text")
+SHARED = (
+    "commands",
+    "config",
+    "errors",
+    "events",
+    "faults",
+    "hush",
+    "redact",
+    "states",
+    "status",
+    "text",
+)
 RULES = [
     ("nbdurable.durable", ("nbdurable.run", *_SHELL)),
     *((f"nbdurable.{m}", _ABOVE_SHARED) for m in SHARED),

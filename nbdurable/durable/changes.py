@@ -37,6 +37,7 @@ below each variable; what lies beyond is not tracked.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 import sys
@@ -131,12 +132,33 @@ def _token_and_children(obj: Any) -> tuple[Any, Iterable[Any]]:
     attrs = getattr(obj, "__dict__", None)
     if type(attrs) is not dict:
         return (t, id(obj)), ()
-    token = (t, tuple(attrs), tuple(map(id, attrs.values())))
     if mod != "__main__" and not _user_code(t):
         # A library object (an HTTP client, a model): its own attributes are
-        # compared, its insides (connection pools, caches) are its business.
-        return token, ()
+        # compared, its insides (connection pools, caches) are its business, and
+        # so are the parts it builds on first use (`client.chat`, a
+        # functools.cached_property): wherever that first use happens, it is no change.
+        lazy = _lazy_names(t)
+        if lazy:
+            attrs = {k: v for k, v in attrs.items() if k not in lazy}
+        return (t, tuple(attrs), tuple(map(id, attrs.values()))), ()
+    token = (t, tuple(attrs), tuple(map(id, attrs.values())))
     return token, _walkable(attrs.values())
+
+
+def _lazy_names(t: type) -> frozenset[str]:
+    """The attributes ``t`` builds on first access (``functools.cached_property``)."""
+    got = _LAZY.get(t)
+    if got is None:
+        found = set()
+        for klass in t.__mro__:
+            for name, member in vars(klass).items():
+                if isinstance(member, functools.cached_property):
+                    found.add(name)
+        got = _LAZY[t] = frozenset(found)
+    return got
+
+
+_LAZY: dict[type, frozenset[str]] = {}
 
 
 def _user_code(t: type) -> bool:
@@ -165,6 +187,9 @@ def _class_fp(cls: type) -> str:
         return "unfingerprintable"
 
 
+_CONTAINERS = (list, dict, set)
+
+
 class Tokens:
     """Tokens of everything reachable from a namespace's variables, for :meth:`changed`."""
 
@@ -172,10 +197,16 @@ class Tokens:
         self.roots = {n: self._walk(ns[n]) for n in names if n in ns}
         #: name -> (the class, its attributes, its fingerprint) for notebook classes
         self.classes: dict[str, tuple[type, dict[str, Any], str]] = {}
+        #: name -> {attribute: token} of a notebook class's list, dict and set
+        #: attributes: `Registry.items.append(...)` changes one without rebinding it
+        self.class_data: dict[str, dict[str, int | None]] = {}
         for n in self.roots:
             cls = ns[n]
             if isinstance(cls, type) and cls.__module__ == "__main__":
                 self.classes[n] = (cls, dict(vars(cls)), _class_fp(cls))
+                self.class_data[n] = {
+                    k: self._walk(v) for k, v in vars(cls).items() if type(v) in _CONTAINERS
+                }
 
     def class_patches(self, ns: Mapping[str, Any], names: Iterable[str]) -> dict[str, Any]:
         """A :class:`sharing.ClassPatch` for each of ``names`` that is a notebook class
@@ -188,7 +219,14 @@ class Tokens:
                 continue
             cls, before, fp = got
             now = vars(cls)
-            attrs = {k: v for k, v in now.items() if k not in before or before[k] is not v}
+            data = self.class_data.get(n, {})
+            attrs = {
+                k: v
+                for k, v in now.items()
+                if k not in before
+                or before[k] is not v
+                or (k in data and self._walk(v) != data[k])  # changed in place
+            }
             attrs.pop("__dict__", None)
             attrs.pop("__weakref__", None)
             removed = [k for k in before if k not in now]

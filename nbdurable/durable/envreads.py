@@ -79,3 +79,15 @@ def _note(ctx: Any, key: Any, value: str | None) -> None:
         and _by_the_step()
     ):
         ctx.env_reads[key] = verdict.value_digest(value)  # the value the step first saw decides
+
+
+def as_recorded(reads: dict[str, str | None]) -> dict[str, Any]:
+    """The reads as a record keeps them: each variable's digest as the step read it, or
+    ``[as read, as the step left it]`` when the step then set it itself (see
+    :func:`nbdurable.identity.verdict.env_changed`).
+    """
+    out: dict[str, Any] = {}
+    for name, digest in reads.items():
+        now = verdict.value_digest(os.environ.get(name))
+        out[name] = digest if now == digest else [digest, now]
+    return out

@@ -34,6 +34,17 @@ missing file runs the step again (its sub-steps still replay), naming it.
 
 Outside a step the hook returns after one test. Opens by nbdurable itself,
 by the import system and by the kernel's machinery are not the step's.
+
+**Inputs are what the user's code reads**, decided by the file, not by who
+opened it (``pandas.read_csv("data.csv")`` opens from library code, and
+``data.csv`` is an input all the same). Not inputs: the operating system's
+own files (``/proc``, ``/sys``, ``/dev``: threadpoolctl reads
+``/proc/self/maps`` the first time scikit-learn's KMeans runs), the files
+of the interpreter, the standard library and installed packages (a
+package's CSS, its bundled data sets: its version stands for them), the
+time-zone database and certificate stores, and the user's cache directory
+(``~/.cache``, ``$XDG_CACHE_HOME``). ``--inputs`` patterns are inputs
+whatever they match.
 The source files of local modules the step imports (``import helpers``
 inside the step: an import opens nothing when the module is loaded already)
 are noted when the step is recorded (:func:`note_imports`), with the local
@@ -140,7 +151,26 @@ def _hook(event: str, args: tuple) -> None:
         return
     if full in ctx.file_reads or full in ctx.file_writes or not _by_the_step(3):
         return
+    if not_an_input(full):
+        return
     note(ctx.file_reads, full)
+
+
+def not_an_input(path: str) -> bool:
+    """True for a file read for the process's or a library's own purposes (see above)."""
+    return path.startswith(_NOT_INPUTS) or localcode.is_library_file(path)
+
+
+def _not_inputs() -> tuple[str, ...]:
+    roots = list(_KERNEL_FILES) + ["/usr/share/zoneinfo/", "/etc/localtime", "/etc/ssl/"]
+    roots += ["/etc/pki/", "/usr/lib/ssl/", "/usr/share/ca-certificates/"]
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    roots.append(os.path.join(os.path.abspath(cache), ""))
+    if sys.prefix != sys.base_prefix:  # a virtual environment: everything in it is installed
+        roots.append(os.path.join(os.path.abspath(sys.prefix), ""))
+    for prefix in {sys.base_prefix, sys.base_exec_prefix}:
+        roots.append(os.path.join(os.path.abspath(prefix), "lib", ""))  # the interpreter's own
+    return tuple(roots)
 
 
 def note(reads: dict[str, list], path: str) -> None:
@@ -253,3 +283,7 @@ def declared(patterns: tuple[str, ...] | list[str]) -> dict[str, list[str]]:
         found = glob.glob(full, recursive=True)
         out[full] = sorted(os.path.abspath(f) for f in found if os.path.isfile(f))
     return out
+
+
+#: Where a file is read for the process's or a library's own purposes (see not_an_input).
+_NOT_INPUTS = _not_inputs()

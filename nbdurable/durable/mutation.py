@@ -74,7 +74,8 @@ def attributes(plan: Plan, ns: dict[str, Any]) -> dict[str, dict[str, int]]:
     change.
     """
     out = {}
-    for name in (plan.analysis.mutates | set(plan.raw_fps)) - plan.analysis.binds:
+    names = (plan.analysis.mutates | set(plan.raw_fps)) - plan.analysis.binds
+    for name in names | set(plan.reached):  # a helper's client too (see plan.reached)
         attrs = getattr(ns.get(name), "__dict__", None)
         if isinstance(attrs, dict) and attrs and not values.is_module(ns[name]):
             # An attribute that held nothing yet (None, an SDK's NOT_GIVEN) is left
@@ -99,7 +100,7 @@ def untouched(
     """
     out = set()
     for name, ids in attrs.items():
-        fp = plan.raw_fps.get(name)
+        fp = plan.raw_fps.get(name, plan.reached.get(name))
         if fp is None or name not in after or after[name] is not before.get(name):
             continue
         now = getattr(after[name], "__dict__", None)

@@ -9,11 +9,12 @@ execute.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
-from dataclasses import dataclass
+import types
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
-from ..identity import keys
+from ..identity import keys, localcode
 from ..store import values
 from ..store.records import StepRecord, StepState
 from .context import warn
@@ -39,8 +40,12 @@ class Plan:
     state: StepState
     reason: str | None = None  # why its record was not replayed (it was invalidated)
     declared: dict[str, list[str]] | None = None  # --inputs patterns -> the files they match
+    #: globals the step reaches only through the notebook functions it calls (a
+    #: helper's `client`) -> their content fingerprint before the body (see reached)
+    reached: dict[str, str] = field(default_factory=dict)
 
 
+#: Builtins that read the namespace by name at run time: a step calling one may
 #: read any variable, so every user variable is its input (conservative).
 _DYNAMIC = frozenset({"globals", "locals", "vars", "eval", "exec"})
 
@@ -53,6 +58,33 @@ def read_names(
         return analysis.reads
     user = {n for n in ns if not (n.startswith("__") and n.endswith("__")) and n not in hidden}
     return analysis.reads | user
+
+
+def reached(names: Iterable[str], ns: dict[str, Any]) -> list[str]:
+    """The names of ``ns`` that the notebook functions among ``names`` read, transitively,
+    and that ``names`` do not hold: what a helper the step calls may change.
+
+    ``chat(q)`` reads the global ``client``: the step's syntax never names it,
+    yet the call builds ``client.chat`` on first use, and a helper appending
+    to a global history changes it. Functions of libraries are not followed
+    (what they touch is theirs).
+    """
+    names = set(names)
+    todo = [n for n in names if isinstance(ns.get(n), types.FunctionType)]
+    seen: set[str] = set()
+    out: set[str] = set()
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        fn = ns.get(name)
+        if isinstance(fn, types.FunctionType) and localcode.is_local_function(fn):
+            if fn.__globals__ is ns:
+                todo.extend(g for g in localcode.names_read(fn.__code__)[0] if g in ns)
+        elif name not in names and not HIDDEN.match(name):
+            out.add(name)
+    return sorted(out)
 
 
 def version_of(rec: StepRecord) -> str:

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from .. import config, events, faults, procstate, redact
 from ..clients.usage import Tally
 from ..errors import CorruptRecord, LeaseLost, NbdurableError, StoreError, UsageProblem
-from ..identity import keys, verdict
+from ..identity import keys, localcode, verdict
 from ..store import spill, values, versions
 from ..store.records import StepRecord, StepState
 from ..text import tokens as tokens_text
@@ -29,7 +29,7 @@ from . import envreads, fileio, recording
 from .context import StepContext, flush_streams, remade_summary, warn
 from .host import Capture
 from .mutation import attributes, changed_names, dotted_imports, mutated_inputs, untouched
-from .plan import HIDDEN, Plan, fingerprint_or_type, read_names, version_of
+from .plan import HIDDEN, Plan, fingerprint_or_type, reached, read_names, version_of
 
 if TYPE_CHECKING:
     from .session import Session
@@ -188,6 +188,11 @@ class StepRunner:
         plan = Plan(
             key, label, position, py, source_fp, analysis, inputs, raw_fps, state, reason, declared
         )
+        plan.reached = {
+            n: fingerprint_or_type(ns[n], f"{n!r}, which step {label!r} reaches")
+            for n in reached(raw_fps, ns)
+            if n not in raw_fps and self.producers.get(n) != key
+        }
         known = recording.unsaved_names(rec.variables if rec else ())
         self.unsaved_known[key] = known | set(self.unloadable.get(key, ()))  # _replay said it
         self.process_known[key] = frozenset(
@@ -239,7 +244,10 @@ class StepRunner:
         step stands in for the sha (see :meth:`_record`).
         """
         sha = self.origins.sha_for(name, value)
-        if sha is None:
+        if sha is None or localcode.is_library_name(value):
+            # A library's class, function or module is what its name and version
+            # say, whichever step bound it: the digest of that step's blob (its other
+            # variables too) would make `KMeans` "change" when that step reran.
             return fp
         return hashlib.sha256(f"{fp}:{sha}".encode()).hexdigest()[:32]
 
@@ -456,6 +464,9 @@ class StepRunner:
         # then `helpers.REGISTRY.append(..)`), which keeps the name bound to it.
         kept = procstate.updated_in_place(process)
         in_place = mutated_inputs(plan.raw_fps, before, ns, set(changed))
+        # What a helper the step called changed (a history it appended to, a
+        # checkpointer inside a compiled graph): the globals it reaches, checked alike.
+        in_place += mutated_inputs(plan.reached, before, ns, set(changed) | set(in_place))
         in_place += before.mutated(ns, changed + in_place)  # by helpers, methods: unnamed
         changed += [n for n in in_place if not any(ns[n] is obj for obj in kept)]
         deleted = tuple(sorted(n for n in before if n not in ns and not HIDDEN.match(n)))
@@ -521,7 +532,7 @@ class StepRunner:
             tokens=ctx.tokens.to_json(),
             process=process,
             result=shown,
-            env=dict(ctx.env_reads),
+            env=envreads.as_recorded(ctx.env_reads),
             files=files,
             written=written,
             declared=dict(plan.declared or {}),

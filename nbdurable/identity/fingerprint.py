@@ -24,6 +24,7 @@ import types
 import uuid
 from typing import Any, NamedTuple
 
+from ..hush import hush
 from . import localcode
 
 # The rules' version: increment when a kind of value gets a new encoding, and list it.
@@ -350,8 +351,9 @@ def _module_reads(h: _Hasher, r: _ModuleReads) -> None:
 def _module(h: _Hasher, v: types.ModuleType) -> None:
     name = str(_instance_dict(v).get("__name__"))
     file = localcode.module_file(v)
-    if file is None:
-        h.put(b"module", name)
+    if file is None:  # a library module: by name and installed version
+        version = localcode.package_version(name)
+        h.put(b"module", name, version) if version else h.put(b"module", name)
     else:  # a local module: by its source, so an edit to helpers.py is a change
         h.put(b"local-module", name, localcode.file_digest(file))
 
@@ -425,8 +427,12 @@ def _builtin(h: _Hasher, v: Any) -> None:
 
 
 def _class(h: _Hasher, v: type) -> None:
-    if not localcode.is_local_module_name(getattr(v, "__module__", None)):
-        h.put(b"class", _qual(v))  # a library class: by name
+    module = getattr(v, "__module__", None)
+    if not localcode.is_local_module_name(module):
+        # A library class: by name and installed version, not by content (the same
+        # class of the same release is the same object on every run).
+        version = localcode.package_version(str(module))
+        h.put(b"class", _qual(v), version) if version else h.put(b"class", _qual(v))
         return
     # A class of the notebook or a local module may change between runs: by content.
     if not _memo_begin(h, v, b"class"):
@@ -605,7 +611,8 @@ def _reduced(h: _Hasher, v: Any, local: bool = False) -> None:
     """
     t = type(v)
     try:
-        reduced = v.__reduce_ex__(4)
+        with hush():  # the object's own code: a warning or log line of it is not the cell's
+            reduced = v.__reduce_ex__(4)
     except Exception:  # TypeError "cannot pickle", or a broken __reduce__
         _type_only(h, v)
         return

@@ -74,6 +74,66 @@ def is_library_file(filename: str) -> bool:
     return path.startswith(_ROOTS)
 
 
+def is_library_name(value: Any) -> bool:
+    """True for a module, class or function of the standard library or an installed
+    package: what its name (and the package's version) says all of.
+    """
+    if isinstance(value, types.ModuleType):
+        return module_file(value) is None and value.__name__ != "__main__"
+    if isinstance(value, type):
+        return not is_local_module_name(getattr(value, "__module__", None))
+    if isinstance(value, types.FunctionType):
+        return not is_local_function(value)
+    return isinstance(value, types.BuiltinFunctionType)
+
+
+def package_version(module_name: str) -> str:
+    """The installed version of the distribution a library module comes from.
+
+    ``sklearn.cluster`` -> ``sklearn 1.9.1``; a standard module -> ``""`` (the
+    interpreter is the kernel's: a new one is a new kernel, and a standard
+    module keeps the fingerprint it had before versions were part of it). A library object is
+    fingerprinted by its name and this: the same installed version is the
+    same object on every run, whichever step bound it; an upgrade is a change.
+    """
+    top = module_name.partition(".")[0]
+    got = _VERSIONS.get(top)
+    if got is None:
+        got = _VERSIONS[top] = _version_of(top)
+    return got
+
+
+_VERSIONS: dict[str, str] = {}
+
+
+def _version_of(top: str) -> str:
+    # Cheapest first: a first step pays for this once per package, and the
+    # table of every distribution's modules costs a quarter of a second.
+    if top in sys.builtin_module_names or top in getattr(sys, "stdlib_module_names", ()):
+        return ""
+    module = sys.modules.get(top)
+    version = getattr(module, "__version__", None) if module is not None else None
+    if isinstance(version, str) and version:
+        return f"{top} {version}"
+    import importlib.metadata
+
+    try:
+        return f"{top} {importlib.metadata.version(top)}"
+    except Exception:  # the distribution is named otherwise (PyYAML for yaml)
+        pass
+    global _DISTRIBUTIONS
+    try:
+        if _DISTRIBUTIONS is None:
+            _DISTRIBUTIONS = importlib.metadata.packages_distributions()
+        names = sorted(set(_DISTRIBUTIONS.get(top, [])))
+        return " ".join(f"{n} {importlib.metadata.version(n)}" for n in names) or "unversioned"
+    except Exception:  # a broken distribution's metadata: the name alone stands
+        return "unversioned"
+
+
+_DISTRIBUTIONS: Any = None
+
+
 def module_file(module: types.ModuleType) -> str | None:
     """The file of a local module; None for library, built-in and ``__main__`` modules.
 

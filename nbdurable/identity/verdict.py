@@ -279,6 +279,17 @@ def value_digest(value: str | None) -> str | None:
     return hashlib.sha256(value.encode("utf-8", "surrogateescape")).hexdigest()[:32]
 
 
-def env_changed(recorded: dict[str, str | None]) -> list[str]:
-    """The recorded variables whose value in this process differs, in name order."""
-    return [n for n in sorted(recorded) if value_digest(os.environ.get(n)) != recorded[n]]
+def env_changed(recorded: dict[str, Any]) -> list[str]:
+    """The recorded variables whose value in this process differs, in name order.
+
+    A variable is recorded as the digest the step read, or as ``[read, left]``
+    when the step itself then set it (an import's ``os.environ.setdefault``,
+    as scikit-learn's does): the variable is unchanged if it holds either
+    (the process before the step, or after a step that ran earlier set it).
+    """
+    out = []
+    for name in sorted(recorded):
+        was = recorded[name]
+        if value_digest(os.environ.get(name)) not in (was if isinstance(was, list) else [was]):
+            out.append(name)
+    return out

@@ -46,6 +46,7 @@ from typing import Any, NamedTuple
 
 import cloudpickle
 
+from ..hush import hush
 from ..identity import keys
 from . import sharing
 
@@ -78,6 +79,28 @@ _HELPER = "nbdurable-pickle"
 
 
 def _deep_safe(fn: Any, *args: Any) -> Any:
+    """``fn(*args)`` hushed (see :mod:`nbdurable.hush`: the objects' own pickling code
+    may warn or log, which a plain run never shows), deep enough (:func:`_deep`).
+    """
+    return _deep(_hushed, fn, *args)
+
+
+def _hushed(fn: Any, *args: Any) -> Any:
+    with hush():
+        return fn(*args)
+
+
+def _load_hushed(fn: Any, *args: Any) -> Any:
+    """A load: :func:`_deep_safe`, its prints dropped too (see :func:`nbdurable.hush.hush`)."""
+    return _deep(_hushed_streams, fn, *args)
+
+
+def _hushed_streams(fn: Any, *args: Any) -> Any:
+    with hush(streams=True):
+        return fn(*args)
+
+
+def _deep(fn: Any, *args: Any) -> Any:
     """``fn(*args)``, on a helper thread with a stack sized for the recursion limit if raised.
 
     At or below :data:`INLINE_LIMIT` it simply runs here. Above, the calling
@@ -336,7 +359,7 @@ def load_values(
                 out.append((value, so_far))
             return out
 
-        return _deep_safe(run)
+        return _load_hushed(run)
     finally:
         sharing.load_namespace.reset(token)
 
@@ -368,7 +391,7 @@ def load_value(
     token = sharing.load_namespace.set(namespace)
     try:
         unpickler = _Unpickler(io.BytesIO(data), buffers=buffers or ())
-        return _deep_safe(unpickler.load), unpickler.plain and not buffers
+        return _load_hushed(unpickler.load), unpickler.plain and not buffers
     finally:
         sharing.load_namespace.reset(token)
 
@@ -439,7 +462,7 @@ def restore_problem(
         unpickler = _TrialUnpickler(io.BytesIO(stream), buffers=pickled.buffers)
         try:
             for _ in range(count):
-                _deep_safe(unpickler.load)
+                _load_hushed(unpickler.load)
             refs = unpickler.main_refs
         except _Untried:
             pass
@@ -610,9 +633,79 @@ class _Pickler(cloudpickle.Pickler):
             and obj.__module__ == "__main__"
             and "<locals>" not in obj.__qualname__
         ):
-            copy = cloudpickle.dumps(obj, protocol=PROTOCOL)
+            copy = _class_copy(obj)
             return _live_class, (obj.__qualname__, keys.fingerprint(obj), copy)
+        if isinstance(obj, type) and "__slots__" in vars(obj):
+            reduced = _slots_class_reduce(obj)
+            if reduced is not None:
+                return reduced
+        if isinstance(obj, BaseException):
+            return _reduce_exception(obj)
         return super().reducer_override(obj)
+
+
+class _ClassCopier(cloudpickle.Pickler):
+    """cloudpickle, but a class with ``__slots__`` is rebuilt with them (see below)."""
+
+    def reducer_override(self, obj: Any) -> Any:
+        if isinstance(obj, type) and "__slots__" in vars(obj):
+            reduced = _slots_class_reduce(obj)
+            if reduced is not None:
+                return reduced
+        return super().reducer_override(obj)
+
+
+def _class_copy(cls: type) -> bytes:
+    """A notebook class by value (what :func:`_live_class` falls back to)."""
+    buf = io.BytesIO()
+    _ClassCopier(buf, protocol=PROTOCOL).dump(cls)
+    return buf.getvalue()
+
+
+def _slots_class_reduce(cls: type) -> Any:
+    """Cloudpickle's reduction of a class defined by value, with its ``__slots__``.
+
+    cloudpickle builds the class's skeleton from its name, bases and module
+    only and sets ``__slots__`` afterwards, as a plain attribute: the slots'
+    descriptors are never made, so the instances get a ``__dict__`` instead.
+    The skeleton is made here with ``__slots__`` in its namespace, as the
+    class statement made it. None for a class pickled by reference.
+    """
+    from cloudpickle import cloudpickle as internals
+
+    if internals._should_pickle_by_reference(cls):
+        return None
+    reduced = list(internals._dynamic_class_reduce(cls))
+    if reduced[0] is not internals._make_skeleton_class:  # an Enum: cloudpickle's own way
+        return None
+    args = list(reduced[1])
+    args[3] = {**args[3], "__slots__": vars(cls)["__slots__"]}
+    reduced[1] = tuple(args)
+    return tuple(reduced)
+
+
+def _reduce_exception(exc: BaseException) -> Any:
+    """An exception with its chain: pickle's default keeps ``args`` and ``__dict__`` only.
+
+    ``__cause__``, ``__context__`` and ``__suppress_context__`` are saved with it
+    (``__notes__`` lives in ``__dict__``). A traceback cannot be saved (its frames
+    are this process's), and an exception restored without one would differ
+    from the one the step kept: it is refused, so the step's body runs again.
+    """
+    if exc.__traceback__ is not None:
+        raise pickle.PicklingError(f"{type(exc).__name__} holds a traceback, which cannot be saved")
+    state = dict(vars(exc)) if getattr(exc, "__dict__", None) else None
+    chain = (exc.__cause__, exc.__context__, exc.__suppress_context__)
+    return _exception, (type(exc), exc.args, state, chain)
+
+
+def _exception(t: type, args: tuple, state: dict | None, chain: tuple) -> BaseException:
+    exc = t.__new__(t, *args)  # not __init__: what it did is in args and state
+    exc.args = args
+    if state:
+        exc.__dict__.update(state)
+    exc.__cause__, exc.__context__, exc.__suppress_context__ = chain
+    return exc
 
 
 class _RefPickler(_Pickler):
