@@ -33,9 +33,10 @@ class Settings:
       ``postgresql://`` URL for a team store (see ``nbdurable.store.opener``);
       None (default): ``NBDURABLE_STORE``, else ``NBDURABLE_DIR``, else
       ``.nbdurable/`` beside the notebook. Takes effect when the store is next opened.
-    - ``http``: record every step as ``%%step NAME --http`` does (every HTTP
-      request its body makes through httpx or requests, replayed from the
-      record when the body runs again).
+    - ``http``: record the HTTP every step's body makes through httpx or
+      requests (what ``%%step NAME --http`` asks for one step), replayed from
+      the record when the body runs again, so a direct SDK call is never sent
+      twice (default True; False: only steps marked ``--http``).
     - ``prices``: what tokens cost, ``{"model": (input per 1k, output per 1k)}``
       (a reply's dated model name takes the price of the longest name it starts
       with); with it, the tokens replay saved are also shown as money. None
@@ -52,7 +53,7 @@ class Settings:
     warn_size_mb: float = 100.0
     store: str | None = None
     prices: dict[str, tuple[float, float]] | None = None
-    http: bool = False
+    http: bool = True
     keep_versions: int = KEEP_VERSIONS
 
 

@@ -8,9 +8,12 @@ it skips. A plain run does none of this, so none of it may show in the cell.
 log records emitted while it is active; nbdurable's own notices are issued
 outside it (see ``nbdurable.durable.context.warn``).
 
-Log records are dropped by a check in ``logging.Logger.handle``, installed
-once on first use: ``logging.disable`` would silence every other thread of
-the kernel too (a background job's log lost because a step was recorded).
+Both are dropped by a check of a thread-local depth, installed once on first
+use, in ``logging.Logger.handle`` and around ``warnings.showwarning``:
+``logging.disable`` would silence every other thread of the kernel too (a
+background job's log lost because a step was recorded), and
+``warnings.catch_warnings`` restores the filter list on exit, which drops
+the filters a library adds when it is first imported during a load.
 """
 
 from __future__ import annotations
@@ -42,6 +45,15 @@ def _install() -> None:
 
         handle_unless_hushed.__wrapped__ = handle  # type: ignore[attr-defined]
         logging.Logger.handle = handle_unless_hushed  # type: ignore[method-assign]
+        show = warnings.showwarning
+
+        def show_unless_hushed(*args: Any, **kwargs: Any) -> Any:
+            if getattr(_local, "depth", 0):
+                return None
+            return show(*args, **kwargs)
+
+        show_unless_hushed.__wrapped__ = show  # type: ignore[attr-defined]
+        warnings.showwarning = show_unless_hushed
         _installed = True
 
 
@@ -57,10 +69,7 @@ def hush(streams: bool = False) -> Iterator[None]:
         _install()
     _local.depth = getattr(_local, "depth", 0) + 1
     try:
-        # catch_warnings is process-wide; it only ever adds "ignore" for as long as
-        # the block runs, which is what every thread would want of nbdurable's look.
-        with warnings.catch_warnings(), contextlib.ExitStack() as stack:
-            warnings.simplefilter("ignore")
+        with contextlib.ExitStack() as stack:
             if streams:
                 stack.enter_context(contextlib.redirect_stdout(io.StringIO()))
                 stack.enter_context(contextlib.redirect_stderr(io.StringIO()))

@@ -48,9 +48,11 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import importlib.abc
 import io
 import json
 import re
+import sys
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
@@ -145,6 +147,10 @@ def _mask(body: bytes) -> tuple[bytes, tuple[str, ...]]:
     return body, tuple(found)
 
 
+#: The ordinal of a request the session lets through (see HTTPSession.passes).
+_PASSED = 0
+
+
 class HTTPSession:
     """Answer requests from ``recorded``; send (and record) or refuse the others."""
 
@@ -154,11 +160,15 @@ class HTTPSession:
         *,
         on_record: Callable[[Exchange], Any] | None = None,
         on_miss: Literal["live", "raise"] = "live",
+        passes: Callable[[], bool] | None = None,
     ) -> None:
         if on_miss not in ("live", "raise"):
             raise ValueError(f"on_miss must be 'live' or 'raise' (got {on_miss!r})")
         self.on_record = on_record
         self.on_miss = on_miss
+        #: asked as a request starts: True lets it through untouched (neither answered
+        #: from the record nor recorded; a sub-step's own call records its result)
+        self.passes = passes
         self._unused: dict[tuple[str, str, str], list[Exchange]] = {}
         for ex in sorted(recorded, key=lambda e: e.ordinal):
             self._unused.setdefault(ex.key, []).append(ex)
@@ -175,11 +185,15 @@ class HTTPSession:
     # -- the decision, shared by every library ----------------------------------
     def _begin(self, method: str, url: str, body: bytes) -> tuple[int, tuple[str, str, str]]:
         key = (method.upper(), safe_url(url), body_fingerprint(body))
+        if self.passes is not None and self.passes():
+            return _PASSED, key
         with self._lock:
             self._ordinal += 1
             return self._ordinal, key
 
     def _lookup(self, ordinal: int, key: tuple[str, str, str]) -> Exchange | None:
+        if ordinal == _PASSED:
+            return None
         with self._lock:
             queue = self._unused.get(key)
             if queue:
@@ -200,6 +214,8 @@ class HTTPSession:
     def _finish(
         self, ordinal: int, key: tuple[str, str, str], status: int, headers: Any, body: bytes
     ) -> None:
+        if ordinal == _PASSED:
+            return
         method, url, fp = key
         body, found = _mask(body)
         ex = Exchange(ordinal, method, url, fp, status, _safe_headers(headers), body, found)
@@ -404,22 +420,71 @@ def _requests_patches(adapters: Any) -> list[tuple[type, str, Any]]:
 
 
 def _install() -> None:
-    patches: list[tuple[type, str, Any]] = []
-    for name in HTTPX_MODULES:
-        try:
-            patches += _httpx_patches(importlib.import_module(name))
-        except ImportError:
-            pass
-    try:
-        patches += _requests_patches(importlib.import_module("requests.adapters"))
-    except ImportError:
-        pass
+    """Patch the HTTP libraries that are imported; those that are not, when they are.
+
+    Nothing is imported here: a plain run of the notebook imports neither
+    httpx nor requests unless its code does, and importing one changes the
+    process (requests' urllib3 adds warning filters). A library the step
+    imports later is patched as its import finishes (:class:`_PatchOnImport`).
+    """
+    for name in (*HTTPX_MODULES, "requests.adapters"):
+        module = sys.modules.get(name)
+        if module is not None:
+            _patch(name, module)
+        elif _FINDER not in sys.meta_path:
+            sys.meta_path.insert(0, _FINDER)
+
+
+def _patch(name: str, module: Any) -> None:
+    if any(done == name for done in _patched):
+        return
+    patches = _requests_patches(module) if name == "requests.adapters" else _httpx_patches(module)
+    _patched.append(name)
     for cls, attr, fn in patches:
         _originals.append((cls, attr, cls.__dict__[attr]))
         setattr(cls, attr, fn)
 
 
+_patched: list[str] = []
+
+
+class _PatchOnImport(importlib.abc.MetaPathFinder):
+    """Patches an HTTP library the moment it is first imported while a session is active."""
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        if fullname not in HTTPX_MODULES and fullname != "requests.adapters":
+            return None
+        for finder in sys.meta_path:  # the real spec, from the finders after this one
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None and spec.loader is not None:
+                spec.loader = _PatchingLoader(spec.loader, fullname)
+                return spec
+        return None
+
+
+class _PatchingLoader(importlib.abc.Loader):
+    def __init__(self, loader: Any, name: str) -> None:
+        self.loader, self.name = loader, name
+
+    def create_module(self, spec: Any) -> Any:
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module: Any) -> None:
+        self.loader.exec_module(module)
+        with _patch_lock:
+            if _active:
+                _patch(self.name, module)
+
+
+_FINDER = _PatchOnImport()
+
+
 def _uninstall() -> None:
+    if _FINDER in sys.meta_path:
+        sys.meta_path.remove(_FINDER)
+    _patched.clear()
     while _originals:
         cls, attr, fn = _originals.pop()
         setattr(cls, attr, fn)

@@ -50,6 +50,7 @@ on replay, and no credential is stored or needed.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -194,12 +195,18 @@ def _manager_kwargs(manager: Any) -> dict[str, Any]:
     }
 
 
-def record_stream(obj: Any, on_complete: Callable[[StreamRecord], Any]) -> Any:
+def record_stream(
+    obj: Any,
+    on_complete: Callable[[StreamRecord], Any],
+    within: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext,
+) -> Any:
     """``obj`` (a stream or stream manager), tapped so that reading it to the end records it.
 
     Returns the very object given, so its type and helpers are the SDK's.
     ``on_complete`` gets the :class:`StreamRecord` once the raw stream is
-    exhausted; an error it raises reaches the reader of the stream.
+    exhausted; an error it raises reaches the reader of the stream. A
+    manager's request, made on ``__enter__``, is made inside ``within()`` (the
+    sub-step's scope: it is the call's request, whenever the SDK sends it).
     """
     kind = stream_kind(obj)
     if kind in ("stream", "async_stream"):
@@ -213,11 +220,17 @@ def record_stream(obj: Any, on_complete: Callable[[StreamRecord], Any]) -> Any:
             )
         attr, api_request = found
         if kind == "manager":
-            setattr(obj, attr, lambda: _tap(api_request(), on_complete, obj))
+
+            def tapped() -> Any:
+                with within():
+                    return _tap(api_request(), on_complete, obj)
+
+            setattr(obj, attr, tapped)
         else:
 
             async def tapped_request() -> Any:
-                return _tap(await api_request, on_complete, obj)
+                with within():
+                    return _tap(await api_request, on_complete, obj)
 
             setattr(obj, attr, tapped_request())
         return obj

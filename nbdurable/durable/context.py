@@ -125,6 +125,9 @@ class StepContext:
     #: objects in their attributes when the body began, -1 for an attribute that held
     #: nothing yet (see stepper._untouched)
     attrs: dict[str, dict[str, int]] = field(default_factory=dict)
+    #: the step's body runs with its HTTP recorded (see httpsteps): then a body that
+    #: runs again repeats no call made through httpx or requests either
+    http: bool = False
     #: tokens the step's sub-step replies reported, made or replayed (the step record's)
     tokens: Tally = field(default_factory=Tally)
     #: recorded calls made again (their function or arguments changed), and why the first was
@@ -196,3 +199,19 @@ class Savings:
             what.append(tokens(total, cost))
         said = ", ".join(what[:-1]) + " and " + what[-1]
         return f"replay saved {said} in this kernel ({plural(self.steps, 'step')})"
+
+
+def what_replays(http: bool) -> str:
+    """The end of every "its body runs again" line: what of a rerun body replays.
+
+    True to the letter: with the step's HTTP recorded (the default), its
+    sub-steps and its requests through httpx or requests replay, which
+    covers the model SDKs; without, only its sub-steps do, and the line says
+    that other calls are made again.
+    """
+    if http:
+        return "its sub-steps and its HTTP requests replay, so no call it made repeats"
+    return (
+        "its sub-steps still replay; calls it made outside step() are made again: "
+        "record them with %%step --http"
+    )

@@ -1,7 +1,7 @@
-"""``%%step NAME --http``: the HTTP a step's body makes, recorded and replayed without wrappers.
+"""The HTTP a step's body makes, recorded and replayed without wrappers.
 
-While the body of a step marked ``--http`` (every step, with
-``configure(http=True)``) executes, an
+While the body of a step executes (every step by default; with
+``configure(http=False)``, only those marked ``%%step NAME --http``), an
 :class:`~nbdurable.clients.http_record.HTTPSession` is active: every request
 sent through httpx (or its ``httpx2`` fork) or requests goes through it.
 
@@ -12,6 +12,8 @@ sent through httpx (or its ``httpx2`` fork) or requests goes through it.
   URL, a fingerprint of the request body, and the raw response (status,
   headers, bytes). Request headers are never kept, nor credentials in
   response headers, URLs or bodies (see :mod:`nbdurable.clients.http_record`).
+- A request made inside a sub-step (``step()``, ``@recorded``) is not kept
+  as an exchange: the sub-step records its result and replays it whole.
 - When the body runs again (the kernel died half way, or the step keeps a
   value that cannot be saved), every exchange recorded for the step is
   loaded first, and a request with the same method, URL and body fingerprint
@@ -39,7 +41,7 @@ from ..errors import StoreError
 from ..identity import keys
 from ..store import values
 from ..store.records import SubRecord
-from .context import StepContext, warn
+from .context import StepContext, current_sub, warn
 
 if TYPE_CHECKING:
     from .session import Session
@@ -48,7 +50,9 @@ PREFIX = keys.HTTP_PREFIX
 
 
 def wanted(asked: bool) -> bool:
-    """Whether a step's HTTP is recorded: its ``--http`` (``asked``), or the ``http`` setting."""
+    """Whether a step's HTTP is recorded: its ``--http`` (``asked``), or the ``http`` setting
+    (True by default).
+    """
     return asked or config.get().http
 
 
@@ -77,8 +81,10 @@ class StepHTTP:
                         recorded.append(ex)
             except Exception as exc:  # damaged, or unpicklable here: that request is sent again
                 warn(f"step {self.ctx.label!r}: recorded HTTP exchange {n} cannot be used ({exc})")
-        self.http = HTTPSession(recorded, on_record=self.save)
+        # A request a sub-step's call makes passes: the call records its result.
+        self.http = HTTPSession(recorded, on_record=self.save, passes=_in_a_sub_step)
         self.http.__enter__()
+        self.ctx.http = True
 
     def stop(self) -> None:
         """Stop answering; count what the record answered as saved by replay."""
@@ -133,6 +139,10 @@ class StepHTTP:
         with ctx.lock:
             ctx.subs_recorded += 1
             ctx.tokens = ctx.tokens + tokens
+
+
+def _in_a_sub_step() -> bool:
+    return current_sub.get() is not None
 
 
 def _reply(ex: Exchange) -> Any:

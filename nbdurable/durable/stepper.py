@@ -25,8 +25,8 @@ from ..identity import keys, localcode, verdict
 from ..store import spill, values, versions
 from ..store.records import StepRecord, StepState
 from ..text import tokens as tokens_text
-from . import envreads, fileio, recording
-from .context import StepContext, flush_streams, remade_summary, warn
+from . import envreads, fileio, httpsteps, recording
+from .context import StepContext, flush_streams, remade_summary, warn, what_replays
 from .host import Capture
 from .mutation import attributes, changed_names, dotted_imports, mutated_inputs, untouched
 from .plan import HIDDEN, Plan, fingerprint_or_type, reached, read_names, version_of
@@ -116,6 +116,7 @@ class StepRunner:
         force: bool = False,
         split: bool = True,
         input_patterns: tuple[str, ...] = (),
+        http: bool = False,
     ) -> Replayed | Running:
         """Decide: replay the step's record (done here) or start executing it.
 
@@ -181,10 +182,8 @@ class StepRunner:
             events.emit("step-invalidated", self.session.run_id, key, reason=reason, label=label)
             if reason.startswith(verdict.OUTPUT_REASON):
                 # A plain run would have written it: say why the body runs instead of replaying.
-                warn(
-                    f"step {label!r} runs again: its {reason} (its sub-steps replay, "
-                    "so no recorded call repeats)."
-                )
+                replays = what_replays(httpsteps.wanted(http))
+                warn(f"step {label!r} runs again: its {reason} ({replays}).")
         plan = Plan(
             key, label, position, py, source_fp, analysis, inputs, raw_fps, state, reason, declared
         )
@@ -560,14 +559,14 @@ class StepRunner:
                 self.origins[var.name] = (ns[var.name], f"made by {ctx.version}")
         self.session.status[key] = ("recorded", "")
         events.emit("step-recorded", self.session.run_id, key, label=label, record=rec)
-        self._warn_recorded(key, label, saved, sorted(set(leaked) | set(in_source)))
+        self._warn_recorded(key, label, saved, sorted(set(leaked) | set(in_source)), ctx)
         # calls made again, in one line, not one per call
         for line in remade_summary(ctx, plan.reason):
             warn(line)
-        self._warn_process(key, label, procstate.replayable_reasons(process))
+        self._warn_process(key, label, procstate.replayable_reasons(process), ctx)
         return rec
 
-    def _warn_process(self, key: str, label: str, reasons: list[str]) -> None:
+    def _warn_process(self, key: str, label: str, reasons: list[str], ctx: StepContext) -> None:
         """One line when a step's process changes cannot be restored, said once.
 
         Said when first recorded so: a later rerun whose previous record had
@@ -578,12 +577,12 @@ class StepRunner:
         if reasons:
             warn(
                 f"step {label!r} was recorded, but its changes to the process cannot be "
-                f"restored: {'; '.join(reasons)}. On replay its body runs again (its "
-                "sub-steps still replay)."
+                f"restored: {'; '.join(reasons)}. On replay its body runs again "
+                f"({what_replays(ctx.http)})."
             )
 
     def _warn_recorded(
-        self, key: str, label: str, saved: recording.Saved, leaked: list[str]
+        self, key: str, label: str, saved: recording.Saved, leaked: list[str], ctx: StepContext
     ) -> None:
         """One loud warning for each kind of thing a recorded step did not write."""
         # Said once, when first recorded so: rerunning the body is what it announced.
@@ -591,14 +590,14 @@ class StepRunner:
         if unsaved:
             warn(
                 f"step {label!r} was recorded, but these variables cannot be saved: "
-                f"{'; '.join(unsaved)}. On replay this step's body runs again (its "
-                "sub-steps still replay, so no recorded call repeats)."
+                f"{'; '.join(unsaved)}. On replay this step's body runs again "
+                f"({what_replays(ctx.http)})."
             )
         if saved.secrets:
             warn(
                 f"step {label!r}: these variables hold a secret and "
                 f"were NOT written to the store: {'; '.join(saved.secrets)}. On replay "
-                "this step's body runs again (its sub-steps still replay)."
+                f"this step's body runs again ({what_replays(ctx.http)})."
             )
         if leaked:
             warn(

@@ -44,12 +44,13 @@ again next time. The record's ``returns`` field names the shape.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import inspect
 import time
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 from .. import config, events, faults, redact
@@ -203,6 +204,15 @@ class _Call:
                     )
                 ctx.seen.add(self.sub_id)
 
+    @contextlib.contextmanager
+    def within(self) -> Iterator[None]:
+        """The call's scope, for what its result does later (a stream manager's request)."""
+        token = current_sub.set(self.sub_id)
+        try:
+            yield
+        finally:
+            current_sub.reset(token)
+
     def forget(self) -> None:
         """Give the id back (the call raised: nothing was recorded)."""
         ctx = self.ctx
@@ -270,7 +280,7 @@ class _Call:
             return lambda value: self.save(value, prefix + shape)
 
         if streams.stream_kind(result) is not None:
-            return streams.record_stream(result, save_as("stream"))
+            return streams.record_stream(result, save_as("stream"), self.within)
         kind = awaitables.result_kind(result)
         # litellm's stream wrapper iterates both ways: awaited, it is read with
         # `async for`; returned at once, with `for`.

@@ -215,7 +215,7 @@ class StepCell:
         try:
             args = stepline.parse(line)
             started = session_for(self.shell).steps.begin(
-                body, name=args.name, force=args.force, input_patterns=args.inputs
+                body, name=args.name, force=args.force, input_patterns=args.inputs, http=args.http
             )
         except (UsageProblem, StoreError, LeaseHeld) as exc:
             # One line, no traceback, as the magic says it.

@@ -1,0 +1,63 @@
+"""nbdurable/hush.py: an object's own chatter while nbdurable looks at it is dropped, only it."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import warnings
+
+import pytest
+
+from nbdurable.hush import hush
+
+
+def test_warnings_and_log_records_of_the_hushed_thread_are_dropped(caplog, recwarn):
+    with hush():
+        warnings.warn("from __getstate__", UserWarning, stacklevel=1)
+        logging.getLogger("lib").warning("Removing unpickleable private attribute")
+    assert not [w for w in recwarn if "__getstate__" in str(w.message)]
+    assert "unpickleable" not in caplog.text
+    warnings.warn("after", UserWarning, stacklevel=1)
+    logging.getLogger("lib").warning("after the block")
+    assert any("after" == str(w.message) for w in recwarn)
+    assert "after the block" in caplog.text
+
+
+def test_other_threads_and_the_filters_a_library_adds_are_untouched(caplog):
+    before = len(warnings.filters)
+    seen = threading.Event()
+    go = threading.Event()
+
+    def other() -> None:
+        go.wait(10)
+        logging.getLogger("job").warning("a background job's line")
+        seen.set()
+
+    worker = threading.Thread(target=other)
+    worker.start()
+    try:
+        with hush():
+            # an import during a load registers a filter: it must outlive the block
+            warnings.filterwarnings("ignore", message="a library's own filter")
+            go.set()
+            assert seen.wait(10)
+    finally:
+        worker.join(10)
+        warnings.filters[:] = [f for f in warnings.filters if "library's own" not in str(f[1])]
+    assert "a background job's line" in caplog.text
+    assert len(warnings.filters) == before
+
+
+def test_prints_are_dropped_only_when_asked(capsys):
+    with hush(streams=True):
+        print("init a")
+    with hush():
+        print("kept")
+    assert capsys.readouterr().out == "kept\n"
+
+
+def test_an_error_filter_still_raises_inside(recwarn):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(UserWarning), hush():
+            warnings.warn("raised", UserWarning, stacklevel=1)
