@@ -738,3 +738,19 @@ def test_kernel_images_are_base64_and_round_trip(executed):
     live = cell(nb, "image", execution_count=False)
     assert live == [{k: v for k, v in recorded.items() if k != "execution_count"}]
     assert cell(nb, "image_replay", execution_count=False) == live
+
+
+def test_since_a_mark_is_what_was_shown_after_it(shell):
+    # What a sub-step call printed is the span of the cell's outputs after a mark:
+    # the rest of a stream it cut, and every output after it.
+    with Capture(shell) as cap:
+        print("before", end="")
+        mark = cap.mark()
+        print(" during")
+        display("shown")
+        print("also", file=sys.stderr)
+        span = cap.since(mark)
+        assert cap.since(cap.mark()) == []
+    assert [o["output_type"] for o in span] == ["stream", "display_data", "stream"]
+    assert span[0] == stream("stdout", " during\n") and span[2] == stream("stderr", "also\n")
+    assert cap.outputs[0] == stream("stdout", "before during\n"), "the capture itself is unchanged"

@@ -159,7 +159,6 @@ def test_a_body_that_runs_again_does_not_claim_no_call_repeats(tmp_path, server)
     assert "its HTTP requests replay, so no call it made repeats" in warned, warned
 
 
-@pytest.mark.xfail(reason="not yet: a replayed sub-step does not show what it printed", strict=True)
 def test_what_replayed_substeps_printed_is_shown_when_the_body_runs_again(tmp_path):
     # The body runs again (`holder`); its step() call replays, so the print inside
     # the function is not made: the cell's output differs from the first run's.

@@ -125,6 +125,10 @@ class StepContext:
     #: objects in their attributes when the body began, -1 for an attribute that held
     #: nothing yet (see stepper._untouched)
     attrs: dict[str, dict[str, int]] = field(default_factory=dict)
+    #: the step's output capture (see Host.capture) and the thread its body runs in:
+    #: what a sub-step called there prints is recorded with it (see substeps)
+    capture: Any = None
+    thread: int = 0
     #: the step's body runs with its HTTP recorded (see httpsteps): then a body that
     #: runs again repeats no call made through httpx or requests either
     http: bool = False

@@ -39,6 +39,12 @@ class Capture(Protocol):
     outputs: list[dict[str, Any]]
     unfaithful: list[str]  # outputs a replay cannot show as they looked
 
+    def mark(self) -> Any:
+        """Where the outputs stand now, for :meth:`since`."""
+
+    def since(self, mark: Any) -> list[dict[str, Any]]:
+        """The outputs recorded after ``mark`` (a stream's new text only)."""
+
     def __enter__(self) -> Any: ...  # noqa: D105
 
     def __exit__(self, *exc: Any) -> Any: ...  # noqa: D105

@@ -13,6 +13,7 @@ read and wrote (:mod:`.fileio`) in one transaction.
 from __future__ import annotations
 
 import hashlib
+import threading
 import time
 from dataclasses import dataclass
 from html import escape
@@ -386,6 +387,7 @@ class StepRunner:
                 fileio.note(ctx.file_reads, path)
         cap = self.session.host.capture()
         cap.__enter__()  # left by finish()
+        ctx.capture, ctx.thread = cap, threading.get_ident()
         try:
             self.session.status[plan.key] = ("running", "")
             self.session.current = ctx

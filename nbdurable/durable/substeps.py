@@ -48,6 +48,7 @@ import contextlib
 import functools
 import hashlib
 import inspect
+import threading
 import time
 import types
 from collections.abc import Callable, Iterator
@@ -66,6 +67,7 @@ from ..identity.callables import (
 from ..store import values
 from ..store.layout import RUN_SCOPE
 from ..store.records import FORMAT_VERSION
+from . import recording
 from .context import SubIndex, current_sub, warn
 from .session import Session, get_session
 
@@ -175,6 +177,7 @@ class _Call:
         "callee",
         "ctx",
         "fn",
+        "printed",
         "returns",
         "scope",
         "session",
@@ -191,6 +194,7 @@ class _Call:
         self.scope = ctx.key if ctx is not None else RUN_SCOPE
         self.where = f"sub-step {sub_id!r}" + (f" of step {ctx.label!r}" if ctx else "")
         self.returns = ""
+        self.printed: list[dict[str, Any]] = []  # the call's outputs (see _in_step_thread)
 
     def take_id(self) -> None:
         """Claim the id within the running step: each call of a step needs its own."""
@@ -213,6 +217,19 @@ class _Call:
         finally:
             current_sub.reset(token)
 
+    def _in_step_thread(self) -> bool:
+        """Inside a step, on the thread its body runs in: what the call prints is its own.
+
+        (A call in a worker thread prints among the other threads' output: its
+        span of the cell's outputs cannot be told apart, so none is kept.)
+        """
+        ctx = self.ctx
+        return (
+            ctx is not None
+            and getattr(ctx.capture, "mark", None) is not None
+            and ctx.thread == threading.get_ident()
+        )
+
     def forget(self) -> None:
         """Give the id back (the call raised: nothing was recorded)."""
         ctx = self.ctx
@@ -234,6 +251,8 @@ class _Call:
                 with ctx.lock:
                     ctx.subs_replayed += 1
             events.emit("sub-replayed", session.run_id, self.scope, id=self.sub_id)
+            if self.printed and self._in_step_thread():
+                session.host.show(self.printed)  # what the call printed, as a plain run shows
             return _replayed(value, self.returns, self.fn)
         if ctx is None:
             session.claim(verify=False)  # inside a step, the step already holds the lease
@@ -241,10 +260,13 @@ class _Call:
         # Arguments a call could change in place, fingerprinted before it (see save)
         self.before = {k: _arg_fp(v) for k, v in self.args.items() if not _immutable(v)}
         self.started, self.t0 = time.time(), time.perf_counter()
+        mark = ctx.capture.mark() if self._in_step_thread() else None
         try:
             result = self.fn(*args, **kwargs)
         finally:
             current_sub.reset(token)
+        if mark is not None and ctx is not None:  # what the call printed, kept with its record
+            self.printed = ctx.capture.since(mark)
         kind = awaitables.result_kind(result)
         if kind == "awaitable":  # a coroutine's body runs when it is awaited
             return self.finish(result)
@@ -319,6 +341,8 @@ class _Call:
         # Only a few fields matter here: no SubRecord is built on the replay path.
         recorded_fp, duration = header.get("args_fp"), header.get("duration")
         self.returns = header.get("returns", None)
+        printed = header.get("printed")
+        self.printed = printed if isinstance(printed, list) else []
         if not isinstance(recorded_fp, str) or not isinstance(duration, (int, float)):
             warn(f"{where}: its record is malformed (no args_fp or duration); calling again.")
             return _ENOVAL
@@ -486,6 +510,9 @@ class _Call:
             "tokens": tokens.to_json(),
             "kind": "sub",
         }
+        if self.printed:
+            printed, _ = recording.scrub_outputs(self.printed, redact.secrets_in_env())
+            header["printed"] = printed
         try:
             self.session.write(puts=[(self.store_key, header, body)])
         except StoreError as exc:

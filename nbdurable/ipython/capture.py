@@ -228,6 +228,35 @@ class Capture:
                     _active.remove(self)
             stack.close()
 
+    def mark(self) -> tuple[int, int]:
+        """Where the outputs stand now: their count, and the last stream's length."""
+        with self._lock:
+            outs = self.outputs
+            last = outs[-1] if outs else None
+            tail = len(last["text"]) if last is not None and last["output_type"] == "stream" else 0
+            return len(outs), tail
+
+    def since(self, mark: tuple[int, int]) -> list[dict[str, Any]]:
+        """The outputs recorded after ``mark``: a stream it cut, from the cut on.
+
+        Streams reach the capture when ipykernel flushes them: flush first. A
+        clear that removed outputs before ``mark`` makes the span unknown (empty).
+        """
+        flush = getattr(sys.stdout, "flush", None)
+        if flush is not None:
+            flush()
+        with self._lock:
+            count, tail = mark
+            outs = self.outputs
+            if len(outs) < count:
+                return []
+            span = [dict(o) for o in outs[count:]]
+            if count and tail:
+                last = outs[count - 1]
+                if last["output_type"] == "stream" and len(last["text"]) > tail:
+                    span.insert(0, {**last, "text": last["text"][tail:]})
+            return span
+
     # -- recording --------------------------------------------------------------
 
     def _append(self, output: dict[str, Any]) -> None:

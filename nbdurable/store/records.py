@@ -189,6 +189,10 @@ class SubRecord(_Header):
     returns: str = ""
     #: tokens the reply reported (``Tally.to_json``: ``[[model, input, output, replies]]``)
     tokens: list[list[Any]] = field(default_factory=list)
+    #: what the call printed and displayed while it ran, in the step's thread (the
+    #: cell's outputs of that span): shown again when the call replays in a body
+    #: that runs again; absent from the header when it printed nothing
+    printed: list[dict[str, Any]] = field(default_factory=list)
 
 
 #: Variable kinds whose ``ref`` is a blob.
