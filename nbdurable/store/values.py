@@ -673,10 +673,13 @@ def _slots_class_reduce(cls: type) -> Any:
     """
     from cloudpickle import cloudpickle as internals
 
-    if internals._should_pickle_by_reference(cls):
-        return None
-    reduced = list(internals._dynamic_class_reduce(cls))
-    if reduced[0] is not internals._make_skeleton_class:  # an Enum: cloudpickle's own way
+    try:  # cloudpickle's private names (3.0 to 3.1 have them); else its own way, as before
+        if internals._should_pickle_by_reference(cls):
+            return None
+        reduced = list(internals._dynamic_class_reduce(cls))
+        if reduced[0] is not internals._make_skeleton_class:  # an Enum: cloudpickle's own way
+            return None
+    except AttributeError:
         return None
     args = list(reduced[1])
     args[3] = {**args[3], "__slots__": vars(cls)["__slots__"]}

@@ -1,0 +1,239 @@
+"""Issue 27: real public notebooks, run plain and durable, replayed, killed and edited.
+
+See harness.py for the five checks and SOURCES.md for where each notebook
+comes from and what was changed to run it here (against the fake model server
+of fake_server.py). One plain run per notebook is shared by its checks; the
+notebooks are judged on a small thread pool (``REALNB_JOBS``, default 2:
+each judgement waits on kernels, which are separate processes), in the order
+their tests come, so the first tests wait while the others run on.
+
+Every (notebook, check) that fails against the library today is listed in
+:data:`FAILS_TODAY` with its one-line cause, as a strict xfail: a fix makes
+its test XPASS, which fails the run until the entry is removed. Never make a
+check pass by changing what it expects.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from harness import CHECKS, Result, Spec, judge  # noqa: E402
+
+# Opt-in for now (NBDURABLE_REALNB=1): the corpus takes about 16 minutes on two
+# cores and needs tests/realnb/requirements.txt; its share of CI is to come.
+pytestmark = pytest.mark.skipif(
+    os.environ.get("NBDURABLE_REALNB") != "1",
+    reason="the real-notebook corpus runs with NBDURABLE_REALNB=1 "
+    "(pip install -r tests/realnb/requirements.txt)",
+)
+
+LG = ("langgraph", "langchain_core")
+SPECS = [
+    # Python Data Science Handbook: model fits as steps
+    Spec(
+        "pdsh_kmeans",
+        edit=(
+            "KMeans(n_clusters=10, random_state=0)\nclusters = kmeans.fit_predict(digits.data)",
+            "KMeans(n_clusters=10, random_state=1)\nclusters = kmeans.fit_predict(digits.data)",
+        ),
+        needs=("sklearn", "seaborn", "scipy"),
+    ),
+    Spec(
+        "pdsh_hyperparams",
+        edit=("X2, y2 = make_data(200)", "X2, y2 = make_data(300)"),
+        reruns=("validation_curve_200",),
+        needs=("sklearn",),
+    ),
+    Spec(
+        "pdsh_intro_sklearn",
+        edit=("random_state=1)", "random_state=2)"),
+        reruns=("naive_bayes",),
+        needs=("sklearn", "seaborn"),
+    ),
+    Spec(
+        "pdsh_pca",
+        edit=("noisy = rng.normal(digits.data, 4)", "noisy = rng.normal(digits.data, 3)"),
+        reruns=("pca_noisy",),
+        needs=("sklearn",),
+    ),
+    # Anthropic cookbook: the SDK's messages and tool use
+    Spec(
+        "an_calculator",
+        edit=("Calculate (12851 - 593) * 301 + 76", "Calculate (12851 - 594) * 301 + 76"),
+        needs=("anthropic",),
+    ),
+    Spec(
+        "an_customer_service",
+        edit=("What is the status of order O2?", "What is the status of order O1?"),
+        needs=("anthropic",),
+    ),
+    Spec(
+        "an_pydantic",
+        edit=("Priority: 4", "Priority: 5"),
+        needs=("anthropic", "email_validator"),
+    ),
+    Spec(
+        "an_structured_json",
+        edit=("The product was okay", "The product was great"),
+        needs=("anthropic", "bs4"),
+    ),
+    Spec(
+        "an_tool_choice",
+        edit=("What color is the sky?", "What color is the sea?"),
+        needs=("anthropic",),
+    ),
+    Spec(
+        "an_moderation",
+        edit=("Thanks for the helpful information!", "Thanks for the useful information!"),
+        needs=("anthropic",),
+    ),
+    # LangGraph docs: graphs, agents and checkpointers
+    Spec(
+        "lg_persistence",
+        edit=("hi! I'm bob", "hi! I'm alice"),
+        needs=(*LG, "langchain", "langchain_anthropic"),
+    ),
+    Spec(
+        "lg_react_memory",
+        edit=("What's it known for?", "What's it famous for?"),
+        needs=(*LG, "langchain_openai"),
+    ),
+    Spec(
+        "lg_react_scratch",
+        edit=("what is the weather in sf", "what is the weather in nyc"),
+        needs=(*LG, "langchain_openai"),
+    ),
+    Spec(
+        "lg_persistence_functional",
+        edit=("hi! I'm bob", "hi! I'm alice"),
+        reruns=("whats_my_name",),
+        needs=(*LG, "langchain_anthropic"),
+    ),
+]
+
+#: (notebook, check) -> why it fails today. Strict: remove an entry when its check passes.
+CLIENT = (
+    "step reran: the Anthropic client made in a plain cell counts as changed by the step that "
+    "first calls it (functools.cached_property `messages` added to its __dict__), cannot be "
+    "saved, so the step is not replayable and its body runs again"
+)
+FAILS_TODAY: dict[tuple[str, str], str] = {
+    ("an_calculator", "replay"): CLIENT,
+    ("an_customer_service", "replay"): CLIENT,
+    ("an_pydantic", "replay"): CLIENT,
+    ("an_moderation", "replay"): CLIENT,
+    ("an_tool_choice", "replay"): CLIENT + " (no --http here: its model call is sent again)",
+    ("an_moderation", "edit"): (
+        "step 'moderate10' reran after an edit of 'moderate6' only: input 'client' changed "
+        "(the client counts as made by the edited step, see replay)"
+    ),
+    ("lg_persistence", "replay"): (
+        "step reran: it binds the StateGraph builder, the compiled graph and the model "
+        "(cannot pickle '_thread.RLock'), so it is recorded not replayable"
+    ),
+    ("lg_persistence", "edit"): (
+        "step 'memory_store' reran after an edit of step 'chat' only (no invalidation reason: "
+        "its body reruns because a variable it changed cannot be saved)"
+    ),
+    ("lg_react_memory", "replay"): (
+        "step reran: the ChatOpenAI model made in a plain cell counts as changed by the step "
+        "that first invokes it, and cannot be pickled (RLock): recorded not replayable"
+    ),
+    ("lg_react_memory", "edit"): (
+        "step 'weather' reran after an edit of step 'known_for' only: not replayable (see replay)"
+    ),
+    ("lg_persistence_functional", "replay"): (
+        "step reran: the @entrypoint workflow (Pregel) and ChatAnthropic model made in plain "
+        "cells count as changed by the step, cannot be pickled (RLock): not replayable"
+    ),
+}
+
+BY_NAME = {s.name: s for s in SPECS}
+assert len(BY_NAME) == len(SPECS), "two specs share a name"
+assert {n for n, _ in FAILS_TODAY} <= set(BY_NAME), "FAILS_TODAY names an unknown notebook"
+assert {c for _, c in FAILS_TODAY} <= set(CHECKS), "FAILS_TODAY names an unknown check"
+
+
+def _missing(spec: Spec) -> list[str]:
+    return [m for m in spec.needs if importlib.util.find_spec(m) is None]
+
+
+def _params():
+    out = []
+    for spec in SPECS:
+        for check in CHECKS:
+            marks = [
+                pytest.mark.kernel,
+                pytest.mark.fidelity,
+                # nbclient's event loops and sockets, left to the collector in the pool's threads
+                pytest.mark.filterwarnings("ignore::ResourceWarning"),
+                pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning"),
+            ]
+            reason = FAILS_TODAY.get((spec.name, check))
+            if reason:
+                marks.append(pytest.mark.xfail(strict=True, reason=reason))
+            out.append(pytest.param(spec.name, check, id=f"{spec.name}-{check}", marks=marks))
+    return out
+
+
+class Corpus:
+    """Judges the selected notebooks in the background, each once."""
+
+    def __init__(self, names: list[str]) -> None:
+        jobs = int(os.environ.get("REALNB_JOBS", "2"))
+        self.pool = ThreadPoolExecutor(max_workers=max(1, jobs), thread_name_prefix="realnb")
+        self.futures: dict[str, Future[Result]] = {}
+        for name in names:
+            if not _missing(BY_NAME[name]):
+                self.futures[name] = self.pool.submit(judge, BY_NAME[name])
+
+    def result(self, name: str) -> Result:
+        return self.futures[name].result()
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True, cancel_futures=True)
+
+
+@pytest.fixture(scope="module")
+def corpus(request):
+    names: list[str] = []
+    for item in request.session.items:
+        callspec = getattr(item, "callspec", None)
+        if item.module is request.module and callspec is not None:
+            name = callspec.params.get("name")
+            if name not in names:
+                names.append(name)
+    c = Corpus(names)
+    yield c
+    c.close()
+    report = os.environ.get("REALNB_REPORT")
+    if report:
+        import json
+
+        done = {n: f.result() for n, f in c.futures.items() if f.done() and not f.exception()}
+        Path(report).write_text(
+            json.dumps(
+                {
+                    n: {"problems": r.problems, "seconds": r.seconds, "total": r.total}
+                    for n, r in done.items()
+                },
+                indent=1,
+            )
+        )
+
+
+@pytest.mark.parametrize(("name", "check"), _params())
+def test_realnb(corpus, name, check):
+    missing = _missing(BY_NAME[name])
+    if missing:
+        pytest.skip(f"needs {', '.join(missing)}: pip install -r tests/realnb/requirements.txt")
+    problem = corpus.result(name).problems.get(check, "not judged")
+    assert problem is None, problem
