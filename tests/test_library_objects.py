@@ -1,11 +1,11 @@
-"""Real notebooks with library objects that replay wrongly (issue 27), in real kernels.
+"""Library objects as real notebooks hold them, replayed exactly, in real kernels.
 
-Each test is a minimal reproduction of one mechanism of the issue, through the
-public API only (``%load_ext nbdurable``, ``%%step``, ``nbdurable.step``): a
-notebook is run in a fresh kernel, then again in another fresh kernel on the
-same store, and what a user sees is compared with what a plain run shows or
-with what the first run showed. They fail on today's code and pass once the
-mechanism is fixed.
+Each test is a minimal reproduction of one way real notebooks replayed
+wrongly, through the public API only (``%load_ext nbdurable``, ``%%step``,
+``nbdurable.step``): a notebook is run in a fresh kernel, then again in
+another fresh kernel on the same store, and what a user sees is compared
+with what a plain run shows or with what the first run showed. Each failed
+before its mechanism was fixed (see README, "Library objects"):
 
 - a model client made in a plain cell and called by a helper counts as changed
   (``client.chat`` is a ``cached_property`` filled on first use), so the step

@@ -1,4 +1,4 @@
-"""Issue 27: real public notebooks, run plain and durable, replayed, killed and edited.
+"""Real public notebooks, run plain and durable, replayed, killed and edited.
 
 See harness.py for the five checks and SOURCES.md for where each notebook
 comes from and what was changed to run it here (against the fake model server
