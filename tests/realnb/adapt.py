@@ -54,6 +54,25 @@ NOTEBOOKS: dict[str, dict] = {
         "source": (*PDSH, "notebooks/05.11-K-Means.ipynb"),
         "changes": [
             _sub(2, *STYLE),
+            _sub(
+                7,
+                "kmeans = KMeans(n_clusters=4)",
+                "kmeans = KMeans(n_clusters=4, random_state=0)",
+                "seeded: unseeded k-means numbers its clusters differently run to run, so "
+                "two plain runs colour the next figure differently",
+            ),
+            _sub(
+                28,
+                "assign_labels='kmeans')",
+                "assign_labels='kmeans', random_state=0)",
+                "seeded, for the same reason (its labels come from k-means)",
+            ),
+            _sub(
+                57,
+                "kmeans = MiniBatchKMeans(16)",
+                "kmeans = MiniBatchKMeans(16, random_state=0)",
+                "seeded, for the same reason",
+            ),
             ("step", 7, "kmeans_blobs", "a model fit"),
             ("step", 28, "spectral", "a model fit"),
             ("step", 35, "kmeans_digits", "a model fit"),

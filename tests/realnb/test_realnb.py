@@ -120,21 +120,7 @@ SPECS = [
 ]
 
 #: (notebook, check) -> why it fails today. Strict: remove an entry when its check passes.
-CLIENT = (
-    "step reran: the Anthropic client made in a plain cell counts as changed by the step that "
-    "first calls it (functools.cached_property `messages` added to its __dict__), cannot be "
-    "saved, so the step is not replayable and its body runs again"
-)
 FAILS_TODAY: dict[tuple[str, str], str] = {
-    ("an_calculator", "replay"): CLIENT,
-    ("an_customer_service", "replay"): CLIENT,
-    ("an_pydantic", "replay"): CLIENT,
-    ("an_moderation", "replay"): CLIENT,
-    ("an_tool_choice", "replay"): CLIENT + " (no --http here: its model call is sent again)",
-    ("an_moderation", "edit"): (
-        "step 'moderate10' reran after an edit of 'moderate6' only: input 'client' changed "
-        "(the client counts as made by the edited step, see replay)"
-    ),
     ("lg_persistence", "replay"): (
         "step reran: it binds the StateGraph builder, the compiled graph and the model "
         "(cannot pickle '_thread.RLock'), so it is recorded not replayable"
@@ -142,10 +128,6 @@ FAILS_TODAY: dict[tuple[str, str], str] = {
     ("lg_persistence", "edit"): (
         "step 'memory_store' reran after an edit of step 'chat' only (no invalidation reason: "
         "its body reruns because a variable it changed cannot be saved)"
-    ),
-    ("lg_react_memory", "replay"): (
-        "step reran: the ChatOpenAI model made in a plain cell counts as changed by the step "
-        "that first invokes it, and cannot be pickled (RLock): recorded not replayable"
     ),
     ("lg_react_memory", "edit"): (
         "step 'weather' reran after an edit of step 'known_for' only: not replayable (see replay)"
