@@ -511,8 +511,9 @@ class _Call:
             "kind": "sub",
         }
         if self.printed:
-            printed, _ = recording.scrub_outputs(self.printed, redact.secrets_in_env())
-            header["printed"] = printed
+            printed, leaked = recording.scrub_outputs(self.printed, redact.secrets_in_env())
+            if not leaked:  # shown masked, a replay would differ: such prints are not kept
+                header["printed"] = printed
         try:
             self.session.write(puts=[(self.store_key, header, body)])
         except StoreError as exc:

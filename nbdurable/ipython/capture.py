@@ -229,7 +229,12 @@ class Capture:
             stack.close()
 
     def mark(self) -> tuple[int, int]:
-        """Where the outputs stand now: their count, and the last stream's length."""
+        """Where the outputs stand now: their count, and the last stream's length.
+
+        What was printed before but not yet sent (ipykernel buffers streams) is
+        sent first, so that it lands before the mark.
+        """
+        _flush_pending()
         with self._lock:
             outs = self.outputs
             last = outs[-1] if outs else None
@@ -242,9 +247,7 @@ class Capture:
         Streams reach the capture when ipykernel flushes them: flush first. A
         clear that removed outputs before ``mark`` makes the span unknown (empty).
         """
-        flush = getattr(sys.stdout, "flush", None)
-        if flush is not None:
-            flush()
+        _flush_pending()
         with self._lock:
             count, tail = mark
             outs = self.outputs
@@ -609,6 +612,20 @@ def show_last_expr(shell: Any, value: Any) -> None:
 
 def _never_quiet() -> bool:
     return False
+
+
+def _flush_pending() -> None:
+    """Flush stdout and stderr if they hold unsent text (a flush of ipykernel's stream
+    waits for its IO thread: skipped when its buffer is empty, on every sub-step call).
+    """
+    for stream in (sys.stdout, sys.stderr):
+        buffer = getattr(stream, "_buffer", None)
+        tell = getattr(buffer, "tell", None)
+        try:
+            if tell is None or tell():
+                stream.flush()
+        except (AttributeError, OSError, ValueError):  # a closed or odd stream
+            pass
 
 
 def replay(shell: Any, outputs: Iterable[Mapping[str, Any]]) -> None:

@@ -194,6 +194,12 @@ class SubRecord(_Header):
     #: that runs again; absent from the header when it printed nothing
     printed: list[dict[str, Any]] = field(default_factory=list)
 
+    def _encode(self, d: dict[str, Any]) -> dict[str, Any]:
+        if not d["printed"]:
+            del d["printed"]  # absent when the call printed nothing, as substeps writes it
+        return d
+
+
 
 #: Variable kinds whose ``ref`` is a blob.
 BLOB_KINDS = ("value", "shared")
