@@ -200,7 +200,6 @@ class SubRecord(_Header):
         return d
 
 
-
 #: Variable kinds whose ``ref`` is a blob.
 BLOB_KINDS = ("value", "shared")
 
