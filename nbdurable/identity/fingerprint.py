@@ -886,7 +886,10 @@ def fingerprint(value: object, *, read_globals: bool = True) -> str:
     ``read_globals=False`` leaves out the globals functions read: the code
     alone, e.g. to tell whether a live class is the one a value was saved with.
     """
-    return _Hasher(read_globals).run(value)
+    # One hush for the whole walk: each object's own reduce (see _reduced) then
+    # nests in it for the price of a counter, not a warnings-filter change per object.
+    with hush():
+        return _Hasher(read_globals).run(value)
 
 
 class FingerprintInfo(NamedTuple):
@@ -901,7 +904,8 @@ class FingerprintInfo(NamedTuple):
 def fingerprint_info(value: object) -> FingerprintInfo:
     """:func:`fingerprint` plus the types it could only hash by type (same cost)."""
     h = _Hasher()
-    digest = h.run(value)
+    with hush():
+        digest = h.run(value)
     return FingerprintInfo(digest, tuple(h.type_only))
 
 
