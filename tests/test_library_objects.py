@@ -416,3 +416,143 @@ def test_an_exception_kept_in_a_variable_keeps_its_cause_and_traceback(tmp_path)
     shown = "ValueError('bad') ZeroDivisionError('division by zero') True\n"
     assert stream_text(outputs_of(book.run(cells), 2)) == shown
     assert stream_text(outputs_of(book.run(cells), 2)) == shown
+
+
+# -- 4. an agent framework's state, followed wherever it was made ----------------------
+
+#: A stand-in for an installed agent framework: its file lies in a ``site-packages``
+#: folder, so nbdurable takes it for library code, as it takes LangGraph. Its shapes
+#: are LangGraph's: a model holding a transport with a lock (made eagerly, as
+#: ChatOpenAI does, or on first use, as ChatAnthropic's ``_client``), an in-memory
+#: checkpointer whose storage is a defaultdict of a library lambda, a store keeping its
+#: data in ``__slots__``, and a bare ``object()`` sentinel tested by identity.
+AGENTLIB = '''
+import threading
+from collections import defaultdict
+from functools import cached_property
+
+MISSING = object()
+
+
+class Transport:
+    def __init__(self):
+        self.lock = threading.RLock()
+
+
+class Model:
+    def __init__(self, name):
+        self.name = name
+        self.transport = Transport()
+
+    def reply(self, text):
+        return f"{self.name}: hi {text}"
+
+
+class LazyModel:
+    def __init__(self, name):
+        self.name = name
+
+    @cached_property
+    def transport(self):
+        return Transport()
+
+    def reply(self, text):
+        self.transport
+        return f"{self.name}: hi {text}"
+
+
+class Saver:
+    def __init__(self):
+        self.storage = defaultdict(lambda: defaultdict(dict))
+
+
+class Store:
+    __slots__ = ("_data",)
+
+    def __init__(self):
+        self._data = defaultdict(dict)
+
+
+class App:
+    def __init__(self, node, saver, store):
+        self.node, self.saver, self.store = node, saver, store
+        self.pending = MISSING
+
+    def invoke(self, thread, text):
+        if self.pending is not MISSING:
+            raise RuntimeError("a write is pending")
+        messages = self.saver.storage[thread].setdefault("messages", [])
+        messages.append(text)
+        out = self.node(messages)
+        messages.append(out)
+        self.store._data[thread][len(messages)] = out
+        return out
+'''
+
+
+@pytest.fixture
+def agentlib(tmp_path) -> str:
+    """The first cell: nbdurable, and ``agentlib`` importable from a site-packages folder."""
+    lib = tmp_path / "site-packages" / "agentlib"
+    lib.mkdir(parents=True)
+    (lib / "__init__.py").write_text(AGENTLIB)
+    return f"{HEAD}\nimport sys\nsys.path.insert(0, {str(lib.parent)!r})\nimport agentlib"
+
+
+def test_state_a_step_changes_inside_library_objects_made_in_plain_cells_replays(
+    tmp_path, agentlib
+):
+    # The step changes `app` only through a helper, inside its checkpointer and
+    # its store (made in a plain cell and bound to their own names). Before: `app`
+    # could not be saved (its node function reads `model`, pickled by value, and
+    # the model's transport holds a lock), so the step was recorded not
+    # replayable and ran again on every run; the checkpointer (its storage a
+    # defaultdict) and the store (its data in __slots__) were not seen to change;
+    # the checkpointer's lambda, restored by value, made the next step's input
+    # `app` differ; and the sentinel came back as another object.
+    cells = [
+        agentlib,
+        "model = agentlib.Model('m')\n"
+        "def node(messages):\n"
+        "    return model.reply(messages[-1])\n"
+        "saver, store = agentlib.Saver(), agentlib.Store()\n"
+        "app = agentlib.App(node, saver, store)\n"
+        "def chat(text):\n"
+        "    return app.invoke('1', text)",
+        "%%step hello\nprint(chat('bob'))",
+        "%%step again\nprint(chat('bye'))",
+        "print(dict(saver.storage['1']), dict(store._data['1']))\n"
+        "print(app.saver is saver, app.store is store, app.node is node, "
+        "app.pending is agentlib.MISSING)",
+    ]
+    book = Notebook(tmp_path)
+    first = book.run(cells)
+    shown = (
+        "{'messages': ['bob', 'm: hi bob', 'bye', 'm: hi bye']} {2: 'm: hi bob', 4: 'm: hi bye'}\n"
+        "True True True True\n"
+    )
+    assert stream_text(outputs_of(first, 4)) == shown
+    assert "cannot be saved" not in said(first, 2), said(first, 2)
+    again = book.run(cells)
+    assert replayed(again, 2), said(again, 2)
+    assert replayed(again, 3), said(again, 3)
+    assert stream_text(outputs_of(again, 4)) == shown
+
+
+def test_a_library_object_is_saved_without_what_it_built_on_first_use(tmp_path, agentlib):
+    # `LazyModel.transport` is a cached_property holding a lock: after the
+    # model's first call it could not be pickled, so a step that made and used
+    # a model ran again on every run. Saved as before its first use, the model
+    # makes its transport again when next used, as it did the first time.
+    cells = [
+        agentlib,
+        "%%step make\nlazy = agentlib.LazyModel('m')\nprint(lazy.reply('x'))",
+        "print(lazy.reply('y'), 'transport' in vars(lazy))",
+    ]
+    book = Notebook(tmp_path)
+    first = book.run(cells)
+    assert "cannot be saved" not in said(first, 1), said(first, 1)
+    again = book.run(cells)
+    assert replayed(again, 1), said(again, 1)
+    assert stream_text(outputs_of(again, 1)) == "m: hi x\n"
+    assert stream_text(outputs_of(again, 2)) == "m: hi y True\n"

@@ -562,9 +562,11 @@ def test_a_save_shows_without_running_a_cell(every_state):
         assert p.flushes == flushes
         count = every_state.host.shell.execution_count
         write_notebook(every_state.notebook, {**STEPS, **CHANGED_LATER, "plan": "plan = [1, 2]"})
+        # The watcher's thread redraws row by row (the info, then the row's HTML,
+        # then the header): waited for to the last of them, the header.
         wait_for(
-            lambda: states(p)["plan"] == "invalidated",
-            msg=lambda: f"rows: {states(p)}",
+            lambda: states(p)["plan"] == "invalidated" and "1 may run" in p.header.value,
+            msg=lambda: f"rows: {states(p)}, header: {p.header.value}",
         )
         rows = {r.info.label: r.info for r in p.rows.values()}
         assert rows["plan"].detail == "its code changed"

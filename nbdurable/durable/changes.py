@@ -11,15 +11,16 @@ whose reachable objects changed is recorded with the step like one it bound.
 
 A token is what can be read without hashing data:
 
-* list, tuple, dict, an instance's ``__dict__``: the length and the ids of
-  the items (and keys), so a replaced, added or removed item shows; items
-  are walked in turn;
+* list, tuple, deque, dict (``defaultdict``, ``OrderedDict`` and ``Counter``
+  too), an instance's ``__dict__``: the length and the ids of the items (and
+  keys), so a replaced, added or removed item shows; items are walked in turn;
 * set: the ids of its members;
 * a notebook function: the ids of its closure cells' contents, defaults and
   ``__dict__`` (a closure counter); a notebook class: the ids of its
   attributes (``Model.scale = 5``, a method added);
 * a generator or a builtin iterator: its position (``f_lasti``, the index
   its ``__reduce__`` reports), so a step that advances one is seen;
+* the ``__slots__`` of an instance count as its attributes;
 * a numpy array: its data pointer, shape, strides and dtype, and a digest of
   all its bytes up to :data:`FULL_HASH_MAX`, of a sample of them above
   (evenly spaced elements and both ends); a pandas DataFrame or Series:
@@ -27,8 +28,11 @@ A token is what can be read without hashing data:
   hashed whole here: a write to it that the sample misses is seen only when
   the step names the array (its inputs are fingerprinted whole by the plan);
 * an instance of a library class (not the notebook's, not a local
-  module's): its own attributes' ids, not walked further, so a client's
-  connection pool or a model's caches do not count as the step's changes;
+  module's): its own attributes' ids, and of them only its data (the
+  lists, dicts and sets it holds: a checkpointer's storage, a chat
+  history's messages) is walked, not the objects it holds, so a client's
+  connection pool or a model's caches do not count as the step's changes,
+  while a checkpointer a step filled does;
 * anything else: its id (an opaque object's inner state is not seen).
 
 The walk visits at most :data:`BUDGET` objects and :data:`DEPTH` levels
@@ -37,7 +41,7 @@ below each variable; what lies beyond is not tracked.
 
 from __future__ import annotations
 
-import functools
+import collections
 import hashlib
 import re
 import sys
@@ -89,9 +93,9 @@ def _walkable(items: Iterable[Any]) -> list[Any]:
 
 def _token_and_children(obj: Any) -> tuple[Any, Iterable[Any]]:
     t = type(obj)
-    if t is list or t is tuple:
+    if t is list or t is tuple or t is collections.deque:
         return (t, len(obj), tuple(map(id, obj))), _walkable(obj)
-    if t is dict:
+    if t is dict or t in _DICTS:
         return (t, tuple(map(id, obj)), tuple(map(id, obj.values()))), _walkable(obj.values())
     if t is set or t is frozenset:
         return (t, frozenset(map(id, obj))), ()
@@ -130,35 +134,34 @@ def _token_and_children(obj: Any) -> tuple[Any, Iterable[Any]]:
                 return id(obj), ()
         return id(obj), ()
     attrs = getattr(obj, "__dict__", None)
-    if type(attrs) is not dict:
+    slots = sharing.slot_names(t)
+    if slots:  # `__slots__` (LangGraph's InMemoryStore keeps its data in one)
+        attrs = dict(attrs) if type(attrs) is dict else {}
+        for name in slots:
+            try:
+                attrs[name] = getattr(obj, name)
+            except AttributeError:  # a slot never set
+                pass
+    elif type(attrs) is not dict:
         return (t, id(obj)), ()
     if mod != "__main__" and not _user_code(t):
         # A library object (an HTTP client, a model): its own attributes are
         # compared, its insides (connection pools, caches) are its business, and
         # so are the parts it builds on first use (`client.chat`, a
         # functools.cached_property): wherever that first use happens, it is no change.
-        lazy = _lazy_names(t)
+        #
+        # Its data is, though: the lists, dicts and sets it holds in its own
+        # attributes (a checkpointer's storage, a chat history's messages, an
+        # estimator's fitted lists) are walked like the notebook's, so a step
+        # that fills an in-memory checkpointer through `app.invoke(...)` is seen
+        # to change the checkpointer wherever it was made.
+        lazy = localcode.lazy_names(t)
         if lazy:
             attrs = {k: v for k, v in attrs.items() if k not in lazy}
-        return (t, tuple(attrs), tuple(map(id, attrs.values()))), ()
+        data = [v for v in attrs.values() if type(v) in _DATA]
+        return (t, tuple(attrs), tuple(map(id, attrs.values()))), data
     token = (t, tuple(attrs), tuple(map(id, attrs.values())))
     return token, _walkable(attrs.values())
-
-
-def _lazy_names(t: type) -> frozenset[str]:
-    """The attributes ``t`` builds on first access (``functools.cached_property``)."""
-    got = _LAZY.get(t)
-    if got is None:
-        found = set()
-        for klass in t.__mro__:
-            for name, member in vars(klass).items():
-                if isinstance(member, functools.cached_property):
-                    found.add(name)
-        got = _LAZY[t] = frozenset(found)
-    return got
-
-
-_LAZY: dict[type, frozenset[str]] = {}
 
 
 def _user_code(t: type) -> bool:
@@ -188,6 +191,10 @@ def _class_fp(cls: type) -> str:
 
 
 _CONTAINERS = (list, dict, set)
+#: dicts by another type: walked as dicts
+_DICTS = frozenset((collections.defaultdict, collections.OrderedDict, collections.Counter))
+#: the containers of a library object's attributes that are walked (its data)
+_DATA = frozenset((list, dict, set, collections.deque, *_DICTS))
 
 
 class Tokens:

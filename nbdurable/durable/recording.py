@@ -82,6 +82,7 @@ def save_variables(
     others: Iterable[str] = (),
     checked: Iterable[str] = (),
     replace: Mapping[str, Any] | None = None,
+    in_place: Iterable[str] = (),
 ) -> Saved:
     """Write the values of ``names`` as one blob (once by content); return the records.
 
@@ -94,7 +95,9 @@ def save_variables(
     ``replace`` maps names to what is pickled instead of their value (a
     :class:`sharing.ClassPatch` for a notebook class changed in place);
     those are pickled first, so the step's instances of such a class load
-    as instances of the live, changed class.
+    as instances of the live, changed class. ``in_place`` names the objects
+    the step changed without rebinding them: on replay each is restored into
+    the live object of its name (see :func:`sharing.in_place`).
 
     ``names`` are the names the step bound or changed: a value that refers to
     one of them by name (``__main__.f``) cannot be restored (see
@@ -121,7 +124,9 @@ def save_variables(
         # values.dump_values). Stable otherwise.
         pending.sort(key=lambda n: (n not in swap, not _looks_plain(ns[n])))
         view = {**ns, **swap} if swap else ns
-        _save_joint(out, store, ns, view, pending, names, fingerprint, secrets, others, checked)
+        _save_joint(
+            out, store, ns, view, pending, names, fingerprint, secrets, others, checked, in_place
+        )
     return out
 
 
@@ -151,13 +156,18 @@ def _save_joint(
     secrets: dict[str, bytes],
     others: Iterable[str],
     checked: Iterable[str],
+    in_place: Iterable[str] = (),
 ) -> None:
     """Pickle ``pending`` together and write the blob; drop (as unsaved) what cannot be."""
     limit = config.get().warn_size_mb * 1024 * 1024
     roots = [n for n in others if n in ns]
+    in_place = set(in_place)
 
     def find_refs(held: set[int]) -> dict[int, tuple[sharing.Path, Any]]:
-        return sharing.index(ns, roots, held)
+        # Not the values being saved: a checkpointer the step filled is also
+        # reachable from the graph holding it, yet it is this step's to save.
+        own = {id(view[n]) for n in pending}
+        return sharing.index(ns, roots, held - own)
 
     fps: dict[int, str | None] = {}
     checked = set(checked)
@@ -169,7 +179,8 @@ def _save_joint(
 
     while pending:
         try:
-            joint = values.dump_values([view[n] for n in pending], find_refs, ref_fp)
+            here = {id(ns[n]): n for n in pending if n in in_place and view[n] is ns[n]}
+            joint = values.dump_values([view[n] for n in pending], find_refs, ref_fp, here)
         except values.PartFailed as exc:
             name = pending.pop(exc.index)
             _unsaved(out, name, values.type_name(ns[name]), str(exc), fingerprint(ns[name], name))
@@ -283,15 +294,31 @@ class LoadFailed(Exception):
 
 
 def load_variables(
-    store: Store, variables: Iterable[VarRecord], ns: dict[str, Any]
+    store: Store,
+    variables: Iterable[VarRecord],
+    ns: dict[str, Any],
+    live: sharing.LiveTargets | None = None,
 ) -> tuple[dict[str, Any], dict[str, bool]]:
     """The values a record's variables restore to, and which of them are plain data.
 
-    Nothing is bound here. Raises :class:`LoadFailed` naming the variables
+    Nothing is bound here, but a value recorded as changed in place is loaded
+    into the object of ``live`` of its name (see :func:`sharing.in_place`):
+    the caller undoes that (``live.undo()``) if it abandons the replay, this
+    function included. Raises :class:`LoadFailed` naming the variables
     concerned (its ``cause`` is a :class:`~nbdurable.errors.CorruptRecord`
     for a damaged or missing blob, a :class:`sharing.NotExact` when a
     shared object is no longer what it was).
     """
+    token = sharing.live_targets.set(live)
+    try:
+        return _load_variables(store, variables, ns)
+    finally:
+        sharing.live_targets.reset(token)
+
+
+def _load_variables(
+    store: Store, variables: Iterable[VarRecord], ns: dict[str, Any]
+) -> tuple[dict[str, Any], dict[str, bool]]:
     restored: dict[str, Any] = {}
     pure: dict[str, bool] = {}
     joint: dict[str, list[str]] = {}  # sha -> names in the blob's order

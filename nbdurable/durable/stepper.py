@@ -23,7 +23,7 @@ from .. import config, events, faults, procstate, redact
 from ..clients.usage import Tally
 from ..errors import CorruptRecord, LeaseLost, NbdurableError, StoreError, UsageProblem
 from ..identity import keys, localcode, verdict
-from ..store import spill, values, versions
+from ..store import sharing, spill, values, versions
 from ..store.records import StepRecord, StepState
 from ..text import tokens as tokens_text
 from . import envreads, fileio, httpsteps, recording
@@ -280,8 +280,29 @@ class StepRunner:
     ) -> Replayed | None:
         """Restore a record into the namespace and show its outputs; None if it cannot be."""
         ns = self.session.user_ns
+        # The live objects the plain cells made again, for what the step changed in
+        # place (a checkpointer a graph holds); given back their state if abandoned.
+        live = sharing.LiveTargets({v.name: ns[v.name] for v in rec.variables if v.name in ns})
         try:
-            restored, pure = recording.load_variables(self.session.store, rec.variables, ns)
+            replayed = self._restore(rec, label, stale, split, live)
+        except BaseException:
+            live.undo()
+            raise
+        if replayed is None:
+            live.undo()
+        return replayed
+
+    def _restore(
+        self,
+        rec: StepRecord,
+        label: str,
+        stale: str | None,
+        split: bool,
+        live: sharing.LiveTargets,
+    ) -> Replayed | None:
+        ns = self.session.user_ns
+        try:
+            restored, pure = recording.load_variables(self.session.store, rec.variables, ns, live)
         except recording.LoadFailed as failed:
             # A damaged blob, a module gone, a failing __setstate__, a shared object changed.
             exc = failed.cause
@@ -483,6 +504,8 @@ class StepRunner:
                 others=[n for n in ns if n not in changed and not HIDDEN.match(n)],
                 checked=plan.inputs,
                 replace=before.class_patches(ns, changed),
+                # the very object the step started with: restored into the live one
+                in_place=[n for n in changed if n in before and before[n] is ns[n]],
             )
             # A method called on an object that cannot be saved (a model client) is
             # not by itself a change: left out when nothing of it that can be seen changed.

@@ -645,6 +645,8 @@ def _reduced(h: _Hasher, v: Any, local: bool = False) -> None:
         h.sinks.append(_Sink())
         h.stack.append(_Op(_end_reduced, (v, len(h.type_only))))
     h.put(b"object", _qual(t))
+    if not local:
+        state = localcode.without_lazy(t, state)
     h.push(func, args, state, items, pairs)
 
 

@@ -151,6 +151,54 @@ def module_file(module: types.ModuleType) -> str | None:
     return None if is_library_file(file) else file
 
 
+def lazy_names(t: type) -> frozenset[str]:
+    """The attributes instances of ``t`` build on first access (``functools.cached_property``).
+
+    A library fills them when first used (``client.chat``, a LangChain model's
+    ``_client``), wherever that happens: they are a cache, never a change and
+    never part of what identifies the object (see :mod:`nbdurable.durable.changes`
+    and :mod:`nbdurable.identity.fingerprint`).
+    """
+    got = _LAZY.get(t)
+    if got is None:
+        found = set()
+        for klass in getattr(t, "__mro__", ()):
+            for name, member in vars(klass).items():
+                if isinstance(member, functools.cached_property):
+                    found.add(name)
+        if len(_LAZY) > 10_000:  # classes made in a loop: do not keep them all alive
+            _LAZY.clear()
+        got = _LAZY[t] = frozenset(found)
+    return got
+
+
+_LAZY: dict[type, frozenset[str]] = {}
+
+
+def without_lazy(t: type, state: Any) -> Any:
+    """A library object's pickle state without what it builds on first use (see
+    :func:`lazy_names`): a model whose client was made by its first call is
+    the model it was (its fingerprint), and is saved as it was before (the
+    client is made again on next use, where a made one may hold a lock).
+
+    The state is the instance's ``__dict__``, a ``(__dict__, slots)`` pair, or
+    pydantic's dict holding ``__dict__``.
+    """
+    lazy = lazy_names(t)
+    if not lazy:
+        return state
+    if type(state) is tuple and len(state) == 2 and type(state[0]) is dict:
+        return (without_lazy(t, state[0]), state[1])
+    if type(state) is not dict:
+        return state
+    inner = state.get("__dict__")
+    if type(inner) is dict and not lazy.isdisjoint(inner):
+        state = dict(state, __dict__={k: v for k, v in inner.items() if k not in lazy})
+    if not lazy.isdisjoint(state):
+        state = {k: v for k, v in state.items() if k not in lazy}
+    return state
+
+
 def is_local_module_name(name: Any) -> bool:
     """True if ``name`` is ``__main__`` (the notebook) or a loaded local module."""
     if name == "__main__":
@@ -160,8 +208,19 @@ def is_local_module_name(name: Any) -> bool:
 
 
 def is_local_function(fn: types.FunctionType) -> bool:
-    """True if the function's code comes from the notebook or a local module."""
-    return not is_library_file(fn.__code__.co_filename)
+    """True if the function's code comes from the notebook or a local module.
+
+    Decided by its code's file, and for code that names no real file (a
+    function cloudpickle rebuilt by value, such as a library's lambda a
+    restored checkpointer holds: ``<dynamic-code>``) by its module: a function
+    of a loaded library module is the library's wherever its code was made.
+    """
+    filename = fn.__code__.co_filename
+    if filename.startswith("<") and filename != "<string>":
+        module = sys.modules.get(getattr(fn, "__module__", None) or "")
+        if module is not None and getattr(module, "__name__", None) != "__main__":
+            return module_file(module) is not None
+    return not is_library_file(filename)
 
 
 _FILE_DIGESTS: dict[str, tuple[tuple[int, int, int], str]] = {}

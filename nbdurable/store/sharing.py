@@ -29,6 +29,19 @@ never walked), and of an instance of a library class only its own
 attributes are looked at, not what lies below them. An object beyond those
 bounds is not found, and is pickled by value like the step's own objects.
 
+In place. A library object a step changed without rebinding it (an
+in-memory checkpointer filled through the compiled graph that holds it, a
+store, a chat history) is held by other objects the step did not save: the
+graph, made in a plain cell, points at it. Restored as a copy and rebound,
+the name would hold the step's state and the graph the empty one. So such
+an object is pickled as "the live object of this name, emptied, then given
+this state" (:func:`in_place`): on replay the object the plain cells made
+again receives the recorded state, and every holder sees it. Only objects
+pickle rebuilds the default way (``cls.__new__`` then their state), of the
+same class as the live one; anything else loads as a new object, as before.
+What a replay filled is put back (:class:`LiveTargets`) if the replay is
+abandoned, so a body that runs again starts from what the plain cells made.
+
 numpy. An array's pickle is its memory (out of band, see
 :mod:`nbdurable.store.blobs`) rebuilt with that memory as its base, and a
 view (``v = arr[:5]``) is pickled as "this window of that array": the array
@@ -179,6 +192,99 @@ def _children(obj: Any) -> Iterable[tuple[tuple[str, Any], Any]]:
     if type(attrs) is not dict:
         return ()
     return ((("a", k), v) for k, v in attrs.items() if type(k) is str)
+
+
+# -- objects restored in place ---------------------------------------------------------
+
+
+class LiveTargets:
+    """The live objects a load may restore in place (by variable name), and how to undo it."""
+
+    def __init__(self, targets: Mapping[str, Any]) -> None:
+        self.targets = targets
+        self._undo: list[Any] = []
+
+    def take(self, name: str, cls: type) -> Any:
+        """The live object of ``name`` emptied for its recorded state, or None."""
+        obj = self.targets.get(name)
+        if obj is None or type(obj) is not cls:
+            return None
+        self._undo.append(_empty(obj))
+        return obj
+
+    def undo(self) -> None:
+        """Give every object taken back the state it had before the load."""
+        while self._undo:
+            self._undo.pop()()
+
+
+live_targets: contextvars.ContextVar[LiveTargets | None] = contextvars.ContextVar(
+    "nbdurable_live_targets", default=None
+)
+
+
+def in_place(name: str, cls: type) -> Any:
+    """The object pickle fills with the recorded state: the live one of ``name`` if a
+    replay offers it (see :class:`LiveTargets`), else a new one (as ``cls.__new__``).
+    """
+    got = live_targets.get()
+    obj = got.take(name, cls) if got is not None else None
+    return cls.__new__(cls) if obj is None else obj
+
+
+def _empty(obj: Any) -> Any:
+    """Empty ``obj``'s ``__dict__`` and slots for pickle's BUILD; return what refills them."""
+    attrs = getattr(obj, "__dict__", None)
+    kept = dict(attrs) if type(attrs) is dict else None
+    slots = {}
+    for name in slot_names(type(obj)):
+        try:
+            slots[name] = object.__getattribute__(obj, name)
+        except AttributeError:  # never set
+            continue
+        object.__delattr__(obj, name)
+    if kept is not None:
+        attrs.clear()
+
+    def refill() -> None:
+        now = getattr(obj, "__dict__", None)
+        if kept is not None and type(now) is dict:
+            now.clear()
+            now.update(kept)
+        for name in slot_names(type(obj)):
+            if name in slots:
+                object.__setattr__(obj, name, slots[name])
+            else:
+                try:
+                    object.__delattr__(obj, name)
+                except AttributeError:
+                    pass
+
+    return refill
+
+
+def slot_names(t: type) -> tuple[str, ...]:
+    """The ``__slots__`` of ``t`` and its bases (not ``__dict__``, ``__weakref__``),
+    as the attribute names they make (``__x`` of class ``C`` is ``_C__x``).
+    """
+    got = _SLOTS.get(t)
+    if got is None:
+        names: list[str] = []
+        for klass in getattr(t, "__mro__", ()):
+            declared = vars(klass).get("__slots__", ())
+            for name in (declared,) if isinstance(declared, str) else declared:
+                if isinstance(name, str) and name not in ("__dict__", "__weakref__"):
+                    if name.startswith("__") and not name.endswith("__"):
+                        name = f"_{klass.__name__.lstrip('_')}{name}"
+                    if name not in names:
+                        names.append(name)
+        if len(_SLOTS) > 10_000:  # classes made in a loop: do not keep them all alive
+            _SLOTS.clear()
+        got = _SLOTS[t] = tuple(names)
+    return got
+
+
+_SLOTS: dict[type, tuple[str, ...]] = {}
 
 
 def resolve(ns: Mapping[str, Any], path: Path) -> Any:

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import copyreg
 import importlib
 import io
 import pickle
@@ -41,13 +42,13 @@ import re
 import sys
 import threading
 import types
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, NamedTuple
 
 import cloudpickle
 
 from ..hush import hush
-from ..identity import keys
+from ..identity import keys, localcode
 from . import sharing
 
 PROTOCOL = 5
@@ -254,6 +255,7 @@ def dump_values(
     items: list[Any],
     find_refs: Callable[[set[int]], dict[int, tuple[sharing.Path, Any]]] | None = None,
     ref_fp: Callable[[sharing.Path, Any], str | None] | None = None,
+    in_place: Mapping[int, str] | None = None,
 ) -> Joint:
     """Pickle ``items`` one after the other with one pickler, so they share its memo.
 
@@ -261,18 +263,24 @@ def dump_values(
     ``find_refs(ids)`` returns, of the objects whose ids are given (those the
     pickle holds), the ones that live elsewhere, as ``id -> (path, obj)``:
     each is written as a reference to where it lives (see
-    :mod:`nbdurable.store.sharing`) carrying ``ref_fp(path, obj)``. Raises
-    :class:`PartFailed` naming the first item that cannot be pickled (the
-    caller pickles the others again without it: a failed item leaves the
-    memo half written).
+    :mod:`nbdurable.store.sharing`) carrying ``ref_fp(path, obj)``.
+    ``in_place`` maps the ids of items changed in place to their names: each
+    loads into the live object of its name where a replay offers one (see
+    :func:`sharing.in_place`). Raises :class:`PartFailed` naming the first
+    item that cannot be pickled (the caller pickles the others again without
+    it: a failed item leaves the memo half written).
     """
     buffers, keep = _out_of_band()
+    last: list[_Pickler] = []  # the pickler of the latest pass, kept if its dump fails
 
     def run(cls: type[_Pickler]) -> tuple[Joint, Any]:
         del buffers[:]
         out = io.BytesIO()
         pickler = cls(out, protocol=PROTOCOL, buffer_callback=keep)
         pickler.refs, pickler.ref_fp = refs, ref_fp
+        if in_place:
+            pickler.in_place = in_place
+        last[:] = [pickler]
         parts = []
         so_far = True  # every part before this one is plain data
         for i, item in enumerate(items):
@@ -296,21 +304,42 @@ def dump_values(
     # a Python call per object, five times the pickling of a list of ints. Only if
     # an object it wrote (every object but atoms is in its memo) lives elsewhere
     # is the stream written again, with references.
+    #
+    # A pass that fails is not the end either: what it could not write may lie
+    # inside an object that lives elsewhere (a compiled agent graph whose node
+    # function reads the notebook's model client: the client, pickled by value
+    # as the function's global, holds a lock). The failed pass's memo holds the
+    # objects written up to the failure, the client among them; if any lives
+    # elsewhere, the values are written again with references.
     refs: dict[int, tuple[sharing.Path, Any]] = {}
-    joint, pickler = _deep_safe(run, _Pickler)
-    if find_refs is not None:
+    cls: type[_Pickler] = _Pickler
+    while True:
+        try:
+            joint, pickler = _deep_safe(run, cls)
+        except PartFailed as exc:
+            if find_refs is None:
+                raise
+            failed, pickler = exc, last[0]
+        else:
+            failed = None
+            if find_refs is None or refs:  # a pass with references is the last
+                return joint
+        del last[:]
         held = set(pickler.memo.copy())
         del pickler
-        refs.update(find_refs(held))
+        found = {k: v for k, v in find_refs(held).items() if k not in refs}
         del held
-    if refs:
+        if not found:
+            if failed is not None:
+                raise failed
+            return joint
+        refs.update(found)
         # A reference to a list, dict, str... must be asked about (persistent_id):
         # the pickler writes those types without calling reducer_override. Any
         # other (a class, a function, an instance) can be written from
         # reducer_override, which the pickler calls only for such objects.
         slow = any(type(obj) in _NO_OVERRIDE for _, obj in refs.values())
-        joint, _ = _deep_safe(run, _RefPickler if slow else _RefReducer)
-    return joint
+        cls = _RefPickler if slow else _RefReducer
 
 
 class PartUnloadable(Exception):
@@ -605,6 +634,8 @@ def _main_refs(stream: bytes) -> list[str]:
 class _Pickler(cloudpickle.Pickler):
     plain = True  # see Pickled
     notebook = False
+    #: id -> variable name of the values restored in place (see sharing.in_place)
+    in_place: Mapping[int, str] = {}
     #: id -> (path, object) of objects written as references (see sharing)
     refs: dict[int, tuple[sharing.Path, Any]] | None = None
     ref_fp: Any = None  # (path, object) -> the fingerprint a reference carries, or None
@@ -618,6 +649,9 @@ class _Pickler(cloudpickle.Pickler):
 
     def reducer_override(self, obj: Any) -> Any:
         reduced = sharing.reduce_array(obj) if self.refs is not None else None
+        if reduced is None and self.in_place:
+            name = self.in_place.get(id(obj))
+            reduced = _in_place_reduce(obj, name) if name is not None else None
         if reduced is not None:
             self.plain = False
             return reduced
@@ -641,7 +675,99 @@ class _Pickler(cloudpickle.Pickler):
                 return reduced
         if isinstance(obj, BaseException):
             return _reduce_exception(obj)
+        if t is object:
+            got = _module_sentinel(obj)
+            if got is not None:
+                return getattr, got
+        lazy = localcode.lazy_names(t)
+        if lazy:
+            reduced = _without_lazy(obj, t, lazy)
+            if reduced is not None:
+                return reduced
         return super().reducer_override(obj)
+
+
+def _without_lazy(obj: Any, t: type, lazy: frozenset[str]) -> tuple | None:
+    """A library object's reduction without the parts it built on first use.
+
+    A LangChain model's ``_client`` (a ``functools.cached_property``) holds an
+    SDK client with locks and an SSL context: saved as it was before its
+    first call, the model pickles, and makes its client again when next used,
+    as a plain run's model did once. None: nothing to leave out (a notebook
+    class's own cached properties are its data, kept).
+    """
+    attrs = getattr(obj, "__dict__", None)
+    if type(attrs) is not dict or lazy.isdisjoint(attrs):
+        return None
+    if localcode.is_local_module_name(t.__module__):
+        return None
+    reduced = obj.__reduce_ex__(PROTOCOL)
+    if type(reduced) is not tuple or len(reduced) < 3:
+        return None
+    return (reduced[0], reduced[1], localcode.without_lazy(t, reduced[2]), *reduced[3:])
+
+
+def _in_place_reduce(obj: Any, name: str) -> tuple | None:
+    """``obj``'s reduction as "the live ``name``, given this state" (see
+    :func:`sharing.in_place`), or None for an object pickle does not rebuild the
+    default way (``cls.__new__`` and a state: arrays, frames, their own ``__reduce__``).
+    """
+    t = type(obj)
+    if str(getattr(t, "__module__", "")).partition(".")[0] in ("numpy", "pandas"):
+        return None
+    try:
+        reduced = obj.__reduce_ex__(PROTOCOL)
+    except Exception:  # cannot be pickled: the normal path says why
+        return None
+    if (
+        type(reduced) is not tuple
+        or len(reduced) < 3
+        or reduced[0] is not copyreg.__newobj__
+        or reduced[1] != (t,)
+    ):
+        return None
+    state = reduced[2]
+    if not localcode.is_local_module_name(t.__module__):
+        state = localcode.without_lazy(t, state)
+    return (sharing.in_place, (name, t), state, *reduced[3:])
+
+
+def _module_sentinel(obj: object) -> tuple[types.ModuleType, str] | None:
+    """The module and name of a bare ``object()`` that is a module's global, or None.
+
+    Libraries mark "no value" with such sentinels (LangGraph's ``MISSING``,
+    ``PASSTHROUGH``) and test for them by identity: a copy pickled by value
+    would load as another object, which the library then takes for data. So
+    a sentinel is written as the module attribute it is, and loads back as
+    the very object. The notebook's own (``__main__``) are found as
+    references to the namespace instead (see :mod:`.sharing`). The index is
+    made again whenever a module has been imported since.
+    """
+    global _SENTINELS_AT
+    if _SENTINELS_AT != len(sys.modules):
+        found: dict[int, tuple[types.ModuleType, str, object]] = {}
+        for modname, module in list(sys.modules.items()):
+            if modname == "__main__" or not isinstance(module, types.ModuleType):
+                continue
+            try:
+                members = list(vars(module).items())
+            except Exception:  # a module object that hides its namespace
+                continue
+            for attr, value in members:
+                if type(value) is object and type(attr) is str:
+                    found.setdefault(id(value), (module, attr, value))
+        _SENTINELS.clear()
+        _SENTINELS.update(found)
+        _SENTINELS_AT = len(sys.modules)
+    got = _SENTINELS.get(id(obj))
+    if got is None or got[2] is not obj:
+        return None
+    return got[0], got[1]
+
+
+#: id -> (module, name, the object) of modules' bare ``object()`` globals
+_SENTINELS: dict[int, tuple[types.ModuleType, str, object]] = {}
+_SENTINELS_AT = -1  # len(sys.modules) when _SENTINELS was made
 
 
 class _ClassCopier(cloudpickle.Pickler):
