@@ -151,12 +151,19 @@ def test_a_body_that_runs_again_does_not_claim_no_call_repeats(tmp_path, server)
     warned = said(first, 2)
     assert "cannot be saved: holder" in warned, warned
     sent = server.total
-    book.run(cells)
+    again = book.run(cells)
     resent = server.total - sent
     # The step's HTTP is recorded (the default): the rerun body's direct call is
     # answered from the record, and the warning says exactly that.
     assert resent == 0, f"{resent} direct call(s) sent again on the rerun"
-    assert "its HTTP requests replay, so no call it made repeats" in warned, warned
+    assert "its HTTP requests replay; what else it does" in warned, warned
+    # And the rerun says why, in one line, each time (before: only the run that
+    # recorded it did, so a fresh kernel's cell ran its body without a word).
+    for run in (again, book.run(cells)):
+        assert said(run, 2).count("NbdurableWarning") == 1, said(run, 2)
+        assert "step 'direct' runs again: its variables holder could not be saved" in said(
+            run, 2
+        ), said(run, 2)
 
 
 def test_what_replayed_substeps_printed_is_shown_when_the_body_runs_again(tmp_path):

@@ -162,7 +162,7 @@ def test_deleted_outputs_run_the_step_again_and_its_calls_replay(dirs):
     said = warnings_of(third, 1)
     assert len(said) == 1, said
     assert "step 'export' runs again: its output files 'out/arr.npy' is missing" in said[0]
-    assert "'out/result.csv' is missing" in said[0] and "so no call it made repeats" in said[0]
+    assert "'out/result.csv' is missing" in said[0] and "its HTTP requests replay" in said[0]
     assert not replayed(third, 1) and replayed(third, 3)
     assert counts(wd / "ran.log")["export"] == 2
     assert not (wd / "calls.log").exists(), "a recorded call was made again"

@@ -210,11 +210,16 @@ def what_replays(http: bool) -> str:
 
     True to the letter: with the step's HTTP recorded (the default), its
     sub-steps and its requests through httpx or requests replay, which
-    covers the model SDKs; without, only its sub-steps do, and the line says
-    that other calls are made again.
+    covers the model SDKs, and the line says that other side effects (a
+    database insert through a driver, a file written) are not replayed;
+    without, only its sub-steps do, and the line says that other calls are
+    made again.
     """
     if http:
-        return "its sub-steps and its HTTP requests replay, so no call it made repeats"
+        return (
+            "its sub-steps and its HTTP requests replay; what else it does "
+            "(a database write, a file) is done again"
+        )
     return (
         "its sub-steps still replay; calls it made outside step() are made again: "
         "record them with %%step --http"

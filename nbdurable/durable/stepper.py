@@ -173,6 +173,13 @@ class StepRunner:
             replayed = self._replay(rec, label, reason, split) if rec.replayable else None
             if replayed is not None:
                 return replayed
+            if not rec.replayable:
+                # Said on every such run, not only when first recorded: a fresh
+                # kernel's cell shows why its body ran instead of replaying.
+                warn(
+                    f"step {label!r} runs again: {_not_replayable(rec)} "
+                    f"({what_replays(httpsteps.wanted(http))})."
+                )
         self.session.claim()
         if rec is not None and version_of(rec) != version:
             # The version about to run replaces the current one: keep that one first
@@ -640,6 +647,18 @@ class StepRunner:
 #: Builtins that read the namespace by name at run time: a step calling one may
 
 _RESULT = "the result"  # the last expression's value, saved like a variable
+
+
+def _not_replayable(rec: StepRecord) -> str:
+    """Why a record cannot be replayed, in a few words (its variables, its process changes)."""
+    parts = []
+    unsaved = [v.name for v in rec.variables if v.kind == "unsaved"]
+    if unsaved:
+        parts.append(f"its variables {', '.join(unsaved)} could not be saved")
+    reasons = procstate.replayable_reasons(rec.process)
+    if reasons:
+        parts.append(f"its changes to the process cannot be restored ({'; '.join(reasons)})")
+    return " and ".join(parts) or "it was recorded not replayable"
 
 
 def _has_result(outputs: list[dict[str, Any]]) -> bool:
