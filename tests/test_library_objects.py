@@ -563,3 +563,25 @@ def test_a_library_object_is_saved_without_what_it_built_on_first_use(tmp_path, 
     assert replayed(again, 1), said(again, 1)
     assert stream_text(outputs_of(again, 1)) == "m: hi x\n"
     assert stream_text(outputs_of(again, 2)) == "m: hi y True\n"
+
+
+def test_a_thread_a_step_leaves_running_is_started_again_by_running_the_body(tmp_path):
+    # The thread's object is not kept in a variable, so nothing the step bound
+    # said it could not be restored: the replay showed "started" while no
+    # poller ran, without a word.
+    cells = [
+        HEAD,
+        "import threading\nstop = threading.Event()\n"
+        "def poll():\n    while not stop.wait(0.01):\n        pass",
+        "%%step start\nthreading.Thread(target=poll, name='poller', daemon=True).start()\n"
+        "print('started')",
+        "print([t.name for t in threading.enumerate() if t.name == 'poller'])",
+    ]
+    book = Notebook(tmp_path)
+    first = book.run(cells)
+    assert "it left thread 'poller' running" in said(first, 2), said(first, 2)
+    assert stream_text(outputs_of(first, 3)) == "['poller']\n"
+    again = book.run(cells)
+    assert not replayed(again, 2)
+    assert "it left thread 'poller' running" in said(again, 2), said(again, 2)
+    assert stream_text(outputs_of(again, 3)) == "['poller']\n"

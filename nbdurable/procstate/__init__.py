@@ -48,6 +48,11 @@ listed under ``unreplayable`` with the reason: such a step is not replayed,
 its body runs again. So is a changed environment variable whose name looks
 secret (see :mod:`nbdurable.redact`): it is never written.
 
+A thread of the user's code that the step started and left running (its
+target a notebook or local-module function) cannot be started again by a
+replay: it is an ``unreplayable`` reason too. A library's own threads (pool
+workers, a client's) are not counted.
+
 Not tracked: other modules' state not named above (a library's internal
 cache, a logging configuration), attributes of classes and objects held by
 user modules changed in place, and monkeypatches done other than by an

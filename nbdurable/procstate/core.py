@@ -9,12 +9,15 @@ import os
 import random
 import re
 import sys
+import threading
+import types
 import warnings
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from .. import redact
+from ..identity import localcode
 from .modules import (
     apply_module,
     check_fresh,
@@ -45,6 +48,8 @@ class Snapshot:
     watch: tuple[tuple[str, str], ...] = ()
     recursionlimit: int = 0
     decimal: dict[str, Any] | None = None  # None: decimal not imported
+    #: the threads alive (see :func:`_threads_left`)
+    threads: tuple[threading.Thread, ...] = ()
 
 
 def snapshot(
@@ -86,7 +91,32 @@ def snapshot(
         watch=watch,
         recursionlimit=sys.getrecursionlimit(),
         decimal=_decimal_context(),
+        threads=tuple(threading.enumerate()),
     )
+
+
+def _threads_left(before: Snapshot, after: Snapshot) -> list[str]:
+    """The threads of the user's code started between the snapshots and still running.
+
+    A replay cannot start them again (a poller, a watcher the step left
+    behind): the step's body must run. Only threads running the user's code
+    (a notebook or local-module function as the target, or a ``Thread``
+    subclass of the user's) count; a library's own workers (a thread pool's,
+    a client's) are its business, as its other insides are.
+    """
+    known = {id(t) for t in before.threads}
+    out = []
+    for thread in after.threads:
+        if id(thread) in known or not thread.is_alive():
+            continue
+        target = getattr(thread, "_target", None) or getattr(thread, "function", None)
+        mine = isinstance(target, types.FunctionType) and localcode.is_local_function(target)
+        kind = type(thread)
+        if not mine and kind.run is not threading.Thread.run:
+            mine = localcode.is_local_module_name(kind.__module__)
+        if mine:
+            out.append(thread.name)
+    return out
 
 
 #: The settings of a decimal context, each an int, or a str for ``rounding``.
@@ -200,6 +230,9 @@ def delta(
         base = before.decimal or {}
         out["decimal"] = {k: v for k, v in after.decimal.items() if base.get(k) != v}
     modules_delta(before, after, out, why)
+    left = _threads_left(before, after)
+    if left:
+        why.append(f"it left {_said_threads(left)} running, which a replay cannot start again")
     if secrets:
         for part in [k for k in out if k != "env"]:
             text = json.dumps(out[part], ensure_ascii=False)
@@ -210,6 +243,12 @@ def delta(
     if why:
         out["unreplayable"] = why
     return out
+
+
+def _said_threads(names: list[str]) -> str:
+    shown = ", ".join(repr(n) for n in names[:3])
+    more = f" and {len(names) - 3} more" if len(names) > 3 else ""
+    return f"thread{'s' if len(names) > 1 else ''} {shown}{more}"
 
 
 def replayable_reasons(process: Mapping[str, Any] | None) -> list[str]:
