@@ -154,7 +154,8 @@ def test_merges_consecutive_chunks_of_one_stream(shell):
     [
         (["\r10%", "\r50%", "\r100%", "\n"], "100%\n"),
         (["abc\r", "d"], "dbc"),
-        (["abc\r", "\n", "x"], "abc\nx"),
+        (["abc\r", "\n", "x"], "abc\r\nx"),  # \r\n: a newline, kept as printed
+        (["a\r\nb\rc\n"], "a\r\nc\n"),  # a subprocess's CRLF
         (["line\n", "10%\r"], "line\n10%\r"),
         (["a\rb\nc\rd\n"], "b\nd\n"),
         (["no carriage returns\n", "here"], "no carriage returns\nhere"),

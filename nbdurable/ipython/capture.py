@@ -505,21 +505,27 @@ def join_stream_text(text: str, chunk: str) -> str:
 
     A carriage return moves back to the start of the line and the following
     text overwrites it, as terminals and JupyterLab show it; ``"\r\n"`` is a
-    plain newline. Only the last line of `text` is reprocessed, so appending
-    many small chunks stays linear. A trailing ``"\r"`` is kept until the next
-    chunk shows whether a newline follows.
+    plain newline, kept as it came (a subprocess's Windows-style line ends
+    replay as they were printed). Only the last line of `text` is
+    reprocessed, so appending many small chunks stays linear. A trailing
+    ``"\r"`` is kept until the next chunk shows whether a newline follows.
 
     >>> join_stream_text("10%", "\r50%")
     '50%'
     >>> join_stream_text("abc\r", "d\n")
     'dbc\n'
+    >>> join_stream_text("a\r", "\nb\n")
+    'a\r\nb\n'
     """
     start = text.rfind("\n") + 1
     tail = text[start:] + chunk
     if "\r" not in tail:
         return text + chunk
     lines = tail.split("\n")
-    done = [_overwrite(line.rstrip("\r")) for line in lines[:-1]]
+    done = [
+        _overwrite(line.rstrip("\r")) + ("\r" if line.endswith("\r") else "")
+        for line in lines[:-1]
+    ]
     last = lines[-1]
     trailing = "\r" if last.endswith("\r") else ""
     done.append(_overwrite(last.rstrip("\r")) + trailing)
