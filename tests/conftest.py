@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from nbdurable.store import open_store
@@ -11,6 +13,29 @@ from nbdurable.store import open_store
 def _no_env_key(monkeypatch):
     """Stores in tests use their own key file, whatever the environment says."""
     monkeypatch.delenv("NBDURABLE_KEY", raising=False)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _test_files_are_not_the_notebooks_modules():
+    """The test files themselves are not a notebook's local modules.
+
+    Tests that drive a shell in this process (not a kernel) would otherwise
+    have the process state snapshot of every step (procstate: the module-level
+    data of local modules, compared before and after) fingerprint the test
+    modules' own globals, hypothesis strategies and fixtures included: most of
+    an in-process step's time, for state no notebook has. Local modules the
+    tests write (a ``helpers.py`` in a temporary folder) are still the user's.
+    """
+    import sys
+
+    from nbdurable.procstate import modules
+
+    here = str(Path(__file__).resolve().parent)
+    for name, module in list(sys.modules.items()):
+        file = getattr(module, "__file__", None) or ""
+        if file.startswith(here):
+            modules._user[name] = (module, False)
+    yield
 
 
 @pytest.fixture
