@@ -164,9 +164,12 @@ def _save_joint(
     in_place = set(in_place)
 
     def find_refs(held: set[int]) -> dict[int, tuple[sharing.Path, Any]]:
-        # Not the values being saved: a checkpointer the step filled is also
-        # reachable from the graph holding it, yet it is this step's to save.
-        own = {id(view[n]) for n in pending}
+        # Not the objects the step changed in place: a checkpointer the step
+        # filled is also reachable from the graph holding it, yet it is this
+        # step's to save (and to restore into the live one). A name the step
+        # bound to an object that lives elsewhere (`current = state`) is a
+        # reference, as before.
+        own = {id(view[n]) for n in pending if n in in_place}
         return sharing.index(ns, roots, held - own)
 
     fps: dict[int, str | None] = {}
