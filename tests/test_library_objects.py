@@ -161,7 +161,7 @@ def test_a_body_that_runs_again_does_not_claim_no_call_repeats(tmp_path, server)
     # recorded it did, so a fresh kernel's cell ran its body without a word).
     for run in (again, book.run(cells)):
         assert said(run, 2).count("NbdurableWarning") == 1, said(run, 2)
-        assert "step 'direct' runs again: its variables holder could not be saved" in said(
+        assert "step 'direct' runs again: its variables holder cannot be restored" in said(
             run, 2
         ), said(run, 2)
 

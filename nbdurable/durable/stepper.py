@@ -654,7 +654,7 @@ def _not_replayable(rec: StepRecord) -> str:
     parts = []
     unsaved = [v.name for v in rec.variables if v.kind == "unsaved"]
     if unsaved:
-        parts.append(f"its variables {', '.join(unsaved)} could not be saved")
+        parts.append(f"its variables {', '.join(unsaved)} cannot be restored")
     reasons = procstate.replayable_reasons(rec.process)
     if reasons:
         parts.append(f"its changes to the process cannot be restored ({'; '.join(reasons)})")
