@@ -433,7 +433,7 @@ def test_an_exception_kept_in_a_variable_keeps_its_cause_and_traceback(tmp_path)
 #: ChatOpenAI does, or on first use, as ChatAnthropic's ``_client``), an in-memory
 #: checkpointer whose storage is a defaultdict of a library lambda, a store keeping its
 #: data in ``__slots__``, and a bare ``object()`` sentinel tested by identity.
-AGENTLIB = '''
+AGENTLIB = """
 import threading
 from collections import defaultdict
 from functools import cached_property
@@ -494,7 +494,7 @@ class App:
         messages.append(out)
         self.store._data[thread][len(messages)] = out
         return out
-'''
+"""
 
 
 @pytest.fixture

@@ -523,8 +523,7 @@ def join_stream_text(text: str, chunk: str) -> str:
         return text + chunk
     lines = tail.split("\n")
     done = [
-        _overwrite(line.rstrip("\r")) + ("\r" if line.endswith("\r") else "")
-        for line in lines[:-1]
+        _overwrite(line.rstrip("\r")) + ("\r" if line.endswith("\r") else "") for line in lines[:-1]
     ]
     last = lines[-1]
     trailing = "\r" if last.endswith("\r") else ""
