@@ -880,3 +880,65 @@ def test_every_nbdurable_module_is_library_code():
 
     for module in (nbdurable, nbdurable.durable.substeps, nbdurable.store.disk, localcode):
         assert localcode.is_library_file(module.__file__), module.__name__
+
+
+# -- library objects as the libraries keep them ------------------------------------------
+
+
+def test_a_figure_is_walked_once_per_object_and_its_callbacks_are_left_alone():
+    # Every matplotlib artist points at its figure, axes and transforms: walked as a
+    # tree, a small figure's fingerprint ran for minutes. And CallbackRegistry's
+    # __getstate__ advances a counter: each fingerprint differed from the last, and
+    # the ids a plain run's later mpl_connect returns moved.
+    matplotlib = pytest.importorskip("matplotlib")
+    matplotlib.use("agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots()
+    try:
+        ax.plot([1, 2, 3])
+        ax.imshow([[1, 2], [3, 4]])
+        ax.legend(["a"])
+        registry = fig.canvas.callbacks
+        before = fingerprint(fig)
+        assert fingerprint(fig) == before
+        assert fingerprint(ax.lines[0]) == fingerprint(ax.lines[0])
+        cid = registry.connect("draw_event", print)
+        plain, _ = plt.subplots()
+        try:
+            assert cid == plain.canvas.callbacks.connect("draw_event", print)
+        finally:
+            plt.close(plain)
+        ax.lines[0].set_ydata([3, 2, 1])
+        assert fingerprint(fig) != before
+    finally:
+        plt.close(fig)
+
+
+def test_a_pydantic_model_is_what_its_fields_hold_not_which_were_given():
+    # LlamaIndex's objects mark every field set when pickled: the restored copy of
+    # an unchanged document was "changed". pydantic's == ignores it too.
+    pydantic = pytest.importorskip("pydantic")
+
+    class Doc(pydantic.BaseModel):
+        text: str
+        tags: list[str] = []
+
+    assert fingerprint(Doc(text="a")) == fingerprint(Doc(text="a", tags=[]))
+    assert fingerprint(Doc(text="a")) != fingerprint(Doc(text="a", tags=["x"]))
+
+
+def test_a_tensor_is_its_content():
+    # A tensor's pickle is keyed by its storage's memory address: equal tensors,
+    # and a model restored from its record, never fingerprinted alike.
+    torch = pytest.importorskip("torch")
+    assert fingerprint(torch.ones(3)) == fingerprint(torch.ones(3))
+    assert fingerprint(torch.ones(3)) != fingerprint(torch.zeros(3))
+    assert fingerprint(torch.ones(3)) != fingerprint(torch.ones(3, dtype=torch.float64))
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2)
+    copy = pickle.loads(pickle.dumps(model))
+    assert fingerprint(copy) == fingerprint(model)
+    with torch.no_grad():
+        copy.weight[0, 0] += 1
+    assert fingerprint(copy) != fingerprint(model)

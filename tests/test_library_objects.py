@@ -264,6 +264,28 @@ def test_environment_variables_an_import_sets_are_not_inputs(tmp_path, monkeypat
     assert replayed(again, 2), said(again, 2)
 
 
+def test_an_environment_variable_the_step_sets_before_reading_it_is_not_an_input(
+    tmp_path, monkeypatch
+):
+    # DSPy's tutorial sets OPENAI_API_KEY in the step, then the library reads it:
+    # the read was recorded as an input holding that value, so in a fresh kernel,
+    # where the variable is unset (or another value) until the step sets it, the
+    # step never replayed.
+    monkeypatch.delenv("NBD_TUTORIAL_KEY", raising=False)
+    cells = [
+        HEAD,
+        "%%step setup\nimport os\nos.environ['NBD_TUTORIAL_KEY'] = 'k-1'\n"
+        "print(os.environ['NBD_TUTORIAL_KEY'], os.getenv('NBD_TUTORIAL_KEY'))",
+    ]
+    book = Notebook(tmp_path)
+    first = book.run(cells)
+    assert stream_text(outputs_of(first, 1)) == "k-1 k-1\n"
+    again = book.run(cells)
+    assert replayed(again, 1), said(again, 1)
+    book.env["NBD_TUTORIAL_KEY"] = "other"  # what it held before the step does not matter
+    assert replayed(book.run(cells), 1)
+
+
 @pytest.mark.parametrize(
     ("module", "name", "make"),
     [

@@ -7,8 +7,13 @@ step; a later run whose environment gives another value (or sets or unsets
 the variable) runs the step again, naming the variable. Values are kept
 only as SHA-256 digests: secrets never reach the store.
 
-The hook is one class-level wrapper of ``os._Environ``'s lookups, installed
-once per process and inert outside a step (one attribute test).
+A variable the step sets before it first reads it (``os.environ["KEY"] =
+...`` then a library reading ``KEY``) is the step's own output, not an
+input: what it holds when the step starts does not matter.
+
+The hook is one class-level wrapper of ``os._Environ``'s lookups and
+assignments, installed once per process and inert outside a step (one
+attribute test).
 """
 
 from __future__ import annotations
@@ -31,6 +36,19 @@ def install(current: Callable[[], Any]) -> None:
     if getattr(cls, "__nbdurable_env__", False):
         return
     getitem, contains = cls.__getitem__, cls.__contains__
+    setitem, delitem = cls.__setitem__, cls.__delitem__
+
+    def __setitem__(self: Any, key: Any, value: Any) -> None:  # noqa: N807
+        ctx = _current() if _current is not None and self is os.environ else None
+        if ctx is not None:
+            _note(ctx, key, SET_FIRST)
+        setitem(self, key, value)
+
+    def __delitem__(self: Any, key: Any) -> None:  # noqa: N807
+        ctx = _current() if _current is not None and self is os.environ else None
+        if ctx is not None:
+            _note(ctx, key, SET_FIRST)
+        delitem(self, key)
 
     def __getitem__(self: Any, key: Any) -> Any:  # noqa: N807
         ctx = _current() if _current is not None and self is os.environ else None
@@ -53,6 +71,8 @@ def install(current: Callable[[], Any]) -> None:
 
     cls.__getitem__ = __getitem__  # Mapping.get and os.getenv go through it
     cls.__contains__ = __contains__
+    cls.__setitem__ = __setitem__  # MutableMapping.setdefault and update go through it
+    cls.__delitem__ = __delitem__  # pop too
     cls.__nbdurable_env__ = True
 
 
@@ -71,7 +91,15 @@ def _by_the_step() -> bool:
     return not any(name == p or name.startswith(p + ".") for p in _NOT_THE_STEP)
 
 
-def _note(ctx: Any, key: Any, value: str | None) -> None:
+#: Noted for a variable the step set (or deleted) before it read it: not an input.
+SET_FIRST = object()
+
+
+def _note(ctx: Any, key: Any, value: Any) -> None:
+    if value is SET_FIRST:
+        if isinstance(key, str) and key not in ctx.env_reads and _by_the_step():
+            ctx.env_reads[key] = SET_FIRST
+        return
     if (
         isinstance(key, str)
         and key not in ctx.env_reads
@@ -88,6 +116,8 @@ def as_recorded(reads: dict[str, str | None]) -> dict[str, Any]:
     """
     out: dict[str, Any] = {}
     for name, digest in reads.items():
+        if digest is SET_FIRST:
+            continue  # the step's own value (see the module docstring)
         now = verdict.value_digest(os.environ.get(name))
         out[name] = digest if now == digest else [digest, now]
     return out

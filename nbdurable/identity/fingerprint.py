@@ -129,6 +129,9 @@ class _Hasher:
         self.stack: list[Any] = []
         self.type_only: list[str] = []
         self.memo: dict[int, tuple[object, bytes]] = {}
+        #: id -> (object, its state digest, or None if it was type-only) of the library
+        #: objects hashed so far in this walk (see _reduced)
+        self.library_memo: dict[int, tuple[object, bytes | None]] = {}
         self.reduced_depth = 0
         self.open_libraries = 0  # library objects being hashed, see _reduced
         self.skipping = False  # one of them is type-only: skip its remaining values
@@ -610,6 +613,17 @@ def _reduced(h: _Hasher, v: Any, local: bool = False) -> None:
     socket) is hashed by type as a whole, so no half-described state is compared.
     """
     t = type(v)
+    if not local:
+        # A library object reached again in the same walk is written as it was the
+        # first time: matplotlib's artists all point at their figure, axes and
+        # transforms, and walking them as a tree took longer than any step.
+        seen = h.library_memo.get(id(v))
+        if seen is not None:
+            if seen[1] is None:
+                _type_only(h, v)
+            else:
+                h.put(b"state", seen[1])
+            return
     try:
         with hush():  # the object's own code: a warning or log line of it is not the cell's
             reduced = v.__reduce_ex__(4)
@@ -647,6 +661,10 @@ def _reduced(h: _Hasher, v: Any, local: bool = False) -> None:
     h.put(b"object", _qual(t))
     if not local:
         state = localcode.without_lazy(t, state)
+    if type(state) is dict and "__pydantic_fields_set__" in state:
+        # Which fields were given to the constructor, not what they hold: pydantic's
+        # own == ignores it, and a round trip through pickle may change it (LlamaIndex).
+        state = {k: v for k, v in state.items() if k != "__pydantic_fields_set__"}
     h.push(func, args, state, items, pairs)
 
 
@@ -661,8 +679,12 @@ def _end_reduced(h: _Hasher, library: tuple[object, int] | None) -> None:
     if len(h.type_only) > before:  # it holds something that cannot be described
         del h.type_only[before:]
         _type_only(h, v)
+        kept = None
     else:
         h.put(b"state", digest)
+        kept = digest
+    if not h.skipping:  # a partly skipped walk is no digest to reuse
+        h.library_memo[id(v)] = (v, kept)  # holds v: its id is not reused during the walk
 
 
 def _other(h: _Hasher, v: Any) -> None:
@@ -691,6 +713,11 @@ def _resolve(t: type) -> Any:
         return functools.partial(_custom, hook=hook)
     if module in _MACHINERY:
         return _type_only
+    special = _BY_NAME.get(f"{getattr(t, '__module__', '')}.{getattr(t, '__qualname__', '')}")
+    if special is not None:
+        return special
+    if module == "torch" and _is_tensor(t):
+        return _tensor
     if issubclass(t, type):
         return _class
     if issubclass(t, enum.Enum):
@@ -713,6 +740,42 @@ def _resolve(t: type) -> Any:
             return functools.partial(_subclass, handler=handler, attrs=base is not types.ModuleType)
     local = localcode.is_local_module_name(getattr(t, "__module__", None))
     return functools.partial(_reduced, local=local)  # never repr(): it may hold addresses
+
+
+def _callback_registry(h: _Hasher, v: Any) -> None:
+    # Its __getstate__ advances a counter (next(self._cid_gen)): taken for a
+    # fingerprint, it changed every artist's fingerprint each time, and the ids
+    # a plain run's later mpl_connect returns. What it holds that pickle keeps:
+    # the signals and the callbacks marked to be pickled.
+    pickled = getattr(v, "_pickled_cids", set())
+    signals = sorted(map(str, getattr(v, "callbacks", {})))
+    h.put(b"callback-registry", *signals)
+    h.push(sorted(c for c in pickled if isinstance(c, int)))
+
+
+def _is_tensor(t: type) -> bool:
+    torch = sys.modules.get("torch")
+    return torch is not None and issubclass(t, torch.Tensor)
+
+
+def _tensor(h: _Hasher, v: Any) -> None:
+    # A tensor's pickle is torch.save's legacy bytes, keyed by the storage's
+    # memory address: equal tensors never fingerprinted alike, so every step
+    # reading a tensor, a module or an optimizer ran again. By its content
+    # instead: type, dtype, shape, whether it needs grad, its bytes, its grad.
+    try:
+        flat = v.detach().cpu().contiguous().reshape(-1)
+        data = flat.view(sys.modules["torch"].uint8).numpy()
+    except Exception:  # sparse, quantized, meta: what pickle says of it
+        _reduced(h, v)
+        return
+    h.put(b"tensor", _qual(type(v)), str(v.dtype), *map(str, v.shape), str(v.requires_grad))
+    h.raw(data)
+    h.push(v.grad, _instance_dict(v) or None)
+
+
+#: Library classes whose own pickling has side effects, by qualified name.
+_BY_NAME = {"matplotlib.cbook.CallbackRegistry": _callback_registry}
 
 
 def _enum(h: _Hasher, v: Any) -> None:

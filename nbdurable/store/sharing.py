@@ -233,7 +233,14 @@ def in_place(name: str, cls: type) -> Any:
 
 
 def _empty(obj: Any) -> Any:
-    """Empty ``obj``'s ``__dict__`` and slots for pickle's BUILD; return what refills them."""
+    """Empty ``obj`` for pickle's BUILD (and APPENDS, SETITEMS); return what refills it.
+
+    Its ``__dict__`` is cleared, and so are the items of a list, dict or set
+    subclass (seaborn's palette is a list): the recorded state and items are
+    all it holds afterwards. Slots are left to BUILD, which sets those the
+    state has (deleting one a ``__setstate__`` does not set would break the
+    object: pydantic's ``RootModel``).
+    """
     attrs = getattr(obj, "__dict__", None)
     kept = dict(attrs) if type(attrs) is dict else None
     slots = {}
@@ -242,7 +249,16 @@ def _empty(obj: Any) -> Any:
             slots[name] = object.__getattribute__(obj, name)
         except AttributeError:  # never set
             continue
-        object.__delattr__(obj, name)
+    items: Any = None
+    if isinstance(obj, list):
+        items = list(obj)
+        list.clear(obj)
+    elif isinstance(obj, dict):
+        items = dict(obj)
+        dict.clear(obj)
+    elif isinstance(obj, set):
+        items = set(obj)
+        set.clear(obj)
     if kept is not None:
         attrs.clear()
 
@@ -251,14 +267,17 @@ def _empty(obj: Any) -> Any:
         if kept is not None and type(now) is dict:
             now.clear()
             now.update(kept)
-        for name in slot_names(type(obj)):
-            if name in slots:
-                object.__setattr__(obj, name, slots[name])
-            else:
-                try:
-                    object.__delattr__(obj, name)
-                except AttributeError:
-                    pass
+        for name, value in slots.items():
+            object.__setattr__(obj, name, value)
+        if isinstance(obj, list):
+            list.clear(obj)
+            list.extend(obj, items)
+        elif isinstance(obj, dict):
+            dict.clear(obj)
+            dict.update(obj, items)
+        elif isinstance(obj, set):
+            set.clear(obj)
+            set.update(obj, items)
 
     return refill
 

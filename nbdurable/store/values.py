@@ -953,6 +953,10 @@ def _adopt_function(fn: types.FunctionType, ns: dict[str, Any], memo: dict[int, 
             _adopt_class(inner, ns, memo)
     if fn.__globals__ is ns or fn.__globals__.get("__name__") != "__main__":
         return fn
+    if any(k not in ns and not k.startswith("__") for k in fn.__globals__):
+        # Globals the notebook never had: code generated with a namespace of its
+        # own (attrs' __init__ and __eq__ read `_compat`), kept as it is.
+        return fn
     new = types.FunctionType(fn.__code__, ns, fn.__name__, fn.__defaults__, fn.__closure__)
     new.__kwdefaults__ = fn.__kwdefaults__
     new.__qualname__ = fn.__qualname__
