@@ -13,11 +13,24 @@ What ``tests/llm_server.py`` serves, plus what real notebooks need of a model:
   looks up ``C1`` and a calculator evaluates a number, as with a real model.
 - **Anthropic tool use**, plain and streamed (``tool_use`` blocks,
   ``input_json_delta`` events, ``stop_reason: "tool_use"``), on the same rule.
-- **OpenAI Responses API** (``POST /v1/responses``, not streamed): a
+- **Structured outputs that fit the schema.** A JSON-schema
+  ``response_format`` (chat completions) or ``text.format`` (Responses API) is
+  answered with a JSON object of every property of the schema: a string
+  property (not an enum) says the answer, the others are filled from the
+  user's text as tool arguments are (so an ``int`` field of a pydantic
+  ``response_format`` parses; the base server fills string fields only).
+- **OpenAI Responses API** (``POST /v1/responses``, plain and streamed): a
   ``message`` output item, or a ``function_call`` item when tools are offered
-  and the last input item comes from the user.
+  and the last input item comes from the user; with ``"stream": true`` the
+  events ``response.created``, ``response.output_item.added``, the text's
+  ``content_part`` and ``output_text.delta`` events (or the call's
+  ``function_call_arguments`` events), ``response.output_item.done`` and
+  ``response.completed``.
 - **OpenAI embeddings** (``POST /v1/embeddings``): 32 numbers per input from
   a hash of its words, deterministic.
+- **OpenAI streams send the first two words as one chunk** (chat completions
+  and Responses), so a notebook that prints each chunk prints ``answer #n``
+  whole, and :func:`mask` masks its number as it does a whole answer's.
 
 Every request is counted and logged as in the base server, and also kept in
 :attr:`FakeServer.requests` with a digest of its body in which the parts that
@@ -153,6 +166,34 @@ def fill(
     return string
 
 
+def structured(schema: dict[str, Any], text: str, last: str) -> str:
+    """The answer as a JSON object fitting `schema` (see the module docstring)."""
+    out = {}
+    for key, prop in (schema.get("properties") or {}).items():
+        if prop.get("type") == "string" and "enum" not in prop:
+            out[key] = text
+        else:
+            out[key] = fill(prop, last, schema, 1, key)
+    return json.dumps(out)
+
+
+def _schema_of(body: dict[str, Any]) -> dict[str, Any] | None:
+    """The JSON schema a chat or Responses request asks its answer to fit, if any."""
+    fmt = body.get("response_format") or {}
+    if fmt.get("type") == "json_schema":
+        return (fmt.get("json_schema") or {}).get("schema") or {}
+    fmt = (body.get("text") or {}).get("format") or {}
+    if fmt.get("type") == "json_schema":
+        return fmt.get("schema") or {}
+    return None
+
+
+def _stream_words(text: str) -> list[str]:
+    """The pieces an OpenAI stream sends `text` in: its words, the first two together."""
+    words = text.split(" ")
+    return [" ".join(words[:2]), *words[2:]] if len(words) > 1 else words
+
+
 def _openai_forced(body: dict[str, Any]) -> str | None | bool:
     """The tool name `tool_choice` forces, True for "required", False for "none"."""
     choice = body.get("tool_choice")
@@ -225,13 +266,12 @@ class _FakeHandler(_Handler):
         self._chat_reply(n, body, text, None, inp, out)
 
     def _chat_reply(self, n, body, text, call, inp, out) -> None:
-        from llm_server import _structured
-
         model = body.get("model", "test-model")
         usage = {"prompt_tokens": inp, "completion_tokens": out, "total_tokens": inp + out}
         head = {"id": f"chatcmpl-{n}", "created": CREATED + n, "model": model}
-        if text is not None:
-            text = _structured(body, text)
+        schema = _schema_of(body)
+        if text is not None and schema is not None:
+            text = structured(schema, text, _last_user_text(body))
         if not body.get("stream"):
             message: dict[str, Any] = {"role": "assistant", "content": text}
             if call:
@@ -255,7 +295,7 @@ class _FakeHandler(_Handler):
         if call:
             events.append(chunk({"tool_calls": [{"index": 0, **call}]}))
         else:
-            words = text.split(" ")
+            words = _stream_words(text)
             events += [chunk({"content": w if i == 0 else " " + w}) for i, w in enumerate(words)]
         events.append(chunk({}, "tool_calls" if call else "stop"))
         if (body.get("stream_options") or {}).get("include_usage"):
@@ -373,6 +413,9 @@ class _FakeHandler(_Handler):
                 "status": "completed",
             }
         else:
+            schema = _schema_of(body)
+            if schema is not None:
+                text = structured(schema, text, last_user)
             output = {
                 "type": "message",
                 "id": f"msg_{n}",
@@ -380,27 +423,66 @@ class _FakeHandler(_Handler):
                 "status": "completed",
                 "content": [{"type": "output_text", "text": text, "annotations": []}],
             }
-        self._json(
-            200,
-            {
-                "id": f"resp_{n}",
-                "object": "response",
-                "created_at": CREATED + n,
-                "model": body.get("model", "test-model"),
-                "status": "completed",
-                "output": [output],
-                "parallel_tool_calls": True,
-                "tool_choice": body.get("tool_choice", "auto"),
-                "tools": body.get("tools") or [],
-                "usage": {
-                    "input_tokens": inp,
-                    "output_tokens": out,
-                    "total_tokens": inp + out,
-                    "input_tokens_details": {"cached_tokens": 0},
-                    "output_tokens_details": {"reasoning_tokens": 0},
-                },
+        response = {
+            "id": f"resp_{n}",
+            "object": "response",
+            "created_at": CREATED + n,
+            "model": body.get("model", "test-model"),
+            "status": "completed",
+            "output": [output],
+            "parallel_tool_calls": True,
+            "tool_choice": body.get("tool_choice", "auto"),
+            "tools": body.get("tools") or [],
+            "usage": {
+                "input_tokens": inp,
+                "output_tokens": out,
+                "total_tokens": inp + out,
+                "input_tokens_details": {"cached_tokens": 0},
+                "output_tokens_details": {"reasoning_tokens": 0},
             },
-        )
+        }
+        if not body.get("stream"):
+            self._json(200, response)
+            return
+        self._responses_stream(response, output)
+
+    def _responses_stream(self, response: dict[str, Any], output: dict[str, Any]) -> None:
+        """`response` as the Responses API streams it (see the module docstring)."""
+        events: list[dict[str, Any]] = []
+
+        def event(kind: str, **data: Any) -> None:
+            events.append({"type": kind, "sequence_number": len(events), **data})
+
+        item_id = output["id"]
+        at = {"output_index": 0}
+        event("response.created", response={**response, "status": "in_progress", "output": []})
+        if output["type"] == "message":
+            text = output["content"][0]["text"]
+            event(
+                "response.output_item.added",
+                item={**output, "status": "in_progress", "content": []},
+                **at,
+            )
+            part = {"type": "output_text", "text": "", "annotations": []}
+            where = {"item_id": item_id, **at, "content_index": 0}
+            event("response.content_part.added", part=part, **where)
+            for i, word in enumerate(_stream_words(text)):
+                delta = word if i == 0 else " " + word
+                event("response.output_text.delta", delta=delta, logprobs=[], **where)
+            event("response.output_text.done", text=text, logprobs=[], **where)
+            event("response.content_part.done", part={**part, "text": text}, **where)
+        else:
+            event(
+                "response.output_item.added",
+                item={**output, "status": "in_progress", "arguments": ""},
+                **at,
+            )
+            args = output["arguments"]
+            event("response.function_call_arguments.delta", item_id=item_id, delta=args, **at)
+            event("response.function_call_arguments.done", item_id=item_id, arguments=args, **at)
+        event("response.output_item.done", item=output, **at)
+        event("response.completed", response=response)
+        self._sse([(e["type"], e) for e in events])
 
     def _embeddings(self, body: dict[str, Any]) -> None:
         inputs = body.get("input")
