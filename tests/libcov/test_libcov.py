@@ -1,0 +1,270 @@
+"""Library coverage: objects of installed packages, declared by one step, changed by the next.
+
+Specification. For each case of ``cases.CASES`` (one class of scikit-learn,
+statsmodels, matplotlib, plotly, seaborn, torch, astropy, pandas, polars,
+pydantic, dataclasses/attrs, the standard library, langchain-core,
+langgraph or llama-index-core):
+
+* ``%%step make_<case>`` declares an object of the class;
+* ``%%step change_<case>`` changes it: fits it, sets a parameter, appends,
+  updates, draws on it, or rebinds the name to a changed copy;
+* a plain cell after them reads it (prints what it holds, shows it).
+
+The cases of one library make one notebook (``harness.build``): a plain setup
+cell (``%load_ext nbdurable`` and the library's imports), then each case's
+three cells, then a probe cell that prints every user variable in a canonical
+text (data by value, arrays, tensors and frames by a digest of their bytes,
+estimators by their parameters and fitted attributes, figures by what they
+draw, models by their dump, other objects by their own attributes). Every
+name a case binds starts with ``<case>_``, so the cases do not share state and
+the probe's lines are told apart per case.
+
+The notebook runs three times, each in a fresh kernel (``PYTHONHASHSEED=0``,
+one thread per BLAS/OpenMP pool):
+
+``plain``
+    without nbdurable (its ``%load_ext nbdurable`` line and ``%%step``
+    headers removed): the oracle;
+``durable``
+    in a fresh store: every step runs its body and is recorded;
+``replay``
+    again, in a fresh kernel on the same store.
+
+A case passes when all of these hold:
+
+1. no hang: none of its cells runs longer than ``harness.CELL_TIMEOUT``
+   seconds in any run (such a cell is interrupted), and no run stops before
+   its cells ran (a dead kernel, the notebook over ``harness.NOTEBOOK_TIMEOUT``);
+2. its cells run without error in the plain run (else the case itself is
+   broken, reported as such) and its variables are in the plain probe;
+3. fidelity: in the durable and the replay runs, each of its cells shows
+   what the plain run showed (outputs normalized: execution counts,
+   nbdurable's own notes and ``NbdurableWarning`` lines, memory addresses,
+   UUIDs and cell file names removed; images compared by a digest of their
+   bytes), and each of its variables has the plain run's canonical text;
+4. no spurious rerun: in the replay run both of its steps replay (their
+   ``replayed`` note is shown); a step that ran its body again is reported
+   with nbdurable's reason (its ``step-invalidated`` event, logged by an
+   IPython startup file, or the warning it gave when it recorded the step).
+
+The three runs of a notebook are shared by its cases (a module fixture
+judges each notebook once, when its first case asks). Every case that fails
+against the library today is listed in :data:`FAILS_TODAY` with its one-line
+cause, as a strict xfail: a fix makes its test XPASS, which fails the run
+until the entry is removed. Never make a case pass by changing what it
+expects.
+
+Opt-in (``NBDURABLE_LIBCOV=1``): it needs the packages of
+``tests/libcov/requirements.txt`` and takes a few minutes on two cores::
+
+    python -m pip install -r tests/libcov/requirements.txt
+    NBDURABLE_LIBCOV=1 python -m pytest tests/libcov
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from cases import BY_NAME, CASES, NEEDS  # noqa: E402
+from harness import LibResult, judge_lib  # noqa: E402
+
+pytestmark = pytest.mark.skipif(
+    os.environ.get("NBDURABLE_LIBCOV") != "1",
+    reason="the library-coverage corpus runs with NBDURABLE_LIBCOV=1 "
+    "(pip install -r tests/libcov/requirements.txt)",
+)
+
+# Each entry's cause is one of a few mechanisms of nbdurable (or of the library's own pickle
+# round trip); the strings below name them once.
+_REF = (
+    "step reran: 'cannot restore its variables ({name} is not the object it was)': the change "
+    "step's values share {what} with the namespace, recorded as a reference, and in the "
+    "replaying kernel the live one is judged another object"
+)
+_FIG_TEXT = (
+    "replay differs: " + _REF[len("step reran: ") :] + "; after the rerun the Figure shows as "
+    "text only (no image/png)"
+)
+_GRID = (
+    "step reran: input changed: the seaborn {what}'s fingerprint (its Figure, axes, artists) "
+    "differs once the make step's record restored it in a new kernel"
+)
+_GRAD = (
+    "replay differs: a tensor's pickle keeps its data and requires_grad, not .grad; backward() "
+    "only filled {name}.grad, so the replayed tensor has grad None where the plain run has "
+    "the gradient"
+)
+_PLOTLY = (
+    "replay differs: plotly objects unpickle through their constructor, which sets properties "
+    "in alphabetical order, so to_plotly_json()/to_json() key order differs from the live object"
+)
+_ROUND_TRIP = (
+    "step reran: input changed: the {what}'s pickled state is not the same after a pickle "
+    "round trip ({how}), and its fingerprint is that state, so the restored object is 'changed'"
+)
+_SHARED_INPLACE = (
+    "replay differs: the change step's in-place change of the {what} is restored as a new "
+    "object bound to the name, while the {holder} the make step recorded still holds the old "
+    "one ({holder}.obj is not the {what})"
+)
+
+#: case -> why it fails today. Strict: remove an entry when its case passes.
+FAILS_TODAY: dict[str, str] = {
+    # statsmodels
+    "sm_arima": (
+        "step reran: 'series_arima is not the object it was': ARIMA's fit fills a cache "
+        "(DatetimeArray._cache) inside the plain cell's Series, part of its pickled state, so "
+        "the recorded reference to it no longer matches the fresh series on replay"
+    ),
+    # matplotlib
+    "mp_pyplot": (
+        "replay differs: the change step reruns (input 'mp_pyplot_ax' changed: the pyplot "
+        "figure's Axes fingerprints otherwise once restored) and display(fig) then shows the "
+        "Figure as text only (no image/png)"
+    ),
+    "mp_image": _FIG_TEXT.format(name="mp_image_fig", what="the Figure"),
+    "mp_legend": _FIG_TEXT.format(name="mp_legend_ax", what="the Axes"),
+    # plotly
+    "pl_figure": _PLOTLY,
+    "pl_scatter": _PLOTLY,
+    "pl_layout": _PLOTLY,
+    "pl_subplots": _PLOTLY,
+    "pl_express": _PLOTLY,
+    "pl_bar": _PLOTLY,
+    "pl_annotation": _PLOTLY,
+    "pl_template": _PLOTLY,
+    "pl_heatmap": _PLOTLY,
+    # seaborn
+    "sb_facet": _GRID.format(what="FacetGrid"),
+    "sb_joint": _GRID.format(what="JointGrid"),
+    "sb_pair": _GRID.format(what="PairGrid"),
+    "sb_cluster": _GRID.format(what="ClusterGrid"),
+    # torch
+    "th_grad": _GRAD.format(name="x"),
+    "th_sgd": _GRAD.format(name="w"),
+    "th_adam": _GRAD.format(name="w"),
+    "th_sequential": (
+        "step reran: 'cannot restore its process state (No module named "
+        "'torch.ops._inductor_test')': the step's process-state change names a module torch "
+        "makes on the fly, which a fresh kernel cannot import"
+    ),
+    "th_batchnorm": (
+        "replay differs: forward() updates BatchNorm's buffers (running_mean, "
+        "num_batches_tracked) in place and this is not seen as a change of the module, so the "
+        "change step records only its output and the replayed module has its initial buffers"
+    ),
+    # astropy
+    "ap_skycoord": _ROUND_TRIP.format(what="SkyCoord", how="stable from the second trip on"),
+    "ap_column": _ROUND_TRIP.format(what="Column", how="stable from the second trip on"),
+    "ap_wcs": _ROUND_TRIP.format(
+        what="WCS", how="it is rebuilt through a header and gains _alt_wcskey"
+    ),
+    # pandas
+    "pd_groupby": _SHARED_INPLACE.format(what="DataFrame", holder="groupby"),
+    "pd_rolling": _SHARED_INPLACE.format(what="Series", holder="rolling"),
+    # polars
+    "po_sqlcontext": (
+        "replay differs: the SQLContext cannot be saved (its make step reruns), and "
+        "register() changes only its native state, which nbdurable cannot see: the change "
+        "step replays as unchanged and the table is gone (relation 't' was not found)"
+    ),
+    # dataclasses and attrs
+    "dc_in_step": (
+        "step reran: input changed: an instance of a dataclass defined in the step itself "
+        "fingerprints differently once the step's record restored it in a new kernel"
+    ),
+    # llama-index-core
+    "li_splitter": (
+        "step reran: 'cannot restore its variables': unpickling the splitter's tiktoken "
+        "encoding fetches cl100k_base from the network (llama-index sets TIKTOKEN_CACHE_DIR "
+        "only while it loads the encoding itself); there is none"
+    ),
+    "li_index": _REF.format(
+        name="Settings._embed_model",
+        what="the MockEmbedding the plain setup cell put in llama_index's Settings",
+    ),
+    "li_chatstore": (
+        "replay differs: llama-index's pickle round trip marks 'store' as set "
+        "(__pydantic_fields_set__ {'store'} where the plain object has set()); the fingerprint "
+        "ignores it, so the step replays an object whose model_dump(exclude_unset=True) differs"
+    ),
+}
+
+assert set(FAILS_TODAY) <= set(BY_NAME), "FAILS_TODAY names an unknown case"
+
+
+def _missing(lib: str) -> list[str]:
+    out = []
+    for module in NEEDS[lib]:
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except ModuleNotFoundError:
+            found = False
+        if not found:
+            out.append(module)
+    return out
+
+
+def _params():
+    out = []
+    for case in CASES:
+        marks = [
+            pytest.mark.kernel,
+            pytest.mark.fidelity,
+            # nbclient's event loops and sockets, left to the collector
+            pytest.mark.filterwarnings("ignore::ResourceWarning"),
+            pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning"),
+        ]
+        reason = FAILS_TODAY.get(case.name)
+        if reason:
+            marks.append(pytest.mark.xfail(strict=True, reason=reason))
+        out.append(pytest.param(case.name, id=f"{case.lib}-{case.name}", marks=marks))
+    return out
+
+
+class Corpus:
+    """Judges each library's notebook once, the first time one of its cases asks."""
+
+    def __init__(self) -> None:
+        self.results: dict[str, LibResult] = {}
+
+    def result(self, lib: str) -> LibResult:
+        if lib not in self.results:
+            self.results[lib] = judge_lib(lib)
+        return self.results[lib]
+
+
+@pytest.fixture(scope="module")
+def corpus():
+    c = Corpus()
+    yield c
+    report = os.environ.get("LIBCOV_REPORT")
+    if report:
+        import json
+
+        Path(report).write_text(
+            json.dumps(
+                {
+                    lib: {"problems": r.problems, "seconds": r.seconds}
+                    for lib, r in c.results.items()
+                },
+                indent=1,
+            )
+        )
+
+
+@pytest.mark.parametrize("name", _params())
+def test_libcov(corpus, name):
+    case = BY_NAME[name]
+    missing = _missing(case.lib)
+    if missing:
+        pytest.skip(f"needs {', '.join(missing)}: pip install -r tests/libcov/requirements.txt")
+    problem = corpus.result(case.lib).problems[name]
+    assert problem is None, problem
