@@ -942,3 +942,19 @@ def test_a_tensor_is_its_content():
     with torch.no_grad():
         copy.weight[0, 0] += 1
     assert fingerprint(copy) != fingerprint(model)
+
+
+def test_a_tensor_keeps_its_gradient_through_a_record():
+    # torch's pickle leaves .grad out: a step that ran loss.backward() replayed
+    # with every gradient None, and the optimizer stepped on nothing.
+    torch = pytest.importorskip("torch")
+    from nbdurable.store import values
+
+    model = torch.nn.Linear(2, 1)
+    x = torch.tensor([1.0, 2.0], requires_grad=True)
+    model(x).sum().backward()
+    x2, model2 = values.loads(values.dumps([x, model]))
+    assert torch.equal(x2.grad, x.grad) and x2.requires_grad
+    assert isinstance(model2.weight, torch.nn.Parameter)
+    assert torch.equal(model2.weight.grad, model.weight.grad)
+    assert fingerprint(model2) == fingerprint(model)

@@ -12,6 +12,8 @@ attributes still hold what they held, see :func:`untouched`) is not a change.
 from __future__ import annotations
 
 import ast
+import functools
+import types
 import warnings
 from typing import Any
 
@@ -126,12 +128,22 @@ def mutated_inputs(
         if name in known or name not in after or after[name] is not before.get(name):
             continue
         value = after[name]
-        if values.is_module(value) or callable(value):
+        # Functions and classes change by rebinding; a callable object does not:
+        # a torch module's forward pass updates its buffers in place (BatchNorm).
+        if values.is_module(value) or isinstance(value, _BY_IDENTITY):
             continue
         if fingerprint_or_type(value, name) != fp:
             out.append(name)
     return sorted(out)
 
+
+_BY_IDENTITY = (
+    type,
+    types.FunctionType,
+    types.BuiltinFunctionType,
+    types.MethodType,
+    functools.partial,
+)
 
 _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)
 

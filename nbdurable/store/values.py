@@ -679,6 +679,10 @@ class _Pickler(cloudpickle.Pickler):
             got = _module_sentinel(obj)
             if got is not None:
                 return getattr, got
+        if t.__module__.startswith("torch") and getattr(obj, "grad", None) is not None:
+            reduced = _tensor_with_grad(obj)
+            if reduced is not None:
+                return reduced
         lazy = localcode.lazy_names(t)
         if lazy:
             reduced = _without_lazy(obj, t, lazy)
@@ -730,6 +734,31 @@ def _in_place_reduce(obj: Any, name: str) -> tuple | None:
     if not localcode.is_local_module_name(t.__module__):
         state = localcode.without_lazy(t, state)
     return (sharing.in_place, (name, t), state, *reduced[3:])
+
+
+def _tensor_with_grad(t: Any) -> tuple | None:
+    """A torch tensor with its ``.grad``, which torch's own pickle leaves out.
+
+    ``loss.backward()`` in a step fills only the leaves' ``.grad``: without it
+    a replayed model's optimizer would step on nothing. The tensor is written
+    as a detached copy (same storage) rebuilt as it was (a ``Parameter`` stays
+    one) with its gradient set again. None for anything else.
+    """
+    torch = sys.modules.get("torch")
+    if torch is None or not isinstance(t, torch.Tensor) or not t.is_leaf:
+        return None
+    kind = "parameter" if isinstance(t, torch.nn.Parameter) else "tensor"
+    return _with_grad, (kind, t.detach(), t.requires_grad, t.grad)
+
+
+def _with_grad(kind: str, data: Any, requires_grad: bool, grad: Any) -> Any:
+    torch = sys.modules.get("torch") or importlib.import_module("torch")
+    if kind == "parameter":
+        out = torch.nn.Parameter(data, requires_grad=requires_grad)
+    else:
+        out = data.requires_grad_(requires_grad)
+    out.grad = grad
+    return out
 
 
 def _module_sentinel(obj: object) -> tuple[types.ModuleType, str] | None:

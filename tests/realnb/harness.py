@@ -14,7 +14,10 @@ against one plain run (and one plain run of the edited notebook):
     plain, the same model requests.
 ``replay``
     (c) again, in a fresh kernel on the same store: every step replays, no
-    model request is sent, the same outputs and values as plain.
+    model request is sent, the same outputs and values as plain. A step may
+    take the rule's other branch instead, its body running again, only with
+    nbdurable's line in its cell saying why and no request sent from it
+    (reported apart: ``Result.reran``).
 ``resume``
     (d) in another fresh store, the kernel is SIGKILLed in the middle of the
     step that makes the most model requests (by the server, when request
@@ -25,8 +28,9 @@ against one plain run (and one plain run of the edited notebook):
 ``edit``
     (e) on the store of (c), after one realistic edit (``Spec.edit``, e.g. a
     prompt): the edited step and the steps named in ``Spec.reruns`` run
-    again, every other step replays, and outputs and values equal a plain run
-    of the edited notebook (nothing stale).
+    again, every other step replays (or runs again as in (c), with its line
+    and no request), and outputs and values equal a plain run of the edited
+    notebook (nothing stale).
 
 Every run gets a fresh kernel (``PYTHONHASHSEED=0``), the same fake server
 (``fake_server.FakeServer``, reset between runs, so the base URL a notebook
@@ -570,6 +574,9 @@ class Result:
     problems: dict[str, str | None] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=dict)
     total: float = 0.0
+    #: per check: the steps whose body ran again with nbdurable's line saying why and
+    #: no request sent (the rule's other branch: passed, and reported as such)
+    reran: dict[str, list[str]] = field(default_factory=dict)
 
 
 def judge(spec: Spec) -> Result:
@@ -623,7 +630,9 @@ def _judge(spec: Spec, runner: Runner, result: Result) -> None:
         problem = f"{len(again.requests)} model request(s) sent on replay: " + _lasts(
             again.requests
         )
-    result.problems["replay"] = problem or _reran(again, steps, expect=set(), first=first)
+    result.problems["replay"] = problem or _reran(
+        again, steps, expect=set(), first=first, noted=result.reran.setdefault("replay", [])
+    )
 
     # (d) killed mid-step, resumed
     result.problems["resume"] = _resume(runner, nb, plain, steps, loose)
@@ -638,7 +647,9 @@ def _judge(spec: Spec, runner: Runner, result: Result) -> None:
     expect = {steps[edited_cell]} if edited_cell in steps else set()
     expect |= set(spec.reruns)
     if problem is None:
-        problem = _reran(after, steps, expect=expect, first=again)
+        problem = _reran(
+            after, steps, expect=expect, first=again, noted=result.reran.setdefault("edit", [])
+        )
     if problem is None:
         extra = Counter(r["digest"] for r in after.requests) - Counter(
             r["digest"] for r in plain_edited.requests
@@ -688,17 +699,29 @@ def _lasts(requests: list[dict[str, Any]]) -> str:
     return ", ".join(repr(r["last"][:50]) for r in requests[:3])
 
 
-def _reran(run: Run, steps: dict[int, str], expect: set[str], first: Run) -> str | None:
+def _reran(
+    run: Run, steps: dict[int, str], expect: set[str], first: Run, noted: list[str]
+) -> str | None:
     """None if exactly the steps in `expect` ran (did not replay), else which did or did not.
 
-    The reason is nbdurable's: the step's invalidation event in `run`, its
-    warning there, or the warning it gave when `first` recorded it.
+    The rule's other branch passes too: a step whose body ran again with
+    nbdurable's line in its cell saying why ("... runs again ...": its record
+    cannot be restored, a secret was never written) and that sent no request
+    from that cell. Such steps are listed in `noted`. A step invalidated
+    without such a line (an input seen as changed) is a failure. The reason
+    given is nbdurable's: the step's invalidation event in `run`, its warning
+    there, or the warning it gave when `first` recorded it.
     """
     for i, name in steps.items():
         replayed = run.replayed(i)
         if name in expect and replayed:
             return f"step {name!r} replayed after the edit: stale"
         if name not in expect and not replayed:
+            line = run.said(i)
+            before, after = run.per_cell.get(i, (0, 0))
+            if "runs again" in line and after == before and not run.why(name):
+                noted.append(f"{name}: {line}"[:300])
+                continue
             why = run.why(name) or run.said(i)
             if not why and first.said(i):
                 why = "recorded not replayable: " + first.said(i)
