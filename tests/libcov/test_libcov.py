@@ -96,11 +96,6 @@ _GRID = (
     "step reran: input changed: the seaborn {what}'s fingerprint (its Figure, axes, artists) "
     "differs once the make step's record restored it in a new kernel"
 )
-_GRAD = (
-    "replay differs: a tensor's pickle keeps its data and requires_grad, not .grad; backward() "
-    "only filled {name}.grad, so the replayed tensor has grad None where the plain run has "
-    "the gradient"
-)
 _PLOTLY = (
     "replay differs: plotly objects unpickle through their constructor, which sets properties "
     "in alphabetical order, so to_plotly_json()/to_json() key order differs from the live object"
@@ -147,18 +142,10 @@ FAILS_TODAY: dict[str, str] = {
     "sb_pair": _GRID.format(what="PairGrid"),
     "sb_cluster": _GRID.format(what="ClusterGrid"),
     # torch
-    "th_grad": _GRAD.format(name="x"),
-    "th_sgd": _GRAD.format(name="w"),
-    "th_adam": _GRAD.format(name="w"),
     "th_sequential": (
         "step reran: 'cannot restore its process state (No module named "
         "'torch.ops._inductor_test')': the step's process-state change names a module torch "
         "makes on the fly, which a fresh kernel cannot import"
-    ),
-    "th_batchnorm": (
-        "replay differs: forward() updates BatchNorm's buffers (running_mean, "
-        "num_batches_tracked) in place and this is not seen as a change of the module, so the "
-        "change step records only its output and the replayed module has its initial buffers"
     ),
     # astropy
     "ap_skycoord": _ROUND_TRIP.format(what="SkyCoord", how="stable from the second trip on"),
