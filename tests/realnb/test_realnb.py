@@ -255,76 +255,20 @@ SPECS = [
 
 #: (notebook, check) -> why it fails today. Strict: remove an entry when its check passes.
 FAILS_TODAY: dict[tuple[str, str], str] = {
-    ("lg_persistence", "replay"): (
-        "step reran: it binds the StateGraph builder, the compiled graph and the model "
-        "(cannot pickle '_thread.RLock'), so it is recorded not replayable"
-    ),
-    ("lg_persistence", "edit"): (
-        "step 'memory_store' reran after an edit of step 'chat' only (no invalidation reason: "
-        "its body reruns because a variable it changed cannot be saved)"
-    ),
-    ("lg_react_memory", "edit"): (
-        "step 'weather' reran after an edit of step 'known_for' only: not replayable (see replay)"
-    ),
-    ("lg_persistence_functional", "replay"): (
-        "step reran: the @entrypoint workflow (Pregel) and ChatAnthropic model made in plain "
-        "cells count as changed by the step, cannot be pickled (RLock): not replayable"
-    ),
-    ("ag_hello_world", "replay"): (
-        "step reran: it binds `result`, an agents RunResult, which cannot be pickled "
-        "(weakref.ReferenceType): recorded not replayable (its HTTP replays, no request sent)"
-    ),
     ("ag_getting_started", "replay"): (
-        "step 'first_agent' reran: every step binds `result`, an agents RunResult (weakref: "
-        "cannot be pickled), so each is recorded not replayable"
+        "step 'pipeline' reran: inputs 'convert_currency', 'get_weather' changed: the "
+        "@function_tool objects fingerprint otherwise once the steps before it have replayed"
     ),
     ("ag_getting_started", "edit"): (
-        "step 'tools' reran after an edit of 'first_agent' only: not replayable (result, "
-        "travel_agent cannot be saved; see replay)"
-    ),
-    ("oa_function_calling", "replay"): (
-        "step 'ask10' reran: chat_response, a requests.Response, keeps its PreparedRequest whose "
-        "Authorization header holds $OPENAI_API_KEY's value, so it is never written (a secret)"
-    ),
-    ("oa_function_calling", "edit"): (
-        "step 'ask10' reran after an edit of 'top_artists' only: its requests.Response holds "
-        "the key (see replay)"
-    ),
-    ("oa_stream", "replay"): (
-        "step 'one_plus_one' reran: it keeps `completion`, an openai.Stream (RLock: cannot be "
-        "pickled), so it is recorded not replayable"
-    ),
-    ("oa_stream", "edit"): (
-        "step 'count_streamed' reran after an edit of 'one_plus_one' only: it too keeps an "
-        "openai.Stream (not replayable; the harness finds no reason: the warning is said once)"
-    ),
-    ("dspy_custom_module", "replay"): (
-        "step reran: environment variable $OPENAI_API_KEY changed, though the step sets it "
-        "itself before DSPy reads it (a variable a step assigns then reads counts as an input)"
+        "step 'pipeline' reran: inputs 'convert_currency', 'get_weather' changed (see replay)"
     ),
     ("lg_summary", "replay"): (
         "step 'celtics_win' reran: input 'app' changed: the compiled graph whose MemorySaver "
         "step 'chat' filled fingerprints otherwise once that step has replayed"
     ),
-    ("smol_text_to_sql", "replay"): (
-        "step 'most_expensive' reran: the CodeAgent made in a plain cell is changed by its run "
-        "(its memory) and cannot be pickled (its model's OpenAI client holds an RLock): not "
-        "replayable"
-    ),
-    ("smol_text_to_sql", "edit"): (
-        "step 'most_expensive' reran after an edit of 'tips' only: not replayable (see replay)"
-    ),
     ("pdsh_kde", "replay"): (
         "step 'naive_bayes' reran: input 'digits' changed: the sklearn Bunch (load_digits) that "
         "step 'kde_classifier' binds fingerprints otherwise once restored by its replay"
-    ),
-    ("li_durable_workflows", "replay"): (
-        "step 'instance_state' reran: it binds `w`, a workflows Workflow (weakref: cannot be "
-        "pickled), so it is recorded not replayable"
-    ),
-    ("li_durable_workflows", "edit"): (
-        "step 'context_state' reran after an edit of 'instance_state' only: its handler and w "
-        "cannot be saved (not replayable)"
     ),
     **{
         ("li_agent", check): (
