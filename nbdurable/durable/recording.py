@@ -425,12 +425,34 @@ class Origins:
 
     def __init__(self) -> None:
         self._map: dict[str, tuple[Any, str]] = {}
+        #: name -> the object's fingerprint when it was recorded or restored (see
+        #: :meth:`note_fingerprint`)
+        self._fps: dict[str, str] = {}
 
     def __setitem__(self, name: str, origin: tuple[Any, ...]) -> None:
         """``origins[name] = (object, sha)`` or ``(object, sha, pure)``."""
         obj, sha = origin[0], origin[1]
         pure = len(origin) > 2 and origin[2]
         self._map[name] = (_Id(obj) if pure else _ref(obj), sha)
+        self._fps.pop(name, None)
+
+    def note_fingerprint(self, name: str, fp: str) -> None:
+        """The fingerprint the object of ``name`` had when it was recorded or restored.
+
+        An object pickle rebuilds from its state may come back with a state
+        that fingerprints otherwise (scikit-learn's ``Bunch`` drops a private
+        dict in ``__setstate__``): the restored copy is what the record holds,
+        yet its fingerprint is not the recorded object's. What a dependant
+        compares is then "the object of this blob, unchanged since" (see
+        ``Stepper._input_fp``), the same in the run that recorded it and in the
+        one that restored it.
+        """
+        if name in self._map:
+            self._fps[name] = fp
+
+    def fingerprint_at_origin(self, name: str) -> str | None:
+        """What :meth:`note_fingerprint` noted for ``name`` (None: nothing)."""
+        return self._fps.get(name)
 
     def sha_for(self, name: str, value: Any) -> str | None:
         """The blob sha recorded under ``name`` if ``value`` is that very object, else None."""
@@ -445,6 +467,7 @@ class Origins:
 
     def pop(self, name: str, default: Any = None) -> Any:
         """Forget ``name``; its sha (or ``default``)."""
+        self._fps.pop(name, None)
         entry = self._map.pop(name, None)
         return default if entry is None else entry[1]
 
@@ -456,12 +479,14 @@ class Origins:
     def clear(self) -> None:
         """Forget everything."""
         self._map.clear()
+        self._fps.clear()
 
     def prune(self, ns: Mapping[str, Any]) -> None:
         """Forget every name that ``ns`` no longer binds to its object (dropping strong refs)."""
         for name, (handle, _sha) in list(self._map.items()):
             if name not in ns or not _same(handle, ns[name]):
                 del self._map[name]
+                self._fps.pop(name, None)
 
     def __len__(self) -> int:
         return len(self._map)

@@ -15,6 +15,8 @@ from __future__ import annotations
 import hashlib
 import threading
 import time
+import types
+from collections.abc import Iterable
 from dataclasses import dataclass
 from html import escape
 from typing import TYPE_CHECKING, Any
@@ -256,7 +258,19 @@ class StepRunner:
             # say, whichever step bound it: the digest of that step's blob (its other
             # variables too) would make `KMeans` "change" when that step reran.
             return fp
+        if self.origins.fingerprint_at_origin(name) == fp:
+            # The object of that blob, unchanged since it was recorded or restored
+            # (see Origins.note_fingerprint): the same in both runs.
+            return hashlib.sha256(f"origin:{sha}".encode()).hexdigest()[:32]
         return hashlib.sha256(f"{fp}:{sha}".encode()).hexdigest()[:32]
+
+    def _note_origin_fingerprints(self, names: Iterable[str]) -> None:
+        """Note the fingerprint of each of ``names`` that pickle rebuilds from its state."""
+        ns = self.session.user_ns
+        for name in names:
+            value = ns.get(name)
+            if _by_state(value):
+                self.origins.note_fingerprint(name, fingerprint_or_type(value, name))
 
     def current_inputs(self, rec: StepRecord) -> tuple[dict[str, str], frozenset[str]]:
         """The record's inputs as they are in the namespace now, for a prediction.
@@ -341,6 +355,7 @@ class StepRunner:
             elif var.kind == "shared":  # as recording.save_variables names it
                 digest = spill.digest(var.ref, var.spilled)
                 self.origins[var.name] = (restored[var.name], digest, pure[var.name])
+        self._note_origin_fingerprints(v.name for v in rec.variables if v.kind == "shared")
         outputs = list(rec.outputs)
         cut = next(
             (i for i, o in enumerate(outputs) if o.get("output_type") == "execute_result"), None
@@ -584,6 +599,7 @@ class StepRunner:
             self.producers[name] = key
             self.origins.pop(name, None)
         self.origins.update(saved.origins)
+        self._note_origin_fingerprints(saved.origins)
         # A value that could not be saved is told apart by the step version that
         # made it: a dependant reruns when its maker ran on other code or inputs.
         for var in saved.variables:
@@ -647,6 +663,18 @@ class StepRunner:
 #: Builtins that read the namespace by name at run time: a step calling one may
 
 _RESULT = "the result"  # the last expression's value, saved like a variable
+
+
+def _by_state(value: Any) -> bool:
+    """An instance pickle rebuilds from its state (not data, an array, a frame, code)."""
+    t = type(value)
+    if value is None or isinstance(value, (type, types.FunctionType, types.ModuleType)):
+        return False
+    return str(getattr(t, "__module__", "")).partition(".")[0] not in _BY_CONTENT
+
+
+#: Modules whose values come back from a pickle exactly as they were.
+_BY_CONTENT = frozenset({"builtins", "numpy", "pandas", "collections", "datetime", "decimal"})
 
 
 def _not_replayable(rec: StepRecord) -> str:
