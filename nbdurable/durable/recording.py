@@ -322,6 +322,8 @@ def load_variables(
 def _load_variables(
     store: Store, variables: Iterable[VarRecord], ns: dict[str, Any]
 ) -> tuple[dict[str, Any], dict[str, bool]]:
+    variables = list(variables)
+    restoring = [v.name for v in variables]
     restored: dict[str, Any] = {}
     pure: dict[str, bool] = {}
     joint: dict[str, list[str]] = {}  # sha -> names in the blob's order
@@ -340,7 +342,7 @@ def _load_variables(
             if blob is None:
                 raise CorruptRecord(f"the saved value of {var.name!r} is missing")
             value, pure[var.name] = values.load_value(blob.stream, ns, blob.buffers)
-            restored[var.name] = values.adopt(value, ns)
+            restored[var.name] = values.adopt(value, ns, restoring)
         except Exception as exc:
             raise LoadFailed([var.name], exc) from exc
     for sha, names in joint.items():
@@ -351,7 +353,7 @@ def _load_variables(
                 raise CorruptRecord(f"the saved value of {names[0]!r} is missing")
             got = values.load_values(blob.stream, len(names), ns, blob.buffers)
             for name, (value, plain) in zip(names, got, strict=True):
-                restored[name] = values.adopt(value, ns)
+                restored[name] = values.adopt(value, ns, restoring)
                 pure[name] = plain
         except values.PartUnloadable as exc:
             # The values before it loaded: it is the one that does not (those

@@ -946,7 +946,7 @@ def import_module(ref: str) -> types.ModuleType:
     return module
 
 
-def adopt(value: Any, namespace: dict[str, Any]) -> Any:
+def adopt(value: Any, namespace: dict[str, Any], restoring: Iterable[str] = ()) -> Any:
     """Give functions and classes defined in the notebook the notebook's globals again.
 
     cloudpickle restores a notebook function (one whose globals were
@@ -956,16 +956,33 @@ def adopt(value: Any, namespace: dict[str, Any]) -> Any:
     ``namespace``, as are the ones in its closure (``@decorator`` wrappers) and
     the methods of notebook classes (in place, so their instances follow).
     Returns the value to bind (a new function object for a function).
+    A function whose saved globals hold names the notebook never had
+    (generated code with a namespace of its own: attrs' ``__init__`` reads
+    ``_compat``) keeps them; ``restoring`` are the names the same record is
+    about to bind, which count as the notebook's.
     """
     memo: dict[int, Any] = {}
+    known = _Known(namespace, frozenset(restoring))
     if isinstance(value, types.FunctionType):
-        return _adopt_function(value, namespace, memo)
+        return _adopt_function(value, namespace, memo, known)
     cls = value if isinstance(value, type) else type(value)
-    _adopt_class(cls, namespace, memo)
+    _adopt_class(cls, namespace, memo, known)
     return value
 
 
-def _adopt_function(fn: types.FunctionType, ns: dict[str, Any], memo: dict[int, Any]) -> Any:
+class _Known:
+    """The names the notebook has, or is about to have (see :func:`adopt`)."""
+
+    def __init__(self, ns: dict[str, Any], restoring: frozenset[str]) -> None:
+        self.ns, self.restoring = ns, restoring
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.ns or name in self.restoring
+
+
+def _adopt_function(
+    fn: types.FunctionType, ns: dict[str, Any], memo: dict[int, Any], known: _Known
+) -> Any:
     if id(fn) in memo:
         return memo[id(fn)]
     memo[id(fn)] = fn
@@ -975,14 +992,14 @@ def _adopt_function(fn: types.FunctionType, ns: dict[str, Any], memo: dict[int, 
         except ValueError:  # a cell not filled yet
             continue
         if isinstance(inner, types.FunctionType):
-            new_inner = _adopt_function(inner, ns, memo)
+            new_inner = _adopt_function(inner, ns, memo, known)
             if new_inner is not inner:
                 cell.cell_contents = new_inner
         elif isinstance(inner, type):
-            _adopt_class(inner, ns, memo)
+            _adopt_class(inner, ns, memo, known)
     if fn.__globals__ is ns or fn.__globals__.get("__name__") != "__main__":
         return fn
-    if any(k not in ns and not k.startswith("__") for k in fn.__globals__):
+    if any(k not in known and not k.startswith("__") for k in fn.__globals__):
         # Globals the notebook never had: code generated with a namespace of its
         # own (attrs' __init__ and __eq__ read `_compat`), kept as it is.
         return fn
@@ -997,13 +1014,13 @@ def _adopt_function(fn: types.FunctionType, ns: dict[str, Any], memo: dict[int, 
     return new
 
 
-def _adopt_class(cls: type, ns: dict[str, Any], memo: dict[int, Any]) -> None:
+def _adopt_class(cls: type, ns: dict[str, Any], memo: dict[int, Any], known: _Known) -> None:
     for klass in cls.__mro__:
         if klass.__module__ != "__main__" or id(klass) in memo:
             continue
         memo[id(klass)] = klass
         for name, member in list(vars(klass).items()):
-            new = _adopt_member(member, ns, memo)
+            new = _adopt_member(member, ns, memo, known)
             if new is not member:
                 try:
                     setattr(klass, name, new)
@@ -1011,16 +1028,16 @@ def _adopt_class(cls: type, ns: dict[str, Any], memo: dict[int, Any]) -> None:
                     pass
 
 
-def _adopt_member(member: Any, ns: dict[str, Any], memo: dict[int, Any]) -> Any:
+def _adopt_member(member: Any, ns: dict[str, Any], memo: dict[int, Any], known: _Known) -> Any:
     if isinstance(member, types.FunctionType):
-        return _adopt_function(member, ns, memo)
+        return _adopt_function(member, ns, memo, known)
     if isinstance(member, (staticmethod, classmethod)):
         fn = member.__func__
-        new = _adopt_member(fn, ns, memo)
+        new = _adopt_member(fn, ns, memo, known)
         return member if new is fn else type(member)(new)
     if isinstance(member, property):
         parts = [member.fget, member.fset, member.fdel]
-        new_parts = [None if p is None else _adopt_member(p, ns, memo) for p in parts]
+        new_parts = [None if p is None else _adopt_member(p, ns, memo, known) for p in parts]
         if all(a is b for a, b in zip(parts, new_parts, strict=True)):
             return member
         return type(member)(*new_parts, member.__doc__)

@@ -72,8 +72,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from cases import BY_NAME, CASES, NEEDS  # noqa: E402
-from harness import LibResult, judge_lib  # noqa: E402
+from libcov_cases import BY_NAME, CASES, NEEDS  # noqa: E402
+from libcov_harness import LibResult, judge_lib  # noqa: E402
 
 pytestmark = pytest.mark.skipif(
     os.environ.get("NBDURABLE_LIBCOV") != "1",

@@ -1,6 +1,6 @@
 """Running one library notebook of the corpus plain, durable and replayed, and judging its cases.
 
-See test_libcov.py for what is checked; cases.py for the cases. A notebook is
+See test_libcov.py for what is checked; libcov_cases.py for the cases. A notebook is
 built from the cases of one library:
 
 * cell 0, plain: ``%load_ext nbdurable`` and the library's imports (``LIBS``);
@@ -39,8 +39,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
-from cases import CASES, LIBS, Case  # noqa: E402
 from kernel_util import REPO_ROOT, kernel_name, normalize_outputs, private_sockets  # noqa: E402
+from libcov_cases import CASES, LIBS, Case  # noqa: E402
 
 #: seconds one cell may run before it counts as a hang (it is then interrupted)
 CELL_TIMEOUT = 15
