@@ -43,11 +43,9 @@ pytestmark = pytest.mark.skipif(
 #: corpus' share of a CI run stays a few minutes on two cores. Each is judged by all
 #: five checks, as the full corpus is.
 CI_SET = (
-    "pdsh_pca",  # scikit-learn fits as steps
     "an_calculator",  # the Anthropic SDK, tool use
     "oa_guardrails",  # the OpenAI SDK, concurrent calls
-    "lc_llm_chain",  # LangChain chains over the OpenAI SDK
-    "la_agent_memory",  # a LangGraph agent with a MemorySaver
+    "la_agent_memory",  # LangChain over the OpenAI SDK, a LangGraph agent with a MemorySaver
     "lg_persistence_functional",  # LangGraph's functional API, an InMemorySaver
     "ag_hello_world",  # the OpenAI Agents SDK
 )
