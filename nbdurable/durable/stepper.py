@@ -633,18 +633,21 @@ class StepRunner:
         self, key: str, label: str, saved: recording.Saved, leaked: list[str], ctx: StepContext
     ) -> None:
         """One loud warning for each kind of thing a recorded step did not write."""
-        # Said once, when first recorded so: rerunning the body is what it announced.
-        unsaved = saved.unsaved_beyond(self.unsaved_known.pop(key, frozenset()))
+        # Said once, when first recorded so: rerunning the body is what it announced
+        # (and each such rerun says why in one line, see begin).
+        known = self.unsaved_known.pop(key, frozenset())
+        unsaved = saved.unsaved_beyond(known)
+        secrets = [s for s in saved.secrets if s.split(" (", 1)[0] not in known]
         if unsaved:
             warn(
                 f"step {label!r} was recorded, but these variables cannot be saved: "
                 f"{'; '.join(unsaved)}. On replay this step's body runs again "
                 f"({what_replays(ctx.http)})."
             )
-        if saved.secrets:
+        if secrets:
             warn(
                 f"step {label!r}: these variables hold a secret and "
-                f"were NOT written to the store: {'; '.join(saved.secrets)}. On replay "
+                f"were NOT written to the store: {'; '.join(secrets)}. On replay "
                 f"this step's body runs again ({what_replays(ctx.http)})."
             )
         if leaked:
