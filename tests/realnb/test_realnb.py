@@ -260,14 +260,6 @@ FAILS_TODAY: dict[tuple[str, str], str] = {
     ("ag_getting_started", "edit"): (
         "step 'pipeline' reran: inputs 'convert_currency', 'get_weather' changed (see replay)"
     ),
-    ("lg_summary", "replay"): (
-        "step 'celtics_win' reran: input 'app' changed: the compiled graph whose MemorySaver "
-        "step 'chat' filled fingerprints otherwise once that step has replayed"
-    ),
-    ("pdsh_kde", "replay"): (
-        "step 'naive_bayes' reran: input 'digits' changed: the sklearn Bunch (load_digits) that "
-        "step 'kde_classifier' binds fingerprints otherwise once restored by its replay"
-    ),
     **{
         ("li_agent", check): (
             "two plain runs differ: litellm stamps each streamed response with the wall clock "
