@@ -615,10 +615,10 @@ class StepRunner:
         return rec
 
     def _warn_process(self, key: str, label: str, reasons: list[str], ctx: StepContext) -> None:
-        """One line when a step's process changes cannot be restored, said once.
+        """One line when a step's process changes cannot be restored, when first recorded so.
 
-        Said when first recorded so: a later rerun whose previous record had
-        the same reasons (rerunning the body is what the line announced) says nothing.
+        A later rerun whose previous record had the same reasons does not say it
+        again here: its own line, at the start of the rerun, said why it runs.
         """
         known = self.process_known.pop(key, frozenset())
         reasons = [r for r in reasons if r not in known]
