@@ -162,6 +162,100 @@ def test_plain_httpx_and_requests_too():
         httpx.post(url, json=body)
 
 
+class _Delegating(httpx.BaseTransport):
+    """A transport of its own, as libraries make them: it sends through another one."""
+
+    def __init__(self) -> None:
+        self.inner, self.sent = httpx.HTTPTransport(), 0
+
+    def handle_request(self, request):
+        self.sent += 1
+        return self.inner.handle_request(request)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+class _ADelegating(httpx.AsyncBaseTransport):
+    def __init__(self) -> None:
+        self.inner = httpx.AsyncHTTPTransport()
+
+    async def handle_async_request(self, request):
+        return await self.inner.handle_async_request(request)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+class _Retrying(httpx.HTTPTransport):
+    """A subclass whose own method calls the patched one: its request is recorded once."""
+
+    def handle_request(self, request):
+        return super().handle_request(request)
+
+
+def test_clients_with_transports_of_their_own():
+    recorded: list[Exchange] = []
+    body = {"model": "m", "messages": MESSAGES}
+    delegating = _Delegating()
+
+    def ask(base):
+        out = []
+        for transport in (delegating, _Retrying()):
+            with httpx.Client(transport=transport) as c:
+                out.append(c.post(base + "/chat/completions", json=body).json())
+        client = openai.AsyncOpenAI(
+            api_key="sk-t",
+            base_url=base,
+            max_retries=0,
+            http_client=httpx.AsyncClient(transport=_ADelegating()),
+        )
+
+        async def go():
+            reply = await client.chat.completions.create(model="m", messages=MESSAGES)
+            stream = await client.chat.completions.create(model="m", messages=MESSAGES, stream=True)
+            chunks = [c async for c in stream]
+            await client.close()
+            return reply, chunks
+
+        out.append(asyncio.run(go()))
+        return out
+
+    with LLMServer(lifetime=120) as server:
+        base = server.openai_base_url
+        with HTTPSession(on_record=recorded.append) as session:
+            first = ask(base)
+        assert server.total == 4 and session.sent == 4 and len(recorded) == 4
+    assert delegating.sent == 1
+    # the server is gone: every answer comes from the record, none goes through a transport
+    with HTTPSession(recorded, on_miss="raise") as replay:
+        again = ask(base)
+    assert replay.served == 4 and again == first
+    assert delegating.sent == 1
+
+
+def test_litellm_over_aiohttp_is_recorded():
+    # litellm sends its async calls through an httpx transport of its own, over aiohttp
+    transport = pytest.importorskip("litellm.llms.custom_httpx.aiohttp_transport")
+    import aiohttp
+    recorded: list[Exchange] = []
+
+    async def ask(base):
+        litellm = transport.LiteLLMAiohttpTransport(client=aiohttp.ClientSession)
+        async with httpx.AsyncClient(transport=litellm) as c:
+            r = await c.post(base + "/chat/completions", json={"model": "m", "messages": MESSAGES})
+            return r.json()
+
+    with LLMServer(lifetime=120) as server:
+        base = server.openai_base_url
+        with HTTPSession(on_record=recorded.append):
+            first = asyncio.run(ask(base))
+        assert server.total == 1 and len(recorded) == 1
+    with HTTPSession(recorded, on_miss="raise") as replay:
+        assert asyncio.run(ask(base)) == first
+    assert replay.served == 1
+
+
 def test_urls_lose_their_credentials():
     url = "https://u:p@example.com/v1/x?key=AIza" + "SyA-1234567890abcdefghijklmnopqrstu&alt=json"
     safe = safe_url(url)

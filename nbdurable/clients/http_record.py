@@ -32,20 +32,24 @@ response body that shows a key or an environment secret has it masked to
 its own length (:attr:`Exchange.redacted` says what, so the caller can warn).
 
 The patch is on the classes, so it sees every client, including ones made
-before the session began (a client made in an earlier cell). It is
+before the session began (a client made in an earlier cell). An httpx client
+given a transport of another class (litellm's aiohttp transport, a mounted
+or retrying transport) is covered too: its transport is wrapped as the
+client picks it for a request. It is
 installed when the first session starts and removed when the last one
 ends. A session belongs to the process: sessions are not meant to run in
 two threads at once (a step runs one at a time), and a request another
 thread makes while one is active goes through it too.
 
-Not intercepted: other HTTP libraries (aiohttp, urllib3 used directly,
-``http.client``) and httpx clients given a custom transport class. A
+Not intercepted: other HTTP libraries used directly (aiohttp's own
+``ClientSession``, urllib3, ``http.client``). A
 requests response asked for with ``stream=True`` is read whole before it is
 handed on (its content is the same; it no longer arrives piece by piece).
 """
 
 from __future__ import annotations
 
+import contextvars
 import hashlib
 import importlib
 import importlib.abc
@@ -310,6 +314,11 @@ class _Body:
             self.finish()
 
 
+#: Set while a request goes out through its transport: a wrapped transport whose own
+#: method calls the patched one (a subclass calling ``super()``) records it once.
+_sending: contextvars.ContextVar[bool] = contextvars.ContextVar("nbdurable_sending", default=False)
+
+
 def _httpx_patches(mod: Any) -> list[tuple[type, str, Any]]:
     sync_cls, async_cls = mod.HTTPTransport, mod.AsyncHTTPTransport
     orig_sync, orig_async = sync_cls.handle_request, async_cls.handle_async_request
@@ -319,15 +328,19 @@ def _httpx_patches(mod: Any) -> list[tuple[type, str, Any]]:
             ex.status, headers=list(ex.headers), stream=mod.ByteStream(ex.body), request=request
         )
 
-    def handle_request(self: Any, request: Any) -> Any:
+    def through(send: Callable[[Any], Any], request: Any) -> Any:
         session = _current()
-        if session is None:
-            return orig_sync(self, request)
+        if session is None or _sending.get():
+            return send(request)
         ordinal, key = session._begin(request.method, str(request.url), request.read())
         ex = session._lookup(ordinal, key)
         if ex is not None:
             return replayed(ex, request)
-        response = orig_sync(self, request)
+        token = _sending.set(True)
+        try:
+            response = send(request)
+        finally:
+            _sending.reset(token)
         inner, body = response.stream, _Body(session, ordinal, key, response)
 
         class Tee(mod.SyncByteStream):
@@ -344,15 +357,19 @@ def _httpx_patches(mod: Any) -> list[tuple[type, str, Any]]:
         response.stream = Tee()
         return response
 
-    async def handle_async_request(self: Any, request: Any) -> Any:
+    async def athrough(send: Callable[[Any], Any], request: Any) -> Any:
         session = _current()
-        if session is None:
-            return await orig_async(self, request)
+        if session is None or _sending.get():
+            return await send(request)
         ordinal, key = session._begin(request.method, str(request.url), await request.aread())
         ex = session._lookup(ordinal, key)
         if ex is not None:
             return replayed(ex, request)
-        response = await orig_async(self, request)
+        token = _sending.set(True)
+        try:
+            response = await send(request)
+        finally:
+            _sending.reset(token)
         inner, body = response.stream, _Body(session, ordinal, key, response)
 
         class ATee(mod.AsyncByteStream):
@@ -369,9 +386,56 @@ def _httpx_patches(mod: Any) -> list[tuple[type, str, Any]]:
         response.stream = ATee()
         return response
 
+    def handle_request(self: Any, request: Any) -> Any:
+        return through(lambda r: orig_sync(self, r), request)
+
+    async def handle_async_request(self: Any, request: Any) -> Any:
+        return await athrough(lambda r: orig_async(self, r), request)
+
+    # A client given a transport of another class (litellm's aiohttp transport, a
+    # library's retrying or mounted transport) sends through that class's own method,
+    # which the patch above never sees: such a transport is wrapped as the client
+    # picks it for a request, for as long as a session is active.
+    class Wrapped(mod.BaseTransport):
+        def __init__(self, inner: Any) -> None:
+            self.inner = inner
+
+        def handle_request(self, request: Any) -> Any:
+            return through(self.inner.handle_request, request)
+
+        def close(self) -> None:
+            self.inner.close()
+
+    class AWrapped(mod.AsyncBaseTransport):
+        def __init__(self, inner: Any) -> None:
+            self.inner = inner
+
+        async def handle_async_request(self, request: Any) -> Any:
+            return await athrough(self.inner.handle_async_request, request)
+
+        async def aclose(self) -> None:
+            await self.inner.aclose()
+
+    client_cls, aclient_cls = mod.Client, mod.AsyncClient
+    orig_pick, orig_apick = client_cls._transport_for_url, aclient_cls._transport_for_url
+
+    def transport_for_url(self: Any, url: Any) -> Any:
+        transport = orig_pick(self, url)
+        if _current() is None or type(transport).handle_request is handle_request:
+            return transport
+        return Wrapped(transport)
+
+    def atransport_for_url(self: Any, url: Any) -> Any:
+        transport = orig_apick(self, url)
+        if _current() is None or type(transport).handle_async_request is handle_async_request:
+            return transport
+        return AWrapped(transport)
+
     return [
         (sync_cls, "handle_request", handle_request),
         (async_cls, "handle_async_request", handle_async_request),
+        (client_cls, "_transport_for_url", transport_for_url),
+        (aclient_cls, "_transport_for_url", atransport_for_url),
     ]
 
 
