@@ -1,8 +1,9 @@
 """Keeping secrets out of the store.
 
 The values of environment variables whose names look secret (``*KEY*``,
-``*TOKEN*``, ``*SECRET*``, ``*PASSWORD*``, any case) must never be written to
-the store. Before a value is written, its bytes are searched for each such
+``*TOKEN*``, ``*SECRET*``, ``*PASSWORD*``, any case; not those that name a
+place, ``*_DIR``, ``*_PATH``, ``*_FILE``, ``*_HOME``, ``*_CACHE``) must never be
+written to the store. Before a value is written, its bytes are searched for each such
 secret (as UTF-8 text, which is how pickle stores a ``str``); a value that
 contains one is not written, and the warning names the step, the variable
 and the environment variable, never the secret itself.
@@ -23,6 +24,9 @@ import re
 from typing import Any
 
 _SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD|PASSWD", re.IGNORECASE)
+#: A variable that names a place holds a path, not a secret: llama-index sets
+#: ``TIKTOKEN_CACHE_DIR`` to its cache folder, ssh tools ``*_KEY_FILE``.
+_PLACE_NAME = re.compile(r"_(DIR|PATH|FILE|HOME|CACHE)$", re.IGNORECASE)
 #: Shorter values are too likely to occur by chance ("1", "true") to hunt for.
 MIN_SECRET_LENGTH = 8
 #: Our own store key may be a secret too, but it is not a user secret to hunt.
@@ -48,7 +52,11 @@ def secrets_in_env(environ: dict[str, str] | None = None) -> dict[str, bytes]:
         looks = _looks_secret.get(key)
         if looks is None:
             name = key.decode("utf-8", "replace") if isinstance(key, bytes) else key
-            looks = _looks_secret[key] = bool(_SECRET_NAME.search(name)) and name not in _OURS
+            looks = _looks_secret[key] = (
+                bool(_SECRET_NAME.search(name))
+                and not _PLACE_NAME.search(name)
+                and name not in _OURS
+            )
         if looks:
             val = value if isinstance(value, bytes) else value.encode("utf-8")
             if len(val.strip()) >= MIN_SECRET_LENGTH:

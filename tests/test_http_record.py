@@ -238,6 +238,7 @@ def test_litellm_over_aiohttp_is_recorded():
     # litellm sends its async calls through an httpx transport of its own, over aiohttp
     transport = pytest.importorskip("litellm.llms.custom_httpx.aiohttp_transport")
     import aiohttp
+
     recorded: list[Exchange] = []
 
     async def ask(base):

@@ -101,3 +101,15 @@ def test_environment_secrets_still_work_alongside():
     assert names == ["MY_TOKEN"] and "[redacted $MY_TOKEN]" in text
     text, kinds = redact_keys(text)
     assert kinds == ["openai"] and OPENAI not in text and "$MY_TOKEN" in text
+
+
+def test_a_variable_naming_a_place_is_not_a_secret():
+    from nbdurable.redact import secrets_in_env
+
+    env = {
+        "TIKTOKEN_CACHE_DIR": "/tmp/llama_index/tiktoken_cache",  # llama-index sets it
+        "SSH_KEY_FILE": "/home/me/.ssh/id_ed25519",
+        "OPENAI_API_KEY": "sk-proj-0123456789abcdef",
+        "GITHUB_TOKEN": "ghp_0123456789abcdef",
+    }
+    assert sorted(secrets_in_env(env)) == ["GITHUB_TOKEN", "OPENAI_API_KEY"]

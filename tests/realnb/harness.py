@@ -42,7 +42,10 @@ that logs nbdurable's events (a step invalidated, and why) to a file, so a
 step that ran again can be reported with nbdurable's own reason.
 
 Outputs are compared cell by cell after normalization: execution counts,
-nbdurable's own notes and warnings, memory addresses, UUIDs and timings go;
+nbdurable's own notes and warnings, memory addresses, UUIDs, timings and
+wall-clock stamps (epoch seconds) go, and a cell's stderr may land at
+another place among its stdout (ipykernel flushes the two on timers of their
+own);
 so do the fake server's answer numbers and ids where a run legitimately
 makes other requests than the plain run (the resumed and edited runs, and
 notebooks that call the model from several threads at once).
@@ -480,6 +483,10 @@ _TIMING = re.compile(
 )
 _CELL_FILE = re.compile(r"\S*(?:ipykernel_\d+/\d+\.py|<ipython-input-[^>]*>):\d+")
 _TMP = re.compile(r"/tmp/realnb-[^/\s'\"]+/\w+")
+# A wall-clock stamp in epoch seconds (2023 to 2033): litellm stamps each streamed chunk
+# with the time it parsed it, so two plain runs differ there, as do a body that ran again
+# and the run it replays (the rule's other branch).
+_EPOCH = re.compile(r"\b1[78]\d{8}(?:\.\d+)?\b")
 
 
 def text_norm(text: str, counters: bool) -> str:
@@ -488,6 +495,7 @@ def text_norm(text: str, counters: bool) -> str:
     text = _TIMING.sub("<time>", text)
     text = _CELL_FILE.sub("<cell>", text)
     text = _TMP.sub("<dir>", text)
+    text = _EPOCH.sub("<clock>", text)
     if counters:
         text = mask(text)
     return text
@@ -529,11 +537,24 @@ def first_difference(plain: Run, got: Run, counters: bool) -> str | None:
     """None if `got` shows what `plain` showed, cell by cell, else one line saying where not."""
     for i, (p, g) in enumerate(zip(plain.outputs, got.outputs, strict=True)):
         pn, gn = norm_cell(p, counters), norm_cell(g, counters)
-        if pn != gn:
+        if pn != gn and _stderr_apart(pn) != _stderr_apart(gn):
             first = got.sources[i].strip().split("\n", 1)[0][:50]
             where = "the probe of the values" if i == len(got.outputs) - 1 else f"cell {i}"
             return f"{where} ({first!r}) differs: {_diff(pn, gn)}"
     return None
+
+
+def _stderr_apart(outputs: list[dict[str, Any]]) -> tuple[Any, str]:
+    """A cell's outputs with stderr taken out of their sequence, and stderr's text.
+
+    ipykernel sends stdout and stderr from two buffers, each flushed on a timer of
+    its own, so where a warning lands among a cell's prints depends on timing
+    (the same cell, run twice plain, can show it first or last); everything else
+    keeps its order (a display flushes stdout first).
+    """
+    rest = [o for o in outputs if not (o["output_type"] == "stream" and o["name"] == "stderr")]
+    err = "".join(o["text"] for o in outputs if o not in rest)
+    return normalize_outputs(rest, execution_count=False), err
 
 
 def _diff(p: list[dict[str, Any]], g: list[dict[str, Any]]) -> str:
