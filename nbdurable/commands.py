@@ -168,8 +168,14 @@ def clear(store: Store, run_id: str, step_keys: list[str]) -> list[str]:
 
 
 def clear_all(store: Store, run_id: str) -> int:
-    """Delete everything recorded for the run, pins included; returns the number of keys."""
-    keys = store.scan(RunKeys(run_id).base)
+    """Delete everything recorded for the run, pins included; returns the number of keys.
+
+    The lease stays: it says who records into the run, not what was recorded. Deleted,
+    the kernel holding it found its next record refused as if another process had
+    taken the run over, and stopped recording until restarted.
+    """
+    rk = RunKeys(run_id)
+    keys = [k for k in store.scan(rk.base) if k != rk.lease]
     store.apply(deletes=keys)
     return len(keys)
 

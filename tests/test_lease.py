@@ -159,3 +159,27 @@ def test_a_dead_holder_is_taken_over_automatically(tmp_path):
     recorded_by_a = set(ticks_a[:-1])  # A's last tick may have died before its record
     assert not recorded_by_a & set(again), "a call recorded by the dead kernel ran again"
     assert sorted(set(ticks_a) | set(again)) == list(range(30))
+
+
+def test_clear_all_in_the_holding_kernel_keeps_it_recording(tmp_path):
+    """``%step clear --all`` forgets the records, not who records: the same kernel runs
+    the step again and records it (the lease was deleted with the records, and the
+    next record was refused as if another process had taken the run over)."""
+    a = Kernel(tmp_path, _env(tmp_path))
+    try:
+        assert a.run(SETUP + "\nN = 2")["status"] == "ok"
+        assert a.run(STEP)["status"] == "ok"
+        cleared = a.run("%step clear --all")
+        assert cleared["status"] == "ok" and "cleared run" in cleared["stdout"], cleared
+        again = a.run(STEP)
+        assert again["status"] == "ok", again
+        listed = a.run("%step list")["stdout"]
+        assert "work" in listed and "recorded" in listed, listed
+        replay = a.run(STEP)
+        assert replay["status"] == "ok", replay
+        pid = a.pid
+        assert [i for p, i in _ticks(tmp_path) if p == pid] == [0, 1, 0, 1], (
+            "the step ran twice (before and after the clear), then replayed"
+        )
+    finally:
+        a.close()
