@@ -766,7 +766,7 @@ def test_fingerprints_are_the_same_in_every_process():
 
 
 def test_version_and_unchanged_encodings():
-    assert FINGERPRINT_VERSION == 2
+    assert FINGERPRINT_VERSION == 3
     # Kinds whose encoding did not change keep their 0.1.0 fingerprints, so upgrading
     # does not invalidate steps fed plain data. Values computed by nbdurable 0.1.0.
     assert fingerprint([1, "a", (2.5, None), b"x"]) == "c8955574d9b3628a65e1c96de72aa623"
@@ -776,6 +776,39 @@ def test_version_and_unchanged_encodings():
     assert args_fingerprint(([1, [2]],), {}) == "0cdc95a8bf20254c144e1a340466b5d0"
     assert fingerprint(threading.Lock()) == "dedcb0580348f2bd67bc97bcd24ba466"  # type only
     assert fingerprint(json) == "60e251b1182c7cee7b1d70833dd0b45c"
+
+
+def test_what_two_processes_make_differently_inside_objects_is_not_a_difference():
+    # A library stamps random ids on what it does (LlamaIndex's callback trace ids) and
+    # lists sets of classes (a workflow's events): two processes building the same
+    # object make other ids and other orders. Inside a library object's state those
+    # are no difference; in the notebook's own data they are.
+    import argparse
+    import uuid
+
+    class A: ...
+
+    class B: ...
+
+    def made(ids, classes):
+        return argparse.Namespace(trace={"root": ids}, run=f"run-{ids[0]}", events=classes)
+
+    one = made([str(uuid.uuid4())], [A, B])
+    other = made([str(uuid.uuid4())], [B, A])
+    assert fingerprint(one) == fingerprint(other)
+    assert fingerprint(made([str(uuid.uuid4()), str(uuid.uuid4())], [A, B])) != fingerprint(one)
+    assert fingerprint(made([str(uuid.uuid1())], [A, B])) != fingerprint(
+        made([str(uuid.uuid1())], [A, B])
+    ), "a time-based UUID is data, not a random stamp"
+    assert fingerprint(made(["x"], [A])) != fingerprint(made(["x"], [B]))
+    assert fingerprint(argparse.Namespace(u=uuid.uuid4())) == fingerprint(
+        argparse.Namespace(u=uuid.uuid4())
+    )
+    # The notebook's own values keep both.
+    assert fingerprint(str(uuid.uuid4())) != fingerprint(str(uuid.uuid4()))
+    assert fingerprint({"id": str(uuid.uuid4())}) != fingerprint({"id": str(uuid.uuid4())})
+    assert fingerprint(uuid.uuid4()) != fingerprint(uuid.uuid4())
+    assert fingerprint([A, B]) != fingerprint([B, A])
 
 
 def test_pandas_values_do_not_depend_on_which_equal_strings_are_one_object():

@@ -234,8 +234,9 @@ def test_clients_with_transports_of_their_own():
     assert delegating.sent == 1
 
 
-def test_litellm_over_aiohttp_is_recorded():
+def test_litellm_over_aiohttp_is_recorded(monkeypatch):
     # litellm sends its async calls through an httpx transport of its own, over aiohttp
+    monkeypatch.setenv("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no price table fetch on import
     transport = pytest.importorskip("litellm.llms.custom_httpx.aiohttp_transport")
     import aiohttp
 

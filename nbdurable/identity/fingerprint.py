@@ -44,7 +44,11 @@ from . import localcode
 #    below stays "1" on purpose, so that upgrading does not invalidate steps whose inputs
 #    are plain data (numbers, strings, lists, sets, arrays, library objects hashed by
 #    type only).
-FINGERPRINT_VERSION = 2
+# 3: what differs between two processes that built the same object: inside library
+#    objects random (version 4) UUIDs (trace and run ids a library stamps on what it
+#    does) are one token, and inside any object's state a list of classes is compared
+#    as a set (``list(set_of_classes)``: classes hash by address, so its order differed).
+FINGERPRINT_VERSION = 3
 _STREAM_HEADER = b"1"  # change only with every encoding at once
 
 _LEN = struct.Struct("<Q")
@@ -228,6 +232,46 @@ def _sequence(tag: bytes) -> Any:
             h.stack.extend(reversed(v))
 
     return handler
+
+
+_list = _sequence(b"list")
+
+
+def _list_or_classes(h: _Hasher, v: list) -> None:
+    # Inside an object's state, a list of classes is a set some code listed
+    # (LlamaIndex's ``Workflow.__init__``: ``list(set_of_classes)``, also in a
+    # notebook subclass): classes hash by address, so two processes that built
+    # the same object listed them in other orders. Compared as a set there; the
+    # notebook's own lists keep their order.
+    if h.reduced_depth and len(v) > 1 and all(isinstance(x, type) for x in v):
+        if h.enter(v):
+            h.put(b"classes", _int(len(v)))
+            _unordered(h, ((x,) for x in v))
+        return
+    _list(h, v)
+
+
+_str_head = _head(b"str", 1)
+# A random UUID (version 4) in canonical form, anywhere in a string.
+_UUID4 = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}", re.I)
+
+
+def _str(h: _Hasher, v: str) -> None:
+    # Inside a library object, a random UUID is an identity the library stamped on
+    # something it did (LlamaIndex's callback trace ids, a run id), new in every
+    # process: one token, so an object built again the same way is the same object.
+    # The notebook's own strings are compared whole, UUIDs included.
+    if h.open_libraries and len(v) >= 36:
+        v = _UUID4.sub("<uuid4>", v)
+    data = v.encode("utf-8", "surrogatepass")
+    h.sinks[-1].buf += _str_head + _LEN.pack(len(data)) + data
+
+
+def _uuid(h: _Hasher, v: uuid.UUID) -> None:
+    if h.open_libraries and v.version == 4:
+        h.put(b"UUID", b"<uuid4>")
+    else:
+        h.put(b"UUID", v.bytes)
 
 
 def _unordered(h: _Hasher, groups: Any) -> None:
@@ -848,12 +892,12 @@ _EXACT: dict[type, Any] = {
     int: _atom1(b"int", _int),
     float: _atom1(b"float", _FLOAT.pack),
     complex: _atom(b"complex", lambda v: [_FLOAT.pack(v.real), _FLOAT.pack(v.imag)]),
-    str: _atom1(b"str", lambda v: v.encode("utf-8", "surrogatepass")),
+    str: _str,
     bytes: _bytes,
     bytearray: _bytes,
     memoryview: _memoryview,
     tuple: _sequence(b"tuple"),
-    list: _sequence(b"list"),
+    list: _list_or_classes,
     collections.deque: _sequence(b"deque"),
     types.SimpleNamespace: _wrapper(b"namespace", "__dict__"),
     dict: _dict,
@@ -871,7 +915,7 @@ _EXACT: dict[type, Any] = {
     datetime.timedelta: _atom(
         b"timedelta", lambda v: [_int(v.days), _int(v.seconds), _int(v.microseconds)]
     ),
-    uuid.UUID: _atom(b"UUID", lambda v: [v.bytes]),
+    uuid.UUID: _uuid,
     pathlib.PurePath: _atom(b"path", lambda v: [_qual(type(v)), str(v)]),
     type: _class,
     types.ModuleType: _module,
@@ -940,6 +984,11 @@ def fingerprint(value: object, *, read_globals: bool = True) -> str:
       never called.
     * Escape hatch: a class may define ``__nbdurable_fingerprint__(self)``
       returning str or bytes; that result (with the class's name) is used.
+    * What two processes building the same object make differently: inside a
+      library object's state a random (version 4) UUID, alone or in a string,
+      is one token (a trace or run id the library stamped); inside any
+      object's state a list of classes is compared as a set (listed from a
+      set, its order follows the classes' addresses).
     * By type only, the named fallback (:func:`_type_only`): what cannot be
       pickled (sockets, locks, open files, generators, connections) and any
       library object holding one (a client). :func:`fingerprint_info` lists them.

@@ -260,17 +260,17 @@ FAILS_TODAY: dict[tuple[str, str], str] = {
     ("ag_getting_started", "edit"): (
         "step 'pipeline' reran: inputs 'convert_currency', 'get_weather' changed (see replay)"
     ),
-    **{
-        ("li_agent", check): (
-            "two plain runs differ: litellm stamps each streamed response with the wall clock "
-            "(`created`, printed in the probe); durable runs also show a workflows warning on "
-            "stderr at another place among the verbose prints; past that, the agent (weakref) "
-            "cannot be saved, so every step reruns, and litellm's async calls go through its "
-            "aiohttp transport, which the HTTP recording does not see: all 10 requests are sent "
-            "again on replay"
-        )
-        for check in ("durable", "replay", "resume", "edit")
-    },
+    ("li_agent", "replay"): (
+        "step 'chat_history' reran: input 'agent' changed: 'arithmetic' ran the agent in the "
+        "recorded run, which grew its LLM's callback trace map (deep inside a library object, "
+        "where change detection does not look, while the fingerprint does); replayed, it "
+        "leaves the rebuilt agent as 'hello' made it"
+    ),
+    ("li_agent", "edit"): (
+        "step 'story' reran: inputs 'StreamEvent', 'tools' changed once 'hello', 'arithmetic' "
+        "and 'chat_history' ran again (cause not found yet: both fingerprint alike in two "
+        "plain processes)"
+    ),
 }
 
 BY_NAME = {s.name: s for s in SPECS}
