@@ -10,8 +10,11 @@ model and search (:mod:`nbdurable.demo.sim`) append every real call to a ledger.
 from __future__ import annotations
 
 import json
+import os
 import re
 import stat
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -334,6 +337,38 @@ def test_invalidation_by_code_and_inputs_reaches_dependants_only(tmp_path):
 
     # A code edit re-runs that step; its output n is unchanged, so nothing else runs.
     assert rerun("dogs", plan, count + " * 1") == ({"count"}, [])
+
+
+def test_a_step_that_runs_again_and_makes_an_equal_value_leaves_its_dependants(tmp_path):
+    # `a` cannot be saved whole (a generator), so a fresh kernel runs it again. Its set of
+    # strings comes out equal, but pickled in another order: string hashing differs per
+    # process. `b` reads only the set, and must replay: an input is its content.
+    cells = [
+        SETUP,
+        "%%step a\n"
+        "tags = set('alpha beta gamma delta epsilon zeta eta theta iota kappa'.split())\n"
+        "gen = (i for i in range(3))\n"
+        "ran('a')",
+        "%%step b\nn = sorted(tags)[:3]\nran('b')\nprint(n)",
+    ]
+    # The premise: under these two seeds the set pickles to other bytes.
+    words = "alpha beta gamma delta epsilon zeta eta theta iota kappa"
+    dump = f"import pickle,sys; sys.stdout.write(pickle.dumps(set({words!r}.split())).hex())"
+    pickled = {
+        subprocess.run(
+            [sys.executable, "-c", dump],
+            env={**os.environ, "PYTHONHASHSEED": seed},
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        for seed in ("1", "2")
+    }
+    assert len(pickled) == 2, "the two seeds pickle the set alike: the test proves nothing"
+    execute(tmp_path, cells, allow_errors=False, PYTHONHASHSEED="1")
+    nb = execute(tmp_path, cells, allow_errors=False, PYTHONHASHSEED="2")
+    assert ran(tmp_path) == Counter({"a": 2, "b": 1}), ran(tmp_path)
+    assert stream_text(visible(outputs_of(nb, 2))) == "['alpha', 'beta', 'delta']\n"
 
 
 # -- 4. clear, pin, unpin, --force; failures ------------------------------------------

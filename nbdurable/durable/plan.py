@@ -94,8 +94,20 @@ def version_of(rec: StepRecord) -> str:
 
 def fingerprint_or_type(value: Any, what: str) -> str:
     """:func:`keys.fingerprint`, falling back to the type when a custom hook fails."""
+    return input_fingerprint(value, what)[0]
+
+
+def input_fingerprint(value: Any, what: str | None) -> tuple[str, bool]:
+    """:func:`fingerprint_or_type` and whether it describes the value completely.
+
+    Complete: nothing in the value was compared by type only (see
+    :func:`keys.fingerprint_info`), so an equal fingerprint is equal content.
+    ``what=None``: a failing hook is not said (a prediction; the step says it).
+    """
     try:
-        return keys.fingerprint(value)
+        info = keys.fingerprint_info(value)
     except Exception as exc:  # a user's __nbdurable_fingerprint__ may raise
-        warn(f"{what}: cannot fingerprint it ({exc!r}); comparing it by type only.")
-        return "type:" + values.type_name(value)
+        if what is not None:
+            warn(f"{what}: cannot fingerprint it ({exc!r}); comparing it by type only.")
+        return "type:" + values.type_name(value), False
+    return info.digest, not info.type_only

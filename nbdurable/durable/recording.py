@@ -427,9 +427,9 @@ class Origins:
 
     def __init__(self) -> None:
         self._map: dict[str, tuple[Any, str]] = {}
-        #: name -> the object's fingerprint when it was recorded or restored (see
-        #: :meth:`note_fingerprint`)
-        self._fps: dict[str, str] = {}
+        #: name -> (the object's fingerprint when it was recorded or restored, its
+        #: fingerprint when recorded, if known) (see :meth:`note_fingerprint`)
+        self._fps: dict[str, tuple[str, str | None]] = {}
 
     def __setitem__(self, name: str, origin: tuple[Any, ...]) -> None:
         """``origins[name] = (object, sha)`` or ``(object, sha, pure)``."""
@@ -438,8 +438,11 @@ class Origins:
         self._map[name] = (_Id(obj) if pure else _ref(obj), sha)
         self._fps.pop(name, None)
 
-    def note_fingerprint(self, name: str, fp: str) -> None:
+    def note_fingerprint(self, name: str, fp: str, recorded: str | None = None) -> None:
         """The fingerprint the object of ``name`` had when it was recorded or restored.
+
+        ``recorded``: its fingerprint when the step recorded it (the same as ``fp``
+        in that run; the record's ``VarRecord.content`` when restored).
 
         An object pickle rebuilds from its state may come back with a state
         that fingerprints otherwise (scikit-learn's ``Bunch`` drops a private
@@ -450,11 +453,17 @@ class Origins:
         one that restored it.
         """
         if name in self._map:
-            self._fps[name] = fp
+            self._fps[name] = (fp, recorded or None)
 
     def fingerprint_at_origin(self, name: str) -> str | None:
         """What :meth:`note_fingerprint` noted for ``name`` (None: nothing)."""
-        return self._fps.get(name)
+        noted = self._fps.get(name)
+        return None if noted is None else noted[0]
+
+    def content_at_origin(self, name: str) -> str | None:
+        """The fingerprint ``name``'s object had when recorded, if noted (None: not known)."""
+        noted = self._fps.get(name)
+        return None if noted is None else noted[1]
 
     def sha_for(self, name: str, value: Any) -> str | None:
         """The blob sha recorded under ``name`` if ``value`` is that very object, else None."""

@@ -12,11 +12,12 @@ read and wrote (:mod:`.fileio`) in one transaction.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import threading
 import time
 import types
-from collections.abc import Iterable
+from collections.abc import Mapping
 from dataclasses import dataclass
 from html import escape
 from typing import TYPE_CHECKING, Any
@@ -32,7 +33,15 @@ from . import envreads, fileio, httpsteps, recording
 from .context import StepContext, flush_streams, remade_summary, warn, what_replays
 from .host import Capture
 from .mutation import attributes, changed_names, dotted_imports, mutated_inputs, untouched
-from .plan import HIDDEN, Plan, fingerprint_or_type, reached, read_names, version_of
+from .plan import (
+    HIDDEN,
+    Plan,
+    fingerprint_or_type,
+    input_fingerprint,
+    reached,
+    read_names,
+    version_of,
+)
 
 if TYPE_CHECKING:
     from .session import Session
@@ -148,12 +157,13 @@ class StepRunner:
         # A name this very step produced earlier in this kernel is not an input:
         # it did not exist when the step was first recorded, and counting it
         # would make every rerun in the same kernel look like a change.
-        raw_fps = {
-            n: fingerprint_or_type(ns[n], f"input {n!r} of step {label!r}")
+        fps = {
+            n: input_fingerprint(ns[n], f"input {n!r} of step {label!r}")
             for n in sorted(read_names(analysis, ns, self.session.host.hidden()))
             if n in ns and not HIDDEN.match(n) and self.producers.get(n) != key
         }
-        inputs = {n: self._input_fp(n, ns[n], fp) for n, fp in raw_fps.items()}
+        raw_fps = {n: fp for n, (fp, _) in fps.items()}
+        inputs = {n: self._input_fp(n, ns[n], fp, complete) for n, (fp, complete) in fps.items()}
         declared = fileio.declared(input_patterns)
         rec = self.load_record(key, label)
         state = self.load_state(key)
@@ -241,7 +251,7 @@ class StepRunner:
             )
             return False
 
-    def _input_fp(self, name: str, value: Any, fp: str) -> str:
+    def _input_fp(self, name: str, value: Any, fp: str, complete: bool = False) -> str:
         """Fingerprint of an input; for a value a step saved, also its saved bytes.
 
         :func:`keys.fingerprint` sees some objects by type only (instances of
@@ -251,6 +261,14 @@ class StepRunner:
         not replay a result computed from the old value. For the very object
         a step made but could not save (a generator), the version of that
         step stands in for the sha (see :meth:`_record`).
+
+        A ``complete`` fingerprint (nothing seen by type only) is the content
+        itself: no sha is mixed in, so a step that runs again and makes an equal
+        value leaves its dependants replaying, whatever bytes its pickle takes in
+        this process (the Agents SDK's ``@function_tool`` objects pickle otherwise
+        in every process). An object of a blob, unchanged since it was recorded or
+        restored, counts with its fingerprint when recorded: its restored copy
+        may fingerprint otherwise (see Origins.note_fingerprint).
         """
         sha = self.origins.sha_for(name, value)
         if sha is None or localcode.is_library_name(value):
@@ -258,19 +276,26 @@ class StepRunner:
             # say, whichever step bound it: the digest of that step's blob (its other
             # variables too) would make `KMeans` "change" when that step reran.
             return fp
+        if complete:
+            recorded = self.origins.content_at_origin(name)
+            if recorded is None or self.origins.fingerprint_at_origin(name) != fp:
+                return fp
+            return recorded
         if self.origins.fingerprint_at_origin(name) == fp:
             # The object of that blob, unchanged since it was recorded or restored
             # (see Origins.note_fingerprint): the same in both runs.
             return hashlib.sha256(f"origin:{sha}".encode()).hexdigest()[:32]
         return hashlib.sha256(f"{fp}:{sha}".encode()).hexdigest()[:32]
 
-    def _note_origin_fingerprints(self, names: Iterable[str]) -> None:
-        """Note the fingerprint of each of ``names`` that pickle rebuilds from its state."""
+    def _note_origin_fingerprints(self, recorded: Mapping[str, str]) -> None:
+        """Note the fingerprint of each name of ``recorded`` that pickle rebuilds from
+        its state, with its fingerprint when recorded (``recorded[name]``, "" if unknown).
+        """
         ns = self.session.user_ns
-        for name in names:
+        for name, content in recorded.items():
             value = ns.get(name)
             if _by_state(value):
-                self.origins.note_fingerprint(name, fingerprint_or_type(value, name))
+                self.origins.note_fingerprint(name, fingerprint_or_type(value, name), content)
 
     def current_inputs(self, rec: StepRecord) -> tuple[dict[str, str], frozenset[str]]:
         """The record's inputs as they are in the namespace now, for a prediction.
@@ -289,11 +314,9 @@ class StepRunner:
                 unknown.add(name)
                 continue
             value = ns[name]
-            try:
-                fp = keys.fingerprint(value)
-            except Exception:  # a failing custom hook: begin() warns when the step runs
-                fp = "type:" + values.type_name(value)
-            known[name] = self._input_fp(name, value, fp)
+            # a failing custom hook is not said here: begin() says it when the step runs
+            fp, complete = input_fingerprint(value, None)
+            known[name] = self._input_fp(name, value, fp, complete)
         return known, frozenset(unknown)
 
     def _replay(
@@ -355,7 +378,9 @@ class StepRunner:
             elif var.kind == "shared":  # as recording.save_variables names it
                 digest = spill.digest(var.ref, var.spilled)
                 self.origins[var.name] = (restored[var.name], digest, pure[var.name])
-        self._note_origin_fingerprints(v.name for v in rec.variables if v.kind == "shared")
+        self._note_origin_fingerprints(
+            {v.name: v.content for v in rec.variables if v.kind == "shared"}
+        )
         outputs = list(rec.outputs)
         cut = next(
             (i for i, o in enumerate(outputs) if o.get("output_type") == "execute_result"), None
@@ -554,6 +579,15 @@ class StepRunner:
         source, in_source = redact.redact_text(py, secrets)
         source, kinds = redact.redact_keys(source)
         in_source += [f"{kind} key" for kind in kinds]
+        # The fingerprint of each saved object pickle rebuilds from its state, kept with
+        # its record: its readers compare it, not the fingerprint of a restored copy.
+        contents = {n: fingerprint_or_type(ns[n], n) for n in saved.origins if _by_state(ns.get(n))}
+        saved.variables = [
+            dataclasses.replace(v, content=contents[v.name])
+            if v.kind == "shared" and v.name in contents
+            else v
+            for v in saved.variables
+        ]
         input_from = {n: self.producers[n] for n in plan.inputs if n in self.producers}
         fileio.note_imports(ctx.file_reads, py)  # `import helpers` in the step: helpers.py
         # Each file the step wrote, hashed once now; one it also read is its output only.
@@ -599,7 +633,8 @@ class StepRunner:
             self.producers[name] = key
             self.origins.pop(name, None)
         self.origins.update(saved.origins)
-        self._note_origin_fingerprints(saved.origins)
+        for name, content in contents.items():
+            self.origins.note_fingerprint(name, content, content)
         # A value that could not be saved is told apart by the step version that
         # made it: a dependant reruns when its maker ran on other code or inputs.
         for var in saved.variables:

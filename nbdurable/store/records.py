@@ -88,6 +88,10 @@ class VarRecord:
     #: of their own, ``[position among the blob's buffers, sha]`` (see
     #: :mod:`nbdurable.store.spill`)
     spilled: tuple[tuple[int, str], ...] = ()
+    #: for an instance pickle rebuilds from its state: its fingerprint when recorded,
+    #: which its readers compare (its restored copy may fingerprint otherwise: see
+    #: ``Stepper._input_fp``); "" when not noted (and in records made before it was)
+    content: str = ""
 
 
 @dataclass(frozen=True)

@@ -253,23 +253,11 @@ SPECS = [
 
 #: (notebook, check) -> why it fails today. Strict: remove an entry when its check passes.
 FAILS_TODAY: dict[tuple[str, str], str] = {
-    ("ag_getting_started", "replay"): (
-        "step 'pipeline' reran: inputs 'convert_currency', 'get_weather' changed: the "
-        "@function_tool objects fingerprint otherwise once the steps before it have replayed"
-    ),
-    ("ag_getting_started", "edit"): (
-        "step 'pipeline' reran: inputs 'convert_currency', 'get_weather' changed (see replay)"
-    ),
     ("li_agent", "replay"): (
         "step 'chat_history' reran: input 'agent' changed: 'arithmetic' ran the agent in the "
         "recorded run, which grew its LLM's callback trace map (deep inside a library object, "
         "where change detection does not look, while the fingerprint does); replayed, it "
         "leaves the rebuilt agent as 'hello' made it"
-    ),
-    ("li_agent", "edit"): (
-        "step 'story' reran: inputs 'StreamEvent', 'tools' changed once 'hello', 'arithmetic' "
-        "and 'chat_history' ran again (cause not found yet: both fingerprint alike in two "
-        "plain processes)"
     ),
 }
 
