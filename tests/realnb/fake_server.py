@@ -230,6 +230,12 @@ class _FakeHandler(_Handler):
         if self.owner._note(n, path, body):
             self.close_connection = True
             return  # the kernel was killed: this request is never answered
+        try:
+            self._answer(n, path, body)
+        finally:
+            self.owner._answered(n)
+
+    def _answer(self, n: int, path: str, body: dict[str, Any]) -> None:
         if path == "/v1/embeddings":
             self._embeddings(body)
             return
@@ -516,6 +522,7 @@ class FakeServer(LLMServer):
         self.requests: list[dict[str, Any]] = []
         self.kill_at: tuple[int, int] | None = None
         self.killed = False
+        self.killed_at: float | None = None  # when the kernel was killed (monotonic)
 
     def start(self) -> FakeServer:
         server = self
@@ -541,6 +548,15 @@ class FakeServer(LLMServer):
             self.requests = []
             self.kill_at = None
             self.killed = False
+            self.killed_at = None
+
+    def _answered(self, n: int) -> None:
+        """Request `n`'s answer is written whole (``answered``: the monotonic time)."""
+        with self._lock:
+            for r in reversed(self.requests):
+                if r["n"] == n:
+                    r["answered"] = time.monotonic()
+                    break
 
     def _note(self, n: int, path: str, body: dict[str, Any]) -> bool:
         """Keep request `n`; True if it is the one to kill the kernel at (then it is)."""
@@ -550,6 +566,7 @@ class FakeServer(LLMServer):
             )
             if self.kill_at is not None and n >= self.kill_at[0] and not self.killed:
                 self.killed = True
+                self.killed_at = time.monotonic()
                 try:
                     os.kill(self.kill_at[1], signal.SIGKILL)
                 except ProcessLookupError:
