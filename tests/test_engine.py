@@ -371,6 +371,25 @@ def test_a_step_that_runs_again_and_makes_an_equal_value_leaves_its_dependants(t
     assert stream_text(visible(outputs_of(nb, 2))) == "['alpha', 'beta', 'delta']\n"
 
 
+def test_a_step_whose_upstream_reran_replays_when_what_it_reads_came_out_the_same(tmp_path):
+    # `config` reruns (its STYLE line changed) and makes N_QUESTIONS equal to before:
+    # `plan` reads only N_QUESTIONS, so it replays, and its model call is not made again.
+    # (The two share a blob: the digest of the blob changed with STYLE.)
+    def cells(style: str) -> list[str]:
+        return [
+            SETUP,
+            f"%%step config\nN_QUESTIONS = 3\nSTYLE = {style!r}\nran('config')",
+            "%%step plan\nplan = llm_plan('cats', N_QUESTIONS)\nran('plan')",
+            "%%step styled\nshout = STYLE.upper()\nran('styled')",
+        ]
+
+    execute(tmp_path, cells("plain"), allow_errors=False)
+    before = len(calls(tmp_path))
+    execute(tmp_path, cells("bold"), allow_errors=False)
+    assert ran(tmp_path) == Counter({"config": 2, "plan": 1, "styled": 2}), ran(tmp_path)
+    assert calls(tmp_path, before) == [], "plan's call was made again"
+
+
 # -- 4. clear, pin, unpin, --force; failures ------------------------------------------
 
 
