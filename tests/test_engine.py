@@ -273,6 +273,8 @@ def test_unsaved_value_warns_once_and_replay_reruns_body_not_substeps(restarted)
     tmp, first, second = restarted
     err = stream_text(outputs_of(first, 3), "stderr")
     assert err.count("NbdurableWarning") == 1, err
+    # one line, like the replay note: no file of nbdurable's, no source line under it
+    assert err.startswith("NbdurableWarning: step 'unsaved'") and err.count("\n") == 1, err
     assert "gen (generator" in err and "lock (_thread.lock" in err, err
     assert "hits" not in err.split("cannot be saved:")[1], "only unsaved names are listed"
     assert ran(tmp)["unsaved"] == 2, "the body ran again on replay"

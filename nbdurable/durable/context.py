@@ -32,10 +32,29 @@ def warn(message: str) -> None:
 
     A warning raised while a step runs is about this execution, not part of
     the step's output: it goes past the capture, so it is shown now and not
-    replayed with the step's outputs on every later run.
+    replayed with the step's outputs on every later run. It is a real
+    ``warnings.warn`` (a program may filter or record it), shown as one line
+    without a location (see :func:`_format`): the file and source line of
+    nbdurable's code that raised it made a note read like a crash.
     """
+    if warnings.formatwarning is not _format:
+        _format.chained = warnings.formatwarning  # type: ignore[attr-defined]
+        warnings.formatwarning = _format
     with host.unrecorded():
         warnings.warn(message, NbdurableWarning, stacklevel=3)
+
+
+def _format(message: Any, category: type, filename: str, lineno: int, line: Any = None) -> str:
+    """``warnings.formatwarning`` for nbdurable's own: ``NbdurableWarning: <the note>``.
+
+    Every other warning is formatted by the function this one replaced.
+    """
+    if isinstance(category, type) and issubclass(category, NbdurableWarning):
+        return f"{category.__name__}: {message}\n"
+    return _format.chained(message, category, filename, lineno, line)  # type: ignore[attr-defined]
+
+
+_format.chained = warnings.formatwarning  # type: ignore[attr-defined]
 
 
 def flush_streams() -> None:

@@ -22,7 +22,7 @@ Outputs are compared cell by cell, byte for byte, after normalization:
 execution counts go (they count differently across a kernel restart), and
 so does what nbdurable says about itself, which a plain run cannot say: its
 replay notes (``display_data`` with ``metadata.nbdurable``) and its
-warnings (``NbdurableWarning`` blocks on stderr). Traceback frames go too
+warnings (``NbdurableWarning`` lines on stderr). Traceback frames go too
 (they name files of this machine); the exception's type and message stay.
 
 The verdict on a durable run (see :func:`verdict`): it passes when its
@@ -93,7 +93,7 @@ for __e in __PROBES:
 
 _STEP_HEADER = re.compile(r"^\s*%%step\b")
 _IMPORT_API = re.compile(r"^\s*from nbdurable import ")
-_WARNING_BLOCK = re.compile(r"^[^\n]*NbdurableWarning: [^\n]*\n(?:[ \t]+[^\n]*\n)?", re.M)
+_WARNING_BLOCK = re.compile(r"^[^\n]*NbdurableWarning: [^\n]*\n", re.M)
 #: The one line saying which run a kernel records to, printed once per kernel.
 _RUN_LINE = re.compile(r"^nbdurable: [^\n]*\n", re.M)
 _CELL_FILE = re.compile(r"\S*(?:ipykernel_\d+/\d+\.py|<ipython-input-[^>]*>):\d+")

@@ -8,9 +8,8 @@ from fidelity_harness import PLAIN_API, Run, plain_cell, split_outputs, verdict
 pytestmark = pytest.mark.fidelity
 
 WARNING = (
-    "/x/nbdurable/engine.py:573: NbdurableWarning: step 'a' was recorded, but these variables "
+    "NbdurableWarning: step 'a' was recorded, but these variables "
     "cannot be saved: g. On replay this step's body runs again.\n"
-    "  self._warn_recorded(key, label, saved, leaked)\n"
 )
 NOTE = {
     "output_type": "display_data",

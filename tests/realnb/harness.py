@@ -482,7 +482,7 @@ def _first_error(text: str) -> str:
 
 # -- normalizing and comparing ---------------------------------------------------------------
 
-_WARNING = re.compile(r"^[^\n]*NbdurableWarning: ([^\n]*)\n(?:[ \t]+[^\n]*\n)?", re.M)
+_WARNING = re.compile(r"^[^\n]*NbdurableWarning: ([^\n]*)\n", re.M)
 _RUN_LINE = re.compile(r"^nbdurable: [^\n]*\n?", re.M)
 _ADDRESS = re.compile(r"0x[0-9a-fA-F]{6,}")
 _UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
