@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from harness import CHECKS, Result, Spec, judge  # noqa: E402
 
-# Opt-in: NBDURABLE_REALNB=1 judges the whole corpus (33 notebooks: about 25 minutes
+# Opt-in: NBDURABLE_REALNB=1 judges the whole corpus (33 notebooks: about 12 minutes
 # on two cores, with tests/realnb/requirements.txt installed); NBDURABLE_REALNB=ci judges
 # CI_SET, which .ci/run runs (its requirements are the lines of requirements.txt that
 # CI_SET needs, taken by .ci/run).
