@@ -252,6 +252,35 @@ def test_the_public_api_is_unchanged():
         warnings.warn("x", nbdurable.NbdurableWarning, stacklevel=1)
 
 
+def test_warnings_are_one_line_and_leave_later_formatters_in_charge(monkeypatch):
+    # nbdurable's own warnings show without a location; others as before. A formatter
+    # installed later and calling the previous one (nbdurable's) stays in charge,
+    # without the two calling each other forever.
+    import warnings
+
+    from nbdurable.durable import context
+
+    monkeypatch.setattr(warnings, "formatwarning", warnings.formatwarning)
+    monkeypatch.setattr(context, "_formatting", False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        context.warn("first")
+    ours = warnings.formatwarning
+    shown = ours("a note", nbdurable.NbdurableWarning, "/x/stepper.py", 3)
+    assert shown == "NbdurableWarning: a note\n"
+    assert "/x/y.py:3: UserWarning: m" in ours("m", UserWarning, "/x/y.py", 3)
+
+    def later(m, c, f, n, line=None):
+        return "later " + ours(m, c, f, n, line)
+
+    warnings.formatwarning = later
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        context.warn("second")
+    assert warnings.formatwarning is later
+    assert later("m", UserWarning, "/x/y.py", 3).startswith("later /x/y.py:3: UserWarning")
+
+
 def test_the_readme_architecture_names_every_module():
     readme = (ROOT.parent / "README.md").read_text(encoding="utf-8")
     tree = readme.split("## Architecture", 1)[1].split("```")[1]

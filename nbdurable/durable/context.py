@@ -37,7 +37,11 @@ def warn(message: str) -> None:
     without a location (see :func:`_format`): the file and source line of
     nbdurable's code that raised it made a note read like a crash.
     """
-    if warnings.formatwarning is not _format:
+    global _formatting
+    if not _formatting:
+        # Once: a formatter installed after this one (which may call this one) is left
+        # in charge; installing again would chain the two into each other.
+        _formatting = True
         _format.chained = warnings.formatwarning  # type: ignore[attr-defined]
         warnings.formatwarning = _format
     with host.unrecorded():
@@ -55,6 +59,7 @@ def _format(message: Any, category: type, filename: str, lineno: int, line: Any 
 
 
 _format.chained = warnings.formatwarning  # type: ignore[attr-defined]
+_formatting = False  # _format is installed (see warn)
 
 
 def flush_streams() -> None:
