@@ -260,8 +260,13 @@ def test_warnings_are_one_line_and_leave_later_formatters_in_charge(monkeypatch)
 
     from nbdurable.durable import context
 
-    monkeypatch.setattr(warnings, "formatwarning", warnings.formatwarning)
+    def plain(m, c, f, n, line=None):
+        return f"{f}:{n}: {c.__name__}: {m}\n"
+
+    # as in a fresh process, whatever this one's earlier tests installed
+    monkeypatch.setattr(warnings, "formatwarning", plain)
     monkeypatch.setattr(context, "_formatting", False)
+    monkeypatch.setattr(context._format, "chained", context._format.chained)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         context.warn("first")

@@ -42,8 +42,9 @@ def warn(message: str) -> None:
         # Once: a formatter installed after this one (which may call this one) is left
         # in charge; installing again would chain the two into each other.
         _formatting = True
-        _format.chained = warnings.formatwarning  # type: ignore[attr-defined]
-        warnings.formatwarning = _format
+        if warnings.formatwarning is not _format:  # never chained to itself
+            _format.chained = warnings.formatwarning  # type: ignore[attr-defined]
+            warnings.formatwarning = _format
     with host.unrecorded():
         warnings.warn(message, NbdurableWarning, stacklevel=3)
 
