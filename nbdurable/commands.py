@@ -9,6 +9,7 @@ IPython: the CLI runs these without a kernel.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -157,9 +158,7 @@ def clear(store: Store, run_id: str, step_keys: list[str]) -> list[str]:
         puts.append(
             (
                 rk.state(key),
-                StepState(
-                    st.pinned, st.failed, st.failed_at, why, st.name, st.position
-                ).to_header(),
+                dataclasses.replace(st, stale=why).to_header(),
                 b"",
             )
         )
@@ -187,7 +186,7 @@ def set_pin(store: Store, run_id: str, key: str, pinned: bool) -> None:
     if pinned and not store.has(rk.step(key)):
         raise UsageProblem(f"step {key!r} has no record to pin yet; run it first")
     st = view.state(key)
-    new = StepState(pinned, st.failed, st.failed_at, st.stale, st.name, st.position)
+    new = dataclasses.replace(st, pinned=pinned)
     if new.empty:
         store.apply(deletes=[rk.state(key)])
     else:

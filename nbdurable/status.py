@@ -30,6 +30,7 @@ from typing import Any
 from . import procstate
 from .clients.usage import Tally
 from .identity import locate, verdict
+from .identity.analysis import binds_unknown, constant_bindings
 from .identity.keys import analyse, source_fingerprint, step_version
 from .store import RUN_SCOPE, RunView, Store, versions
 from .store.records import StepRecord, StepState
@@ -102,6 +103,34 @@ def _written(body: str) -> frozenset[str]:
     return analyse(py).binds
 
 
+def _outcomes(recorded_source: str, body: str) -> dict[str, bool]:
+    """What a step about to run again makes of the names its code binds to a literal,
+    before and after an edit: name -> True (the same value), False (another one).
+
+    ``recorded_source``: its record's code (Python); ``body``: the saved cell's.
+    See :func:`nbdurable.identity.analysis.constant_bindings`.
+    """
+    before = constant_bindings(recorded_source)
+    after = constant_bindings(_python(body))
+    # A record's code has its secrets redacted ("[redacted $OPENAI_API_KEY]"): such a
+    # literal is not known to differ from the one in the cell.
+    return {
+        n: before[n] == v
+        for n, v in after.items()
+        if n in before and (before[n] == v or "[redacted " not in before[n])
+    }
+
+
+@functools.lru_cache(maxsize=512)
+def _python(body: str) -> str:
+    from IPython.core.inputtransformer2 import TransformerManager
+
+    try:
+        return TransformerManager().transform_cell(body)
+    except Exception:  # a cell IPython cannot transform: nothing is known of it
+        return ""
+
+
 def step_infos(
     store: Store,
     run_id: str,
@@ -119,13 +148,16 @@ def step_infos(
     records, states, live = view.records(), view.states(), live or {}
     judge.records_of, judge.view = records, view
     cells: list[locate.StepCell] = []
+    plain: list[tuple[int, str]] = []
     if notebook is not None:
         nbf = locate.NotebookFile(notebook)
         if nbf.refresh():
-            cells = nbf.cells
+            cells, plain = nbf.cells, nbf.plain
     rows: list[StepInfo] = []
     seen: set[str] = set()
     for cell in cells:
+        while plain and plain[0][0] < cell.index:  # what a Run All runs before it
+            judge.ran_plain(plain.pop(0)[1])
         key = cell.key
         if key in seen:
             continue
@@ -142,7 +174,7 @@ def step_infos(
             True,
             judge,
         )
-        judge.passed(info, _written(cell.body), records.get(key))
+        judge.passed(info, _written(cell.body), records.get(key), cell.body)
         rows.append(info)
 
     def order(key: str) -> tuple[bool, int, float, str]:
@@ -235,15 +267,47 @@ class _Judge:
     will_run: dict[str, tuple[str, bool]] = field(default_factory=dict)
     #: each name -> the step judged so far that writes it last, as the saved cells say
     writers: dict[str, str] = field(default_factory=dict)
+    #: for steps in ``will_run``: name -> whether the rerun makes it the same, where
+    #: known before it runs (see :func:`_outcomes`)
+    outcomes: dict[str, dict[str, bool]] = field(default_factory=dict)
+    #: each name the saved plain cells judged so far bind last -> the literal key of
+    #: the value they bind it to (None: not a literal); see :meth:`ran_plain`
+    plain_now: dict[str, str | None] = field(default_factory=dict)
+    #: a plain cell may have bound names its syntax does not spell: none is known
+    wild: bool = False
 
-    def passed(self, info: StepInfo, written: frozenset[str], rec: StepRecord | None) -> None:
+    def ran_plain(self, source: str) -> None:
+        """Note what a saved plain cell binds, as a Run All runs it before the next step."""
+        if self.wild:
+            return
+        py = _python(source)
+        if not py.strip():
+            return
+        if binds_unknown(py):
+            self.wild = True
+            self.plain_now.clear()
+            return
+        consts = constant_bindings(py)
+        for name in analyse(py).binds:
+            self.plain_now[name] = consts.get(name)
+
+    def passed(
+        self,
+        info: StepInfo,
+        written: frozenset[str],
+        rec: StepRecord | None,
+        body: str | None = None,
+    ) -> None:
         """Remember ``info``'s prediction for the steps after it (see the module docstring).
 
         ``written``: the names its saved cell writes; with those its record saved.
+        ``body``: its saved cell's code, if in the notebook.
         """
         entry = verdict.will_run_entry(info.label, info.state)
         if entry is not None:
             self.will_run[info.key] = entry
+            if rec is not None and body is not None:
+                self.outcomes[info.key] = _outcomes(rec.source, body)
         if info.state == "orphaned":
             return  # not in the notebook: the next run does not write anything through it
         names = set(written)
@@ -252,6 +316,7 @@ class _Judge:
             names.update(rec.deleted)
         for name in names:
             self.writers[name] = info.key
+            self.plain_now.pop(name, None)  # a step's value now, not a plain cell's
 
     def reason(self, rec: StepRecord, st: StepState, body: str | None) -> str | None:
         if self.current is not None:
@@ -269,7 +334,19 @@ class _Judge:
             environment=self.current is not None,
             will_run=self.will_run,
             writers=self.writers,
+            outcomes=self.outcomes,
+            plain_now=self.plain_now,
         )
+        view = self.view
+        if (
+            why is not None
+            and verdict.PLAIN_REBOUND in why
+            and view is not None
+            and versions.kept(view.store, view.keys, rec.key)
+        ):
+            # A Run All brings back a kept version recorded from that value, if one was:
+            # which one is not known without the kernel's fingerprints.
+            return f"{verdict.MAY_RUN}{why}: replays a kept version recorded from it, if any"
         if (
             why is None
             or verdict.may_run(why)
@@ -281,7 +358,6 @@ class _Judge:
         # The step runner first brings back a kept record of the version it is about
         # to run (store.versions): that one replays. Only where the version is known:
         # the same code (so the same input names) and every input seen in the kernel.
-        view = self.view
         if (
             self.current is not None
             and view is not None

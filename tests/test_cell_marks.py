@@ -83,8 +83,8 @@ def _expected(unnamed_id: str) -> dict[str, tuple[str, str]]:
         f"id:{unnamed_id}": ("replayed", "↻ replayed"),
         "name:revise": ("invalidated", "its code changed"),
         "name:pinme": ("pinned", "stale: its code changed"),
-        # It read revise's draft, and revise will run: its replay depends on the new draft.
-        "name:extra": ("may run", "step 'revise' runs first"),
+        # It read revise's draft, and revise will run with another literal for it ('v2').
+        "name:extra": ("invalidated", "input 'draft' changes (step 'revise' runs first)"),
         "name:broken": ("failed", "the model timed out"),
         "name:later": ("pending", "○ pending"),
         "name:slow": ("pending", "○ pending"),

@@ -131,12 +131,16 @@ def test_run_survives_two_kernel_deaths_and_repeats_no_call(tmp_path, capsys, mo
     assert seen["md"]["cellId"] == done.cells[3].id
     assert seen["md"]["nbdurable"] == {"position": 3}
 
-    # status reads the same run (the run id matches) and sees both steps recorded.
+    # status reads the same run (the run id matches) and sees both steps recorded. With
+    # no kernel it cannot see `call`, which a plain cell makes: 'loop' may run, and so
+    # may 'total', which reads what 'loop' makes.
     code, out, err = inproc(capsys, monkeypatch, tmp_path, "status", nb, "--json")
     assert code == 0, out + err
     steps = by_key(json.loads(out))
-    assert steps["name:loop"]["state"] == "recorded" and steps["name:loop"]["substeps"] == 8
-    assert steps["name:total"]["state"] == "recorded"
+    loop, total = steps["name:loop"], steps["name:total"]
+    assert (loop["state"], loop["substeps"]) == ("may run", 8) and loop["version"], loop
+    assert "reads 'call' from plain cells" in loop["detail"], loop
+    assert total["state"] == "may run" and total["recorded_at"], total
 
 
 # -- exit 3: more deaths than --retries ----------------------------------------------------
@@ -262,7 +266,9 @@ def test_status_export_pin_clear_gc_through_the_cli(tmp_path, capsys, monkeypatc
     assert calls.read_text().split() == ["alpha", "b0", "b1", "b2"]
     steps = status()
     assert list(steps) == ["name:a", b_key, "name:c"]
-    assert [s["state"] for s in steps.values()] == ["recorded"] * 3
+    # With no kernel, `call` (a plain cell's function) is not seen: each "may run".
+    assert [s["state"] for s in steps.values()] == ["may run"] * 3
+    assert "reads 'call' from plain cells" in steps["name:a"]["detail"], steps
     assert [s["substeps"] for s in steps.values()] == [1, 3, 0]
 
     # export: the log, in order, with fingerprints and values.
@@ -325,7 +331,7 @@ def test_status_export_pin_clear_gc_through_the_cli(tmp_path, capsys, monkeypatc
     assert code == 0, out + err
     dry = json.loads(out)
     assert dry["dry_run"] and dry["keys"] > 0 and dry["kept_pinned"]
-    assert [s["state"] for s in status().values()] == ["recorded", "recorded", "pinned"]
+    assert [s["state"] for s in status().values()] == ["may run", "may run", "pinned"]
     code, out, err = inproc(capsys, monkeypatch, tmp_path, "gc", "--older-than", "0")
     assert code == 0 and "kept pinned steps" in out, out + err
     assert [s["state"] for s in status().values()] == ["pending", "pending", "pinned"]

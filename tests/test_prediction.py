@@ -87,12 +87,18 @@ def test_an_upstream_rerun_invalidates_downstream_everywhere(tmp_path, capsys, m
     rows = json.loads(_text(out, 9))
     assert rows == {"up": ["recorded", ""], "down": ["invalidated", "input 'x' changed"]}, rows
 
-    # No kernel: the store shows 'up' recorded after 'down' read its x.
+    # No kernel: the store shows 'up' recorded after 'down' read its x. 'up' read n = 5,
+    # which the kernel set; the saved notebook's plain cell binds n = 1, and the record of
+    # n = 1 is kept: a Run All of it may bring that one back.
     monkeypatch.setenv("NBDURABLE_DIR", str(store))
     monkeypatch.delenv("NBDURABLE_NOTEBOOK", raising=False)
     assert cli.main(["status", str(path), "--json"]) == 0
     steps = {s["label"]: s for s in json.loads(capsys.readouterr().out)["steps"]}
-    assert steps["up"]["state"] == "recorded", steps
+    assert steps["up"]["state"] == "may run", steps
+    assert steps["up"]["detail"] == (
+        "input 'n' changed (a plain cell binds it to another value): replays a kept version "
+        "recorded from it, if any"
+    ), steps
     assert steps["down"]["state"] == "invalidated", steps
     assert steps["down"]["detail"] == "input 'x' changed (step 'up' ran again)", steps
 
@@ -159,7 +165,11 @@ def test_an_upstream_that_will_run_leaves_its_dependants_open(
         "down": ("may run", waiting),
         "other": ("recorded", ""),
     }
-    assert _status(path, capsys) == expected
+    # With no kernel, n (a plain cell's) is not seen: 'other' may run, the only difference.
+    plain_n = (
+        "reads 'n' from plain cells (seen only in a kernel): replays only if it comes out the same"
+    )
+    assert _status(path, capsys) == dict(expected, other=("may run", plain_n))
 
     out = run_notebook(
         make_notebook(second), cwd=tmp_path, env=env, startup_timeout=180, timeout=300
@@ -284,3 +294,53 @@ def test_a_method_called_on_an_int_input_is_not_a_change(tmp_path):
     # xs.append(x) did change xs: run again, a plain notebook would append again,
     # so the step must run again too.
     assert then["grow"] == ("invalidated", "input 'xs' changed"), _text(out, 6)
+
+
+@pytest.mark.kernel
+def test_an_upstream_edit_that_keeps_a_literal_leaves_its_readers_replaying(
+    tmp_path, capsys, monkeypatch
+):
+    """`config` edited on disk: a reader of what it binds to the same literal replays;
+    a reader of what it binds to another literal runs. Every view says which, before
+    anything runs, and the run does it."""
+    store = tmp_path / "store"
+    path = tmp_path / "nb.ipynb"
+    env = {"NBDURABLE_DIR": str(store), "NBDURABLE_NOTEBOOK": str(path)}
+
+    def cells(style: str) -> list[str]:
+        return [
+            "%load_ext nbdurable\nLIMIT = 2  # a plain cell's literal: the views see it saved",
+            f"%%step config\nN_QUESTIONS = 3\nSTYLE = {style!r}\nMODELS = ('a', 'b')",
+            "%%step plan\nquestions = [f'q{i}' for i in range(N_QUESTIONS)][:LIMIT + 1]\n"
+            "print('plan ran')",
+            "%%step styled\nshout = STYLE.upper()\nprint('styled ran')",
+            "%%step both\npairs = [(m, q) for m in MODELS for q in questions]",
+        ]
+
+    run_notebook(make_notebook(cells("plain")), cwd=tmp_path, env=env, startup_timeout=180)
+    nbformat.write(make_notebook(cells("bold")), path)
+    monkeypatch.setenv("NBDURABLE_DIR", str(store))
+    monkeypatch.delenv("NBDURABLE_NOTEBOOK", raising=False)
+    expected = {
+        "config": ("invalidated", "its code changed"),
+        "plan": ("recorded", ""),
+        "styled": ("invalidated", "input 'STYLE' changes (step 'config' runs first)"),
+        "both": ("recorded", ""),
+    }
+    assert _status(path, capsys) == expected
+    second = [*cells("bold"), "%step list"]
+    out = run_notebook(make_notebook(second), cwd=tmp_path, env=env, startup_timeout=180)
+    ran = {k: v[0] for k, v in _listed(_text(out, 5)).items()}
+    assert ran == {"config": "recorded", "plan": "replayed", "styled": "recorded",
+                   "both": "replayed"}, _text(out, 5)  # fmt: skip
+    assert _text(out, 3) == "styled ran\n" and _text(out, 2) == "plan ran\n"
+    _check({k: v[0] for k, v in expected.items()}, ran)
+
+    # The plain cell's literal edited and saved: 'plan' runs again, and status says so.
+    third = cells("bold")
+    third[0] = third[0].replace("LIMIT = 2", "LIMIT = 3")
+    nbformat.write(make_notebook(third), path)
+    changed = "input 'LIMIT' changed (a plain cell binds it to another value)"
+    assert _status(path, capsys)["plan"] == ("invalidated", changed)
+    out = run_notebook(make_notebook([*third, "%step list"]), cwd=tmp_path, env=env)
+    assert _listed(_text(out, 5))["plan"][0] == "recorded", _text(out, 5)  # it ran

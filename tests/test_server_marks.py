@@ -54,3 +54,46 @@ def test_an_empty_store_reads_like_no_store(tmp_path):
     data = step_marks(tmp_path / "a.ipynb", tmp_path / "store")
     assert data["store_exists"] is True
     assert [(c["key"], c["state"]) for c in data["cells"]] == [("name:plan", "pending")]
+
+
+@pytest.mark.kernel
+def test_actions_act_on_the_store_as_the_cli_does(tmp_path):
+    """The sidebar's buttons: pin, unpin, clear, clear all; bad ones are one line each."""
+    from kernel_util import run_notebook
+
+    from nbdurable.errors import UsageProblem
+    from nbdurable.server.marks import act
+    from nbdurable.store import RunKeys
+
+    path, store = tmp_path / "a.ipynb", tmp_path / "store"
+    cells = ["%load_ext nbdurable", "%%step plan\nx = 1", "%%step use\ny = x + 1"]
+    nbformat.write(make_notebook(cells), path)
+    env = {"NBDURABLE_DIR": str(store), "NBDURABLE_NOTEBOOK": str(path)}
+    run_notebook(make_notebook(cells), cwd=tmp_path, env=env)
+
+    def states(data: dict) -> dict[str, str]:
+        return {c["label"]: c["state"] for c in data["cells"]}
+
+    with pytest.raises(UsageProblem, match="unknown action 'frob'; one of: pin, unpin"):
+        act(path, "frob", "name:plan", store)
+    with pytest.raises(UsageProblem, match="no step 'nope'"):
+        act(path, "pin", "nope", store)
+    with pytest.raises(UsageProblem, match="pin: which step"):
+        act(path, "pin", None, store)
+    with pytest.raises(UsageProblem, match="not pinned"):
+        act(path, "unpin", "name:plan", store)
+    data = act(path, "pin", "name:plan", store)
+    assert data["message"] == "pinned: plan" and states(data)["plan"] == "pinned", data
+    assert states(act(path, "unpin", "name:plan", store))["plan"] == "recorded"
+    data = act(path, "clear", "name:plan", store)
+    assert data["message"] == "cleared: plan; invalidated dependants: use", data
+    assert states(data) == {"plan": "pending", "use": "invalidated"}
+    data = act(path, "clear-all", None, store)
+    assert data["message"].startswith("cleared run 'a.ipynb'"), data
+    assert states(data) == {"plan": "pending", "use": "pending"}
+    with open_store(store) as s:  # nothing left but the lease the kernel held
+        rk = RunKeys("a.ipynb")
+        assert list(s.scan(rk.base)) in ([], [rk.lease]), list(s.scan(rk.base))
+    with pytest.raises(UsageProblem, match="nothing is recorded for b.ipynb yet"):
+        nbformat.write(make_notebook(cells), tmp_path / "b.ipynb")
+        act(tmp_path / "b.ipynb", "pin", "name:plan", tmp_path / "none")

@@ -15,8 +15,19 @@ import { Cell, ICodeCellModel } from '@jupyterlab/cells';
 import { URLExt } from '@jupyterlab/coreutils';
 import { ServerConnection } from '@jupyterlab/services';
 
-import { ICellView, IStepsReply, markFor, matchCells, parseStep } from './model';
+import { Signal } from '@lumino/signaling';
+
+import { ICellView, IMark, IStepRow, IStepsReply, markFor, matchCells, parseStep } from './model';
 import { PanelKeeper } from './panels';
+
+/** What the marks of one notebook show now: the sidebar draws the same. */
+export interface IMarksDrawn {
+  reply: IStepsReply | null;
+  /** Why the server could not answer ('' when it did). */
+  error: string;
+  /** Each live %%step cell matched to a saved step: its row, its mark, its index. */
+  cells: { row: IStepRow; mark: IMark; cell: number }[];
+}
 
 /** Milliseconds between two questions while the kernel is busy, and otherwise. */
 const BUSY_POLL = 1000;
@@ -64,11 +75,35 @@ export class CellMarks {
       return;
     }
     this._disposed = true;
+    Signal.clearData(this);
     window.clearTimeout(this._timer);
     window.clearTimeout(this._drawTimer);
     document.removeEventListener('visibilitychange', this._onVisible);
     NotebookActions.executionScheduled.disconnect(this._onScheduled, this);
     NotebookActions.executed.disconnect(this._onExecuted, this);
+  }
+
+  /** Emitted after every draw (a new answer, an edit, a cell run). */
+  get drawn(): Signal<this, void> {
+    return this._drawnSignal;
+  }
+
+  /** What the marks show now. */
+  current(): IMarksDrawn {
+    return { reply: this._reply, error: this._error, cells: this._cells };
+  }
+
+  /** Ask the server now (an action changed the store), then go on polling. */
+  refetch(): void {
+    this._refetch();
+  }
+
+  /** Whether the marks are drawn in the cells (the setting); their data is kept either way. */
+  setShown(shown: boolean): void {
+    if (shown !== this._shown) {
+      this._shown = shown;
+      this._draw();
+    }
   }
 
   /** Ask the server now, then go on polling. */
@@ -235,8 +270,15 @@ export class CellMarks {
       replayedKey: cell.model.type === 'code' ? replayNote(cell.model as ICodeCellModel) : null
     }));
     const rows = this._reply ? matchCells(views, this._reply.cells) : views.map(() => undefined);
+    const marks = rows.map((row, i) => (row === undefined ? undefined : markFor(views[i], row)));
+    this._cells = [];
+    rows.forEach((row, i) => {
+      if (row) {
+        this._cells.push({ row, mark: marks[i]!, cell: i });
+      }
+    });
     cells.forEach((cell, i) => {
-      const row = rows[i];
+      const row = this._shown ? rows[i] : undefined;
       const host = cell.node.querySelector(':scope > .jp-CellHeader') as HTMLElement | null;
       if (host === null) {
         // A cell not rendered yet (JupyterLab renders long notebooks lazily).
@@ -258,9 +300,10 @@ export class CellMarks {
         host.appendChild(node);
         host.classList.add(HOST_CLASS);
       }
-      render(node, markFor(views[i], row));
+      render(node, marks[i]!);
     });
     this._keeper.draw(cells, this._reply);
+    this._drawnSignal.emit();
   }
 
   private _panel: NotebookPanel;
@@ -276,6 +319,9 @@ export class CellMarks {
   private _scheduled = new Map<string, number>();
   private _waiting = new WeakSet<Cell>();
   private _keeper = new PanelKeeper();
+  private _cells: IMarksDrawn['cells'] = [];
+  private _shown = true;
+  private _drawnSignal = new Signal<this, void>(this);
 }
 
 /** The step key of the replay note nbdurable puts among a replayed cell's outputs. */

@@ -20,6 +20,8 @@ export interface IStepRow {
   duration: number;
   substeps: number;
   calls: number;
+  /** Tokens the step's model replies reported: what its replay saves. */
+  tokens: number;
   pinned: boolean;
   stale: boolean;
   replayable: boolean;
@@ -173,11 +175,18 @@ export function when(t: number, now: Date = new Date()): string {
   return `${d.getFullYear()}-${two(d.getMonth() + 1)}-${two(d.getDate())} ${hm}`;
 }
 
+/** ``0.04 s``, ``12.3 s``, ``4 min 5 s``, ``1 h 3 min``: as nbdurable.text.seconds writes it. */
 export function seconds(s: number): string {
   if (s < 0.1) {
-    return '< 0.1 s';
+    return `${s.toFixed(2)} s`;
   }
-  return s < 10 ? `${s.toFixed(1)} s` : s < 120 ? `${Math.round(s)} s` : `${(s / 60).toFixed(1)} min`;
+  if (s < 60) {
+    return `${s.toFixed(1)} s`;
+  }
+  if (s < 3600) {
+    return `${Math.floor(s / 60)} min ${Math.floor(s % 60)} s`;
+  }
+  return `${Math.floor(s / 3600)} h ${Math.floor((s % 3600) / 60)} min`;
 }
 
 function plural(n: number, what: string): string {

@@ -114,7 +114,8 @@ function renderSnapshot(snap: HTMLElement, why: string, reply: IStepsReply | nul
   const note = el(
     'div',
     'nbd-snapshot-note',
-    `${why}: this panel is not live. Steps as stored now; %step panel shows a live one.`
+    `${why}: this panel is not live. Steps as stored now; run %load_ext nbdurable, then ` +
+      '%step panel, for a live one.'
   );
   const list = el('div', 'nbd-snapshot-rows');
   for (const row of rows) {

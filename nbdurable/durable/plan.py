@@ -43,6 +43,11 @@ class Plan:
     #: globals the step reaches only through the notebook functions it calls (a
     #: helper's `client`) -> their content fingerprint before the body (see reached)
     reached: dict[str, str] = field(default_factory=dict)
+    #: the inputs bound to a library's module, class or function (``StepRecord.library``)
+    library: frozenset[str] = frozenset()
+    #: inputs a plain cell bound to an immutable builtin value -> its literal key
+    #: (``StepRecord.plain``)
+    plain: dict[str, str] = field(default_factory=dict)
 
 
 #: Builtins that read the namespace by name at run time: a step calling one may

@@ -26,8 +26,10 @@ from .. import config, events, faults, procstate, redact
 from ..clients.usage import Tally
 from ..errors import CorruptRecord, LeaseLost, NbdurableError, StoreError, UsageProblem
 from ..identity import keys, localcode, verdict
+from ..identity.analysis import literal_key
 from ..store import sharing, spill, values, versions
 from ..store.records import StepRecord, StepState
+from ..text import seconds as seconds_text
 from ..text import tokens as tokens_text
 from . import envreads, fileio, httpsteps, recording
 from .context import StepContext, flush_streams, remade_summary, warn, what_replays
@@ -57,6 +59,8 @@ class StepRunner:
     def __init__(self, session: Session) -> None:
         self.session = session
         self.producers: dict[str, str] = {}  # variable name -> step key that produced it
+        # step key -> the `started` of the record this kernel made of it (see _confirm)
+        self.recorded_started: dict[str, float] = {}
         # variable name -> (the object a step recorded or restored, its blob sha); see
         # _input_fp. Held weakly: a `del` frees the value as in a plain run.
         self.origins = recording.Origins()
@@ -73,6 +77,7 @@ class StepRunner:
     def forget(self) -> None:
         """Forget what this kernel produced (the run changed)."""
         self.producers.clear()
+        self.recorded_started.clear()
         self.origins.clear()
 
     def load_record(self, key: str, label: str) -> StepRecord | None:
@@ -184,6 +189,8 @@ class StepRunner:
         if rec is not None and not force and (reason is None or state.pinned):
             replayed = self._replay(rec, label, reason, split) if rec.replayable else None
             if replayed is not None:
+                if reason is None:
+                    self._confirm(rec, state)
                 return replayed
             if not rec.replayable:
                 # Said on every such run, not only when first recorded: a fresh
@@ -207,6 +214,14 @@ class StepRunner:
         plan = Plan(
             key, label, position, py, source_fp, analysis, inputs, raw_fps, state, reason, declared
         )
+        plan.library = frozenset(n for n in inputs if localcode.is_library_name(ns[n]))
+        plan.plain = {
+            n: lit
+            for n in inputs
+            if n not in plan.library
+            and n not in self.producers
+            and (lit := literal_key(ns[n])) is not None
+        }
         plan.reached = {
             n: fingerprint_or_type(ns[n], f"{n!r}, which step {label!r} reaches")
             for n in reached(raw_fps, ns)
@@ -218,6 +233,34 @@ class StepRunner:
             procstate.replayable_reasons(rec.process if rec else None)
         )
         return self._start(plan)
+
+    def _confirm(self, rec: StepRecord, state: StepState) -> None:
+        """Note that ``rec`` replayed against the upstream records this kernel made since it.
+
+        A view with no kernel sees only the store: an input whose maker was
+        recorded after ``rec`` looks changed (a cascade; see
+        :func:`~nbdurable.identity.verdict.invalid_reason`), yet here the
+        replay compared the new value and found it equal. Noted in the step's
+        state so that ``nbdurable status`` and the cell marks say what the next
+        run does (replay), not "input 'plan' changed". Written only in that
+        case, so an ordinary replay writes nothing; a store this kernel cannot
+        write to (another process holds the run, a read-only store) leaves the
+        views at their cautious "changed".
+        """
+        newer = {
+            maker: self.recorded_started[maker]
+            for name, maker in rec.input_from.items()
+            if name in rec.inputs and self.recorded_started.get(maker, 0.0) > rec.started
+        }
+        confirmed = state.confirmed
+        if not newer or all(confirmed.get(k) == v for k, v in newer.items()):
+            return
+        new = dataclasses.replace(state, extra={**state.extra, "confirmed": confirmed | newer})
+        try:
+            self.session.claim()
+            self.session.write(puts=[(self.session.keys.state(rec.key), new.to_header(), b"")])
+        except NbdurableError:
+            pass
 
     def _bring_back(self, key: str, label: str, rec: StepRecord, version: str) -> StepRecord | None:
         """The step's record of ``version`` made current, if kept (else ``rec``, unchanged).
@@ -431,7 +474,7 @@ class StepRunner:
         used = Tally.from_json(rec.tokens).total.total
         if used:
             calls += f", {tokens_text(used)}"
-        saved = f"saved {rec.duration:.1f} s{calls}"
+        saved = f"saved {seconds_text(rec.duration)}{calls}"
         text = f"↻ nbdurable: replayed step {label!r} (recorded {when}; {saved})"
         if stale:
             text += f" — pinned, stale: {stale}"
@@ -505,7 +548,9 @@ class StepRunner:
         if isinstance(exc, LeaseLost):  # the run is another process's now: nothing to note
             events.emit("step-failed", self.session.run_id, key, label=label, error=what)
             return
-        failed = StepState(state.pinned, what, time.time(), state.stale, label, position)
+        failed = dataclasses.replace(
+            state, failed=what, failed_at=time.time(), name=label, position=position
+        )
         try:
             self.session.write(puts=[(self.session.keys.state(key), failed.to_header(), b"")])
         except NbdurableError as err:
@@ -616,6 +661,8 @@ class StepRunner:
             files=files,
             written=written,
             declared=dict(plan.declared or {}),
+            library=tuple(sorted(plan.library)),
+            plain=dict(plan.plain),
         )
         kept = StepState(pinned=state.pinned, name=label, position=position)
         puts = [(self.session.keys.step(key), rec.to_header(), b""), self.session.touch_run()]
@@ -629,6 +676,7 @@ class StepRunner:
         except StoreError as exc:
             raise StoreError(f"step {label!r} ran but was NOT recorded: {exc}") from exc
         faults.point("step-written")
+        self.recorded_started[key] = rec.started
         for name in changed:
             self.producers[name] = key
             self.origins.pop(name, None)

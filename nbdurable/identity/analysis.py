@@ -6,6 +6,7 @@ See :mod:`nbdurable.identity.keys` for how the results feed the key recipe.
 from __future__ import annotations
 
 import ast
+import hashlib
 import io
 import tokenize
 import warnings
@@ -566,3 +567,131 @@ def ends_with_semicolon(source: str) -> bool:
             continue
         return token.type == tokenize.OP and token.string == ";"
     return False
+
+
+def constant_bindings(source: str) -> dict[str, str]:
+    """The names a cell binds once, at top level, to an immutable literal: name -> the
+    value's :func:`literal_key`.
+
+    ``N_QUESTIONS = 3`` in a cell whose other lines change: the name comes out
+    of a rerun the same whatever else changed, and ``STYLE = 'bold'`` where it
+    was ``'plain'`` comes out otherwise, which a view can say before the rerun
+    (see :mod:`nbdurable.status`). Only a plain ``NAME = literal``
+    (numbers, strings, bytes, booleans, None, tuples of these)
+    whose name nothing else in the cell binds, deletes or declares global:
+    the value cannot be changed in place, and no other line can rebind it.
+    A cell that does not parse binds none.
+    """
+    try:
+        tree = _parse(source)
+    except (SyntaxError, ValueError):
+        return {}
+    stores: dict[str, int] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Match) or (
+            isinstance(node, ast.ImportFrom) and any(a.name == "*" for a in node.names)
+        ):
+            return {}  # binds names not spelled as targets: none is known to be bound once
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load) and node.id in _DYNAMIC:
+            return {}  # globals()["N"] = ..., exec(...): may bind anything
+        if isinstance(node, ast.ExceptHandler) and node.name:
+            stores[node.name] = stores.get(node.name, 0) + 1
+        elif isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load):
+            stores[node.id] = stores.get(node.id, 0) + 1
+        elif isinstance(node, (ast.Global, ast.Nonlocal)):
+            for name in node.names:
+                stores[name] = stores.get(name, 0) + 2  # never "once"
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            stores[node.name] = stores.get(node.name, 0) + 1
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            for name in _import_names(node):
+                stores[name] = stores.get(name, 0) + 1
+    out: dict[str, str] = {}
+    for stmt in tree.body:
+        if not (
+            isinstance(stmt, ast.Assign)
+            and len(stmt.targets) == 1
+            and isinstance(stmt.targets[0], ast.Name)
+        ):
+            continue
+        name = stmt.targets[0].id
+        try:
+            value = ast.literal_eval(stmt.value)
+        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+            continue
+        key = literal_key(value) if stores.get(name) == 1 else None
+        if key is not None:
+            out[name] = key
+    return out
+
+
+def literal_key(value: Any) -> str | None:
+    """A digest of an immutable builtin value (its type and repr), None for any other.
+
+    What a record keeps of an input a plain cell bound to a literal
+    (``StepRecord.plain``), compared with what the saved cell binds now: a
+    digest, never the value (it may be a key). A string holding a redacted
+    secret (a record's code) has none: it is not the value the cell binds.
+    """
+    if not _immutable(value) or (isinstance(value, str) and "[redacted " in value):
+        return None
+    text = f"{type(value).__name__}:{value!r}"
+    return hashlib.sha256(text.encode("utf-8", "surrogateescape")).hexdigest()[:16]
+
+
+#: Line magics that bind no name of the namespace (``%time x = 1`` does, ``%run`` may).
+_QUIET_MAGICS = frozenset({"load_ext", "reload_ext", "matplotlib", "pip", "conda",
+                           "autoreload", "aimport", "config", "env", "precision"})  # fmt: skip
+
+
+def binds_unknown(source: str) -> bool:
+    """Whether a cell may bind names its syntax does not spell (a star import, ``exec``,
+    ``globals()``, a magic such as ``%run`` or ``%%capture out``), or does not parse.
+
+    A view reading a plain cell's literal (:func:`constant_bindings`) from the
+    saved notebook trusts it only while no later cell may have bound the
+    name some other way.
+    """
+    try:
+        tree = _parse(source)
+    except (SyntaxError, ValueError):
+        return True
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and any(a.name == "*" for a in node.names):
+            return True
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load) and node.id in _DYNAMIC:
+            return True
+        if isinstance(node, ast.Global):  # a function that rebinds a global when called
+            return True
+        if isinstance(node, ast.Call) and (magic := _magic_call(node)) is not None:
+            if magic not in _QUIET_MAGICS:
+                return True
+    return False
+
+
+def _magic_call(node: ast.Call) -> str | None:
+    """``get_ipython().run_line_magic('run', ...)`` -> ``'run'``; "" for another call on
+    ``get_ipython()``; None for any other call.
+    """
+    func = node.func
+    if not (
+        isinstance(func, ast.Attribute)
+        and isinstance(func.value, ast.Call)
+        and isinstance(func.value.func, ast.Name)
+        and func.value.func.id == "get_ipython"
+    ):
+        return None
+    if func.attr == "run_line_magic" and node.args and isinstance(node.args[0], ast.Constant):
+        return str(node.args[0].value)
+    return ""
+
+
+#: Builtins through which a cell may bind any name: no binding of it is known to be the only one.
+_DYNAMIC = frozenset({"globals", "locals", "vars", "exec", "eval", "setattr", "__import__"})
+
+
+def _immutable(value: Any) -> bool:
+    # Not a frozenset: two equal ones may list their items in other orders.
+    if isinstance(value, tuple):
+        return all(_immutable(v) for v in value)
+    return value is None or isinstance(value, (bool, int, float, complex, str, bytes))

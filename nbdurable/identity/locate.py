@@ -226,6 +226,8 @@ class NotebookFile:
         self._stamp: tuple[int, int] | None = None
         self.ids_persist = False
         self.cells: list[StepCell] = []
+        #: the other code cells: (position, source), in order (what a Run All runs between steps)
+        self.plain: list[tuple[int, str]] = []
         self._fps: list[str] | None = None  # source fingerprints of `cells`, made once per read
 
     def refresh(self) -> bool:
@@ -245,6 +247,12 @@ class NotebookFile:
         major, minor = data.get("nbformat", 4), data.get("nbformat_minor", 0)
         self.ids_persist = (major, minor) >= (4, 5)
         self.cells = step_cells(data.get("cells", []), self.ids_persist)
+        steps = {c.index for c in self.cells}
+        self.plain = [
+            (i, "".join(src) if isinstance(src := cell.get("source", ""), list) else src)
+            for i, cell in enumerate(data.get("cells", []))
+            if cell.get("cell_type") == "code" and i not in steps
+        ]
         self._fps = None
         return True
 

@@ -19,10 +19,17 @@ What is known differs by caller, never the rule:
 - ``unknown``: input names whose current value the caller cannot see (not
   yet in a restarted kernel's namespace, or no kernel at all). For those
   the store decides: when the step that made the value (the record's
-  ``input_from``) has been recorded again since this record, the value
-  came from an older execution of it and the input changed (a cascade
-  from an upstream change). Otherwise a Run All restores the same value
-  first, and the input counts as unchanged.
+  ``input_from``) has been recorded again since this record, and this step
+  has not replayed against that new record since (``StepState.confirmed``),
+  the value came from an older execution of it and the input changed (a
+  cascade from an upstream change). Otherwise a Run All restores the same
+  value first, and the input counts as unchanged. A library's module,
+  class or function (``StepRecord.library``) is what its name says: a Run
+  All binds the same. A plain cell's immutable value (``StepRecord.plain``)
+  is compared with the literal the saved notebook's plain cells bind it to
+  before the step (``plain_now``, where known: the same is unchanged,
+  another is a change). Any other value a plain cell made is seen only by
+  the kernel: the step "may run" (:data:`MAY_RUN`), never a promised replay.
 - ``declared``: the ``--inputs`` patterns with the files they match now;
   None when the cell's patterns are not known here.
 - ``environment``: compare the environment variables the step read with
@@ -75,6 +82,8 @@ def invalid_reason(
     environment: bool = True,
     will_run: Mapping[str, tuple[str, bool]] | None = None,
     writers: Mapping[str, str] | None = None,
+    outcomes: Mapping[str, Mapping[str, bool]] | None = None,
+    plain_now: Mapping[str, str | None] | None = None,
 ) -> str | None:
     """Why ``rec`` cannot be replayed, or None if it can (see the module docstring)."""
     if source_fp is not None and rec.source_fp != source_fp:
@@ -99,7 +108,24 @@ def invalid_reason(
             return f"environment variable{'s' if len(env) > 1 else ''} {listed} changed"
     names = set(rec.inputs) | set(inputs)
     changed = sorted(n for n in names - set(unknown) if rec.inputs.get(n) != inputs.get(n))
-    remade = sorted(n for n in set(unknown) & set(rec.inputs) if _remade(rec, n, upstream))
+    # Unseen values a plain cell makes: the literal the saved cell binds now, where known.
+    plain, rebound = [], []
+    for n in sorted(set(unknown) & set(rec.inputs)):
+        if n in rec.library or rec.input_from.get(n) not in (None, rec.key):
+            continue
+        now, was = (plain_now or {}).get(n), rec.plain.get(n)
+        if now is None or was is None:
+            plain.append(n)
+        elif now != was:
+            rebound.append(n)
+    if rebound and not changed:
+        listed = ", ".join(repr(n) for n in rebound[:5])
+        s, them = ("s", "them") if len(rebound) > 1 else ("", "it")
+        return f"input{s} {listed} changed ({PLAIN_REBOUND} {them} to another value)"
+    changed = sorted(set(changed) | set(rebound))
+    remade = sorted(
+        n for n in set(unknown) & set(rec.inputs) if _remade(rec, n, upstream, state.confirmed)
+    )
     if remade and not changed:
         maker = (upstream or {})[rec.input_from[remade[0]]]
         listed = ", ".join(repr(n) for n in remade[:5])
@@ -109,10 +135,24 @@ def invalid_reason(
     if changed:
         listed = ", ".join(repr(n) for n in changed[:5])
         return f"input{'s' if len(changed) > 1 else ''} {listed} changed"
-    if will_run and not state.pinned:
-        return _upstream_runs(rec, will_run, writers or {})
+    if state.pinned:
+        return None
+    if will_run:
+        waits = _upstream_runs(rec, will_run, writers or {}, outcomes or {})
+        if waits is not None:
+            return waits
+    if plain:
+        listed = ", ".join(repr(n) for n in plain[:5])
+        it, come = ("it", "comes") if len(plain) == 1 else ("they", "come")
+        return (
+            f"{MAY_RUN}reads {listed} from plain cells (seen only in a kernel): "
+            f"replays only if {it} {come} out the same"
+        )
     return None
 
+
+#: In the reason of an input a saved plain cell now binds to another literal.
+PLAIN_REBOUND = "a plain cell binds"
 
 #: How a reason begins when the step's fate waits on a step before it (see invalid_reason).
 MAY_RUN = "may run: "
@@ -142,9 +182,19 @@ def will_run_entry(label: str, state: str) -> tuple[str, bool] | None:
 
 
 def _upstream_runs(
-    rec: StepRecord, will_run: Mapping[str, tuple[str, bool]], writers: Mapping[str, str]
+    rec: StepRecord,
+    will_run: Mapping[str, tuple[str, bool]],
+    writers: Mapping[str, str],
+    outcomes: Mapping[str, Mapping[str, bool]],
 ) -> str | None:
-    """``may run: step 'plan' runs first: replays only if 'plan' comes out the same``, or None."""
+    """``may run: step 'plan' runs first: replays only if 'plan' comes out the same``, or None.
+
+    Where the upstream's outcome for a name is known before it runs
+    (``outcomes``: ``N = 3`` in its code before and after an edit comes out
+    the same; ``STYLE = 'bold'`` where it was ``'plain'`` does not), the
+    step does not wait on that name: it replays, or it runs ("input 'STYLE'
+    changes (step 'config' runs first)").
+    """
 
     def maker(name: str) -> str | None:
         # The step that made the value when recorded, else the one writing it now.
@@ -153,7 +203,25 @@ def _upstream_runs(
                 return key
         return None
 
-    found = {n: k for n in rec.inputs if (k := maker(n)) is not None}
+    found: dict[str, str] = {}
+    changes: list[str] = []
+    for name in rec.inputs:
+        key = maker(name)
+        if key is None:
+            continue
+        known = outcomes.get(key, {}).get(name)
+        if known is True:
+            continue  # comes out of the rerun the same
+        if known is False and rec.input_from.get(name) == key and will_run[key][1]:
+            changes.append(name)  # the value this record read is not what the rerun makes
+            continue
+        found[name] = key
+    if changes:
+        changes.sort()
+        label = will_run[rec.input_from[changes[0]]][0]
+        listed = ", ".join(repr(n) for n in changes[:5])
+        verb = "changes" if len(changes) == 1 else "change"
+        return f"input{'s' if len(changes) > 1 else ''} {listed} {verb} (step {label!r} runs first)"
     waiting = sorted(found)
     if not waiting:
         return None
@@ -166,13 +234,24 @@ def _upstream_runs(
     return f"{MAY_RUN}step {label!r} {verb} first: replays only if {listed} {come} out the same"
 
 
-def _remade(rec: StepRecord, name: str, upstream: Mapping[str, StepRecord] | None) -> bool:
-    """Whether the step that made input ``name`` was recorded again after ``rec`` was."""
+def _remade(
+    rec: StepRecord,
+    name: str,
+    upstream: Mapping[str, StepRecord] | None,
+    confirmed: Mapping[str, float],
+) -> bool:
+    """Whether the step that made input ``name`` was recorded again after ``rec`` was,
+    and ``rec`` has not replayed since (``confirmed``: see ``StepState.confirmed``).
+    """
     maker_key = rec.input_from.get(name)
     if not upstream or maker_key is None or maker_key == rec.key:
         return False
     maker = upstream.get(maker_key)
-    return maker is not None and maker.started > rec.started
+    return (
+        maker is not None
+        and maker.started > rec.started
+        and confirmed.get(maker_key) != maker.started
+    )
 
 
 def file_digest(path: str, start: int = 0, end: int | None = None) -> str | None:

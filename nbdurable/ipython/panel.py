@@ -334,7 +334,11 @@ class StepPanel(widgets.VBox):
         """``("5 recorded · 1 pending · 1 invalidated", "replay saved 3.2 s and 61 calls ...")``."""
         counts = Counter(_GROUP.get(i.state, i.state) for i in self.infos if i.key != RUN_SCOPE)
         totals = [f"{counts.get(g, 0)} {g}" for g in ("recorded", "pending", "invalidated")]
-        totals += [f"{counts[g]} {g}" for g in ("may run", "failed", "orphaned") if counts.get(g)]
+        totals += [
+            f"{counts[g]} {g}"
+            for g in ("running", "may run", "failed", "orphaned")
+            if counts.get(g)
+        ]
         with self.session.lock:
             spared = self.session.saved.line(config.get().prices)
         return " · ".join(totals), spared
@@ -476,7 +480,8 @@ class StepPanel(widgets.VBox):
     def _ask_clear_all(self) -> None:
         n = sum(1 for i in self.infos if i.recorded_at is not None or i.substeps)
         self._ask(
-            f"Clear every record of run <b>{_e(self._run_id)}</b> ({n} step(s) with records, "
+            f"Clear every record of run <b>{_e(self._run_id)}</b> "
+            f"({n} step{'' if n == 1 else 's'} with records, "
             "pins included)? Everything will run again.",
             self.clear_all,
             None,

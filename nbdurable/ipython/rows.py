@@ -90,7 +90,8 @@ class StepRow:
             )
             n = info.substeps + new
             self.clear_button.tooltip = (
-                f"Forget this step's record and its {n} sub-step(s) (asks first)"
+                f"Forget this step's record and its {n} "
+                f"sub-step{'' if n == 1 else 's'} (asks first)"
                 if n
                 else "Forget this step's record"
             )
@@ -105,7 +106,6 @@ _GROUP = {
     "replayed": "recorded",
     "pinned": "recorded",
     "not replayable": "recorded",
-    "running": "pending",
 }
 
 

@@ -1,10 +1,21 @@
 """The jupyter_server extension: where a run stands, for the cell marks, with no kernel.
 
-One endpoint, ``GET <base url>/nbdurable/api/steps?path=<notebook path>``:
-``path`` is the notebook's path as the frontend knows it (relative to the
-server's root directory); the answer is :func:`nbdurable.server.marks.step_marks`
-as JSON. A path outside the root, or not a notebook file, gets a 4xx with a
-one-line ``message``; a store that cannot be read gets a 500 saying why.
+Two endpoints, under ``<base url>/nbdurable/api/steps``:
+
+- ``GET ...?path=<notebook path>``: ``path`` is the notebook's path as the
+  frontend knows it (relative to the server's root directory); the answer is
+  :func:`nbdurable.server.marks.step_marks` as JSON (the cell marks and the
+  sidebar draw it).
+- ``POST`` with the JSON body ``{"path": ..., "action": "pin" | "unpin" |
+  "clear" | "clear-all", "key": <step key>}``: the sidebar's buttons and the
+  cell menu's commands (:func:`nbdurable.server.marks.act`), answered with
+  ``message`` (the line ``nbdurable pin`` / ``clear`` prints) and the marks as
+  they are after it. It changes the store, so it takes the server's XSRF
+  check like every other POST of jupyter_server.
+
+A path outside the root, or not a notebook file, gets a 4xx with a one-line
+``message``, as does an unknown action or step; a store that cannot be read
+gets a 500 saying why.
 
 The extension is enabled on install: the package installs
 ``etc/jupyter/jupyter_server_config.d/nbdurable.json`` (see ``pyproject.toml``),
@@ -61,12 +72,12 @@ def _handler_class() -> type:
     from jupyter_server.base.handlers import APIHandler
     from tornado import web
 
-    from ..errors import NbdurableError
+    from ..errors import NbdurableError, UsageProblem
     from ..text import one_line
-    from .marks import step_marks
+    from .marks import act, step_marks
 
     class StepsHandler(APIHandler):
-        """``GET /nbdurable/api/steps?path=...``: the cell marks' data."""
+        """``GET /nbdurable/api/steps?path=...``: the marks' data; ``POST``: an action."""
 
         @web.authenticated
         async def get(self) -> None:
@@ -82,6 +93,32 @@ def _handler_class() -> type:
                 data = await asyncio.to_thread(step_marks, path)
             except NbdurableError as exc:
                 return self._fail(500, one_line(str(exc)))
+            self._answer(data)
+
+        @web.authenticated
+        async def post(self) -> None:
+            try:
+                body = json.loads(self.request.body or b"{}")
+                api_path, action = str(body.get("path", "")), str(body.get("action", ""))
+                key = body.get("key")
+            except (ValueError, AttributeError):
+                return self._fail(400, 'the body must be JSON: {"path", "action", "key"}')
+            root = self.settings.get("server_root_dir") or os.getcwd()
+            try:
+                path = notebook_path(root, api_path)
+            except ValueError as exc:
+                return self._fail(400, str(exc))
+            if path.suffix != ".ipynb" or not path.is_file():
+                return self._fail(404, f"no notebook at {api_path!r}")
+            try:
+                data = await asyncio.to_thread(act, path, action, key)
+            except UsageProblem as exc:
+                return self._fail(400, one_line(str(exc)))
+            except NbdurableError as exc:
+                return self._fail(500, one_line(str(exc)))
+            self._answer(data)
+
+        def _answer(self, data: dict[str, Any]) -> None:
             self.set_header("Content-Type", "application/json")
             self.set_header("Cache-Control", "no-store")
             self.finish(json.dumps(data, default=str))

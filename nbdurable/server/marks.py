@@ -31,9 +31,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .. import status
+from .. import commands, status
+from ..errors import UsageProblem
 from ..identity import locate
 from ..store import open_store, opener
+
+#: What the sidebar's buttons and the cell menu may ask (see :func:`act`).
+ACTIONS = ("pin", "unpin", "clear", "clear-all")
 
 
 def step_marks(notebook: Path, store_dir: Path | None = None) -> dict[str, Any]:
@@ -73,3 +77,35 @@ def step_marks(notebook: Path, store_dir: Path | None = None) -> dict[str, Any]:
         "cells": cells,
         "others": [i.to_json() for i in infos if i.key not in in_cells],
     }
+
+
+def act(
+    notebook: Path, action: str, key: str | None = None, store_dir: Path | None = None
+) -> dict[str, Any]:
+    """Pin, unpin or clear one step of ``notebook``'s run, or clear the whole run.
+
+    The sidebar's buttons and the cell menu's commands: the same operations as
+    ``nbdurable pin`` / ``clear`` (:mod:`nbdurable.commands`), on the store
+    :func:`step_marks` reads, so the answer is ``{"message": <the line the CLI
+    prints>}`` with the marks as they are after it. A kernel recording into the
+    run keeps its lease (a clear never takes it). Raises
+    :class:`~nbdurable.errors.UsageProblem` for an unknown action or step, and
+    when nothing is recorded yet.
+    """
+    if action not in ACTIONS:
+        raise UsageProblem(f"unknown action {action!r}; one of: {', '.join(ACTIONS)}")
+    if action != "clear-all" and not key:
+        raise UsageProblem(f"{action}: which step? (give its key)")
+    notebook = Path(notebook).absolute()
+    directory = store_dir if store_dir is not None else locate.store_dir(notebook)
+    if not opener.exists(directory):
+        raise UsageProblem(f"nothing is recorded for {notebook.name} yet; run it first")
+    run_id = locate.run_id_for(notebook, directory)
+    with open_store(directory) as store:
+        if action == "clear-all":
+            done = commands.clear_run(store, run_id)
+        elif action == "clear":
+            done = commands.clear_steps(store, run_id, [str(key)], notebook)
+        else:
+            done = commands.pin_steps(store, run_id, [str(key)], notebook, pinned=action == "pin")
+    return {"message": done.message, **step_marks(notebook, store_dir)}

@@ -140,6 +140,15 @@ class StepRecord(_Header):
     #: or [end, mtime_ns, SHA-256 of its part, start] for a file it appended to; see
     #: :mod:`nbdurable.durable.fileio`
     written: dict[str, list[Any]] = field(default_factory=dict)
+    #: the inputs that were a library's module, class or function (``np``, ``KMeans``):
+    #: what their name and installed version say all of, so a view with no kernel
+    #: knows a Run All binds them the same; every other input a plain cell made is a
+    #: value only the kernel sees (see :func:`nbdurable.identity.verdict.invalid_reason`)
+    library: tuple[str, ...] = ()
+    #: the inputs a plain cell made that were an immutable builtin value (``N = 5``):
+    #: name -> its :func:`~nbdurable.identity.analysis.literal_key` (a digest, never the
+    #: value), which a view with no kernel compares with the literal the saved cell binds
+    plain: dict[str, str] = field(default_factory=dict)
 
     @property
     def replayable(self) -> bool:
@@ -152,6 +161,7 @@ class StepRecord(_Header):
         d["variables"] = [{n: getattr(v, n) for n in _VAR_FIELDS} for v in self.variables]
         d["deleted"] = list(self.deleted)
         d["outputs"] = list(self.outputs)
+        d["library"] = list(self.library)
         return d
 
     @classmethod
@@ -159,6 +169,7 @@ class StepRecord(_Header):
         d["variables"] = tuple(VarRecord(**v) for v in d["variables"])
         d["deleted"] = tuple(d["deleted"])
         d["outputs"] = tuple(d["outputs"])
+        d["library"] = tuple(d.get("library", ()))
         return d
 
 
@@ -251,6 +262,19 @@ class StepState(_Header):
         return d
 
     @property
+    def confirmed(self) -> dict[str, float]:
+        """Upstream steps recorded again since this step's record, that it then replayed
+        against: step key -> the ``started`` of the upstream record it replayed after.
+
+        A view with no kernel takes an input whose maker was recorded again for
+        changed (:func:`nbdurable.identity.verdict.invalid_reason`), unless the step
+        replayed after that record: then what it reads came out the same. Kept in
+        ``extra``, which older versions read and keep.
+        """
+        got = self.extra.get("confirmed")
+        return {str(k): float(v) for k, v in got.items()} if isinstance(got, dict) else {}
+
+    @property
     def empty(self) -> bool:
         """True when the state says nothing worth keeping."""
-        return not (self.pinned or self.failed or self.stale)
+        return not (self.pinned or self.failed or self.stale or self.confirmed)

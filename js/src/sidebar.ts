@@ -1,0 +1,305 @@
+/**
+ * The step panel as a side panel of JupyterLab and Notebook 7.
+ *
+ * It follows the active notebook and shows the rows its cell marks show (the
+ * same reply of GET /nbdurable/api/steps, the same `markFor` for each cell,
+ * so the sidebar and the marks never disagree), in notebook order, then the
+ * steps no longer in the notebook. Each row: the state, the step's name and
+ * cell, what its record holds (when, how long, calls, tokens), the reason it
+ * will run, and Pin / Unpin and Clear; the header: the run, the counts, and
+ * Clear all. The buttons POST to the same endpoint, which runs the CLI's own
+ * commands on the store (nbdurable.server.marks.act); Clear of a step with
+ * sub-steps and Clear all ask first, since those calls would be made again.
+ * What a button did is said under the header until the next one.
+ */
+
+import { Dialog, showDialog } from '@jupyterlab/apputils';
+import { URLExt } from '@jupyterlab/coreutils';
+import { NotebookPanel } from '@jupyterlab/notebook';
+import { ServerConnection } from '@jupyterlab/services';
+import { Widget } from '@lumino/widgets';
+
+import type { CellMarks, IMarksDrawn } from './marks';
+import { IMark, IStepRow, describe, seconds } from './model';
+
+export const SIDEBAR_ID = 'nbdurable-steps';
+
+/** One row of the sidebar: a saved step (with its live cell, if matched) or another. */
+export interface ISideRow {
+  row: IStepRow;
+  mark: IMark;
+  /** Index of the live cell showing this step, if any. */
+  cell: number | null;
+}
+
+/** The rows of a reply as the marks drew them: notebook order, then the others. */
+export function sideRows(drawn: IMarksDrawn): ISideRow[] {
+  const out: ISideRow[] = [];
+  const seen = new Set<string>();
+  for (const { row, mark, cell } of drawn.cells) {
+    if (!seen.has(row.key)) {
+      seen.add(row.key);
+      out.push({ row, mark, cell });
+    }
+  }
+  for (const row of drawn.reply?.cells ?? []) {
+    if (!seen.has(row.key)) {
+      seen.add(row.key);
+      out.push({ row, mark: describe(row.state, row), cell: null });
+    }
+  }
+  for (const row of drawn.reply?.others ?? []) {
+    if (!seen.has(row.key)) {
+      seen.add(row.key);
+      out.push({ row, mark: describe(row.state, row), cell: null });
+    }
+  }
+  return out;
+}
+
+/** ``["5 recorded", "1 running", "2 pending"]``: how many rows are in each state. */
+export function counts(rows: ISideRow[]): string[] {
+  const n = new Map<string, number>();
+  for (const r of rows) {
+    n.set(r.mark.state, (n.get(r.mark.state) ?? 0) + 1);
+  }
+  return [...n.entries()].map(([state, k]) => `${k} ${state}`);
+}
+
+/** Send one action for ``panel``'s notebook; the line the CLI would print. */
+export async function postAction(
+  panel: NotebookPanel,
+  action: 'pin' | 'unpin' | 'clear' | 'clear-all',
+  key: string | null
+): Promise<string> {
+  const settings = ServerConnection.makeSettings();
+  const url = URLExt.join(settings.baseUrl, 'nbdurable/api/steps');
+  const init = {
+    method: 'POST',
+    body: JSON.stringify({ path: panel.context.localPath, action, key })
+  };
+  const response = await ServerConnection.makeRequest(url, init, settings);
+  let body: any = {};
+  try {
+    body = await response.json();
+  } catch {
+    // not our JSON: the server extension is not enabled
+  }
+  if (!response.ok) {
+    throw new Error(body.message ?? `HTTP ${response.status}`);
+  }
+  return String(body.message ?? '');
+}
+
+/** Ask before a clear that makes calls again; true to go on. */
+export async function confirmClear(label: string | null, substeps: number): Promise<boolean> {
+  if (label !== null && substeps === 0) {
+    return true;
+  }
+  const body =
+    label === null
+      ? 'Every step and sub-step of this run is forgotten, pins included: the next run ' +
+        'executes them all again and makes their calls again.'
+      : `Step ${label} and its ${substeps} recorded sub-step${substeps === 1 ? '' : 's'} ` +
+        'are forgotten: the next run makes those calls again.';
+  const result = await showDialog({
+    title: label === null ? 'Clear the whole run?' : `Clear step ${label}?`,
+    body,
+    buttons: [Dialog.cancelButton(), Dialog.warnButton({ label: 'Clear' })]
+  });
+  return result.button.accept;
+}
+
+export class StepsSidebar extends Widget {
+  constructor(marksOf: (panel: NotebookPanel) => CellMarks | undefined) {
+    super();
+    this._marksOf = marksOf;
+    this.id = SIDEBAR_ID;
+    this.addClass('nbd-sidebar');
+    this.title.label = 'Steps';
+    this.title.caption = 'nbdurable: the steps of the active notebook';
+    this.node.tabIndex = 0;
+    this._draw();
+  }
+
+  /** Follow ``panel`` (null: no notebook is active). */
+  follow(panel: NotebookPanel | null): void {
+    // The tracker may make a notebook current before its marks exist: follow it again then.
+    if (panel === this._panel && (panel === null || this._marks !== undefined)) {
+      return;
+    }
+    this._marks?.drawn.disconnect(this._draw, this);
+    this._panel = panel;
+    this._marks = panel ? this._marksOf(panel) : undefined;
+    this._marks?.drawn.connect(this._draw, this);
+    this._message = '';
+    this._draw();
+    this._marks?.refetch();
+  }
+
+  protected onAfterShow(): void {
+    this._marks?.refetch();
+    this._draw();
+  }
+
+  private async _act(
+    action: 'pin' | 'unpin' | 'clear' | 'clear-all',
+    key: string | null,
+    label: string | null,
+    substeps: number
+  ): Promise<void> {
+    const panel = this._panel;
+    if (panel === null) {
+      return;
+    }
+    if ((action === 'clear' || action === 'clear-all') && !(await confirmClear(label, substeps))) {
+      return;
+    }
+    try {
+      this._message = await postAction(panel, action, key);
+    } catch (reason) {
+      this._message = `nbdurable: ${(reason as Error).message}`;
+    }
+    this._marks?.refetch();
+    this._draw();
+  }
+
+  private _draw(): void {
+    const node = this.node;
+    const panel = this._panel;
+    const drawn = this._marks?.current();
+    // Redrawn only when what it shows changed: a poll that brings nothing new leaves
+    // the DOM (a button under the pointer, the scroll position) alone.
+    const key = JSON.stringify([
+      panel?.context.localPath ?? null,
+      drawn ? sideRows(drawn).map(r => [r.row, r.mark, r.cell]) : null,
+      drawn?.reply?.run,
+      drawn?.error,
+      this._message
+    ]);
+    if (key === this._drawnKey) {
+      return;
+    }
+    this._drawnKey = key;
+    node.replaceChildren();
+    const head = el('div', 'nbd-side-head');
+    node.appendChild(head);
+    if (panel === null || drawn === undefined) {
+      head.appendChild(el('div', 'nbd-side-empty', 'Open a notebook to see its steps.'));
+      return;
+    }
+    const rows = sideRows(drawn);
+    head.appendChild(el('div', 'nbd-side-title', panel.context.localPath));
+    if (drawn.error) {
+      head.appendChild(el('div', 'nbd-side-problem', `cannot read the steps: ${drawn.error}`));
+    }
+    if (drawn.reply !== null) {
+      const facts = el('div', 'nbd-side-facts');
+      facts.appendChild(el('span', 'nbd-side-fact nbd-side-run', `run ${drawn.reply.run}`));
+      for (const part of counts(rows)) {
+        facts.appendChild(el('span', 'nbd-side-fact', part));
+      }
+      const saved = rows.reduce((s, r) => s + (r.row.recorded_at ? r.row.duration : 0), 0);
+      if (saved > 0) {
+        facts.appendChild(el('span', 'nbd-side-fact', `${seconds(saved)} of work recorded`));
+      }
+      head.appendChild(facts);
+      if (rows.some(r => r.row.recorded_at || r.row.substeps)) {
+        const all = button('Clear all…', 'Forget every record of this run (asks first)');
+        all.classList.add('nbd-side-clear-all');
+        all.onclick = () => void this._act('clear-all', null, null, 0);
+        head.appendChild(all);
+      }
+    }
+    if (this._message) {
+      head.appendChild(el('div', 'nbd-side-message', this._message));
+    }
+    if (!rows.length) {
+      node.appendChild(
+        el('div', 'nbd-side-empty', 'No %%step cells in this notebook (or not saved yet).')
+      );
+      return;
+    }
+    const list = el('ul', 'nbd-side-rows');
+    for (const r of rows) {
+      list.appendChild(this._row(panel, r));
+    }
+    node.appendChild(list);
+  }
+
+  private _row(panel: NotebookPanel, r: ISideRow): HTMLElement {
+    const { row, mark } = r;
+    const li = el('li', 'nbd-side-row');
+    li.dataset.nbdKey = row.key;
+    li.dataset.nbdState = mark.state;
+    li.title = mark.title;
+    const line = el('div', 'nbd-side-line');
+    line.appendChild(el('span', 'nbd-mark-badge', mark.badge));
+    const name = el('span', 'nbd-side-label', row.label);
+    if (r.cell !== null) {
+      const index = r.cell;
+      name.classList.add('nbd-side-link');
+      name.onclick = () => {
+        panel.content.activeCellIndex = index;
+        panel.content.activeCell?.node.scrollIntoView({ block: 'center' });
+      };
+      line.appendChild(name);
+      line.appendChild(el('span', 'nbd-side-cell', `cell ${index + 1}`));
+    } else {
+      line.appendChild(name);
+    }
+    li.appendChild(line);
+    const facts = [...mark.facts];
+    if (row.tokens) {
+      facts.push(`${row.tokens.toLocaleString('en-US')} tokens`);
+    }
+    if (facts.length) {
+      const f = el('div', 'nbd-side-facts');
+      facts.forEach(text => f.appendChild(el('span', 'nbd-side-fact', text)));
+      li.appendChild(f);
+    }
+    if (mark.detail) {
+      li.appendChild(el('div', 'nbd-side-detail', mark.detail));
+    }
+    const buttons = el('div', 'nbd-side-buttons');
+    if (row.recorded_at) {
+      const pin = row.pinned
+        ? button('Unpin', 'Let this step run again when its code or inputs change')
+        : button('Pin', 'Replay this step even when its code or inputs change');
+      pin.onclick = () => void this._act(row.pinned ? 'unpin' : 'pin', row.key, row.label, 0);
+      buttons.appendChild(pin);
+    }
+    if (row.recorded_at || row.substeps) {
+      const clear = button('Clear', 'Forget this step and its sub-steps: the next run executes it');
+      clear.onclick = () => void this._act('clear', row.key, row.label, row.substeps);
+      buttons.appendChild(clear);
+    }
+    if (buttons.childElementCount) {
+      li.appendChild(buttons);
+    }
+    return li;
+  }
+
+  private _marksOf: (panel: NotebookPanel) => CellMarks | undefined;
+  private _panel: NotebookPanel | null = null;
+  private _marks: CellMarks | undefined;
+  private _message = '';
+  private _drawnKey = '';
+}
+
+function el(tag: string, className: string, text?: string): HTMLElement {
+  const e = document.createElement(tag);
+  e.className = className;
+  if (text !== undefined) {
+    e.textContent = text;
+  }
+  return e;
+}
+
+function button(label: string, title: string): HTMLButtonElement {
+  const b = document.createElement('button');
+  b.className = 'jp-Button nbd-side-button';
+  b.textContent = label;
+  b.title = title;
+  return b;
+}
