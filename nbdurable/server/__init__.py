@@ -81,14 +81,9 @@ def _handler_class() -> type:
 
         @web.authenticated
         async def get(self) -> None:
-            api_path = self.get_query_argument("path", "")
-            root = self.settings.get("server_root_dir") or os.getcwd()
-            try:
-                path = notebook_path(root, api_path)
-            except ValueError as exc:
-                return self._fail(400, str(exc))
-            if path.suffix != ".ipynb" or not path.is_file():
-                return self._fail(404, f"no notebook at {api_path!r}")
+            path = self._notebook(self.get_query_argument("path", ""))
+            if path is None:
+                return None
             try:
                 data = await asyncio.to_thread(step_marks, path)
             except NbdurableError as exc:
@@ -103,13 +98,9 @@ def _handler_class() -> type:
                 key = body.get("key")
             except (ValueError, AttributeError):
                 return self._fail(400, 'the body must be JSON: {"path", "action", "key"}')
-            root = self.settings.get("server_root_dir") or os.getcwd()
-            try:
-                path = notebook_path(root, api_path)
-            except ValueError as exc:
-                return self._fail(400, str(exc))
-            if path.suffix != ".ipynb" or not path.is_file():
-                return self._fail(404, f"no notebook at {api_path!r}")
+            path = self._notebook(api_path)
+            if path is None:
+                return None
             try:
                 data = await asyncio.to_thread(act, path, action, key)
             except UsageProblem as exc:
@@ -117,6 +108,19 @@ def _handler_class() -> type:
             except NbdurableError as exc:
                 return self._fail(500, one_line(str(exc)))
             self._answer(data)
+
+        def _notebook(self, api_path: str) -> Path | None:
+            """The notebook file of ``api_path``; None once a 4xx has been sent."""
+            root = self.settings.get("server_root_dir") or os.getcwd()
+            try:
+                path = notebook_path(root, api_path)
+            except ValueError as exc:
+                self._fail(400, str(exc))
+                return None
+            if path.suffix != ".ipynb" or not path.is_file():
+                self._fail(404, f"no notebook at {api_path!r}")
+                return None
+            return path
 
         def _answer(self, data: dict[str, Any]) -> None:
             self.set_header("Content-Type", "application/json")
