@@ -148,6 +148,12 @@ def build_parser() -> argparse.ArgumentParser:
         "recorded, pending, invalidated, pinned, failed. Reads the notebook file "
         "and the store; starts no kernel.",
     )
+    status.add_argument(
+        "--why",
+        metavar="STEP",
+        help="say what the next run does with STEP and why: the input that changed with "
+        "its old and new value, the lines of code, the files",
+    )
     status.set_defaults(func=cmd_status)
 
     clear = sub.add_parser(
@@ -525,6 +531,19 @@ def cmd_status(args: argparse.Namespace) -> int:
         with store:
             run_id = _run_id(args, notebook, store, directory)
             infos = status.step_infos(store, run_id, notebook)
+            if args.why is not None:
+                from .commands import resolve
+
+                key = resolve(store, run_id, [args.why], notebook, infos)[0]
+                infos = [i for i in infos if i.key == key]
+    if args.why is not None and store is None:
+        raise _usage(f"nothing is recorded for {notebook.name} yet: every step runs")
+    if args.why is not None:
+        if args.json:
+            _emit(infos[0].to_json())
+        else:
+            print(status.why_text(infos[0]))
+        return 0
     if args.json:
         _emit(
             {

@@ -27,14 +27,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import procstate
+from . import procstate, why
 from .clients.usage import Tally
 from .identity import locate, verdict
-from .identity.analysis import binds_unknown, constant_bindings
+from .identity.analysis import binds_unknown, constant_bindings, constant_values, literal_key
 from .identity.keys import analyse, source_fingerprint, step_version
 from .store import RUN_SCOPE, RunView, Store, versions
 from .store.records import StepRecord, StepState
 from .text import human_size
+
+_NONE = object()
 
 
 @dataclass(frozen=True)
@@ -60,6 +62,8 @@ class StepInfo:
     version: str = ""
     #: how many other versions of the step keep their records (see store.versions)
     versions: int = 0
+    #: what exactly changed, a few short lines under ``detail`` (see :mod:`nbdurable.why`)
+    why: tuple[str, ...] = ()
 
     @property
     def cell(self) -> int | None:
@@ -137,13 +141,17 @@ def step_infos(
     notebook: Path | None = None,
     live: dict[str, tuple[str, str]] | None = None,
     current: Callable[[StepRecord], tuple[dict[str, str], frozenset[str]]] | None = None,
+    values: Callable[[str], str | None] | None = None,
 ) -> list[StepInfo]:
     """Every step of the run in notebook order, then steps no longer in the notebook.
 
     ``current``: in a kernel, a record's inputs as the namespace holds them
     (known fingerprints, names it lacks); see :func:`nbdurable.identity.verdict.invalid_reason`.
+    ``values``: in a kernel, what a name holds now as "why" shows it
+    (:func:`nbdurable.why.brief`); without one, the value the step that makes
+    it recorded last, or the literal a saved plain cell binds.
     """
-    judge = _Judge(records_of=None, current=current, view=None)
+    judge = _Judge(records_of=None, current=current, view=None, values=values)
     view = RunView(store, run_id)
     records, states, live = view.records(), view.states(), live or {}
     judge.records_of, judge.view = records, view
@@ -236,6 +244,10 @@ def _info(
     if rec is not None:
         size += sum(v.size for v in rec.variables)
     state, detail = _state_of(rec, st, live, body, in_notebook, judge)
+    lines: tuple[str, ...] = ()
+    if rec is not None and detail and state in ("invalidated", "pinned"):
+        code_now = None if body is None else _python(body)
+        lines = why.explain(rec, detail, code_now=code_now, now=judge.now_of(rec))
     return StepInfo(
         key=key,
         label=label,
@@ -253,6 +265,7 @@ def _info(
         tokens=Tally.from_json(rec.tokens).total.total if rec else 0,
         version=step_version(rec.source_fp, rec.inputs)[:8] if rec else "",
         versions=len(versions.kept(view.store, view.keys, key)),
+        why=lines,
     )
 
 
@@ -275,6 +288,25 @@ class _Judge:
     plain_now: dict[str, str | None] = field(default_factory=dict)
     #: a plain cell may have bound names its syntax does not spell: none is known
     wild: bool = False
+    #: in a kernel, a name's brief now (see step_infos); the saved plain cells' literals'
+    values: Callable[[str], str | None] | None = None
+    plain_brief: dict[str, str] = field(default_factory=dict)
+
+    def now_of(self, rec: StepRecord) -> Callable[[str], str | None]:
+        """What each input of ``rec`` is now, as "why" shows it, where known."""
+        if self.values is not None:
+            return self.values
+
+        def now(name: str) -> str | None:
+            if name in self.plain_brief:
+                return self.plain_brief[name]
+            for key in (self.writers.get(name), rec.input_from.get(name)):
+                maker = (self.records_of or {}).get(key) if key not in (None, rec.key) else None
+                if maker is not None and name in maker.made:
+                    return maker.made[name]
+            return None
+
+        return now
 
     def ran_plain(self, source: str) -> None:
         """Note what a saved plain cell binds, as a Run All runs it before the next step."""
@@ -286,10 +318,15 @@ class _Judge:
         if binds_unknown(py):
             self.wild = True
             self.plain_now.clear()
+            self.plain_brief.clear()
             return
-        consts = constant_bindings(py)
+        consts = constant_values(py)
         for name in analyse(py).binds:
-            self.plain_now[name] = consts.get(name)
+            value = consts.get(name, _NONE)
+            self.plain_now[name] = None if value is _NONE else literal_key(value)
+            self.plain_brief.pop(name, None)
+            if value is not _NONE:
+                self.plain_brief[name] = why.brief(value)
 
     def passed(
         self,
@@ -317,6 +354,7 @@ class _Judge:
         for name in names:
             self.writers[name] = info.key
             self.plain_now.pop(name, None)  # a step's value now, not a plain cell's
+            self.plain_brief.pop(name, None)
 
     def reason(self, rec: StepRecord, st: StepState, body: str | None) -> str | None:
         if self.current is not None:
@@ -403,6 +441,34 @@ def _state_of(
     if live_state in ("replayed", "pinned-stale"):
         return "replayed", ""
     return "recorded", ""
+
+
+#: What the next run does with a step in each state, for ``nbdurable status --why``.
+_NEXT = {
+    "recorded": "replays: nothing it reads or runs changed since it was recorded",
+    "replayed": "replays: nothing it reads or runs changed since it was recorded",
+    "pinned": "replays: it is pinned",
+    "invalidated": "runs again",
+    "may run": "replays if what it reads comes out of the steps before it the same, else runs",
+    "pending": "runs: nothing is recorded for it",
+    "failed": "runs again: it failed",
+    "running": "is running now",
+    "orphaned": "nothing: it is no longer in the notebook",
+    "not replayable": "runs its body again; its sub-steps replay",
+}
+
+
+def why_text(info: StepInfo) -> str:
+    """One step's state, reason and what exactly changed, as ``nbdurable status --why``."""
+    cell = f" (cell {info.cell})" if info.cell is not None else ""
+    head = f"step {info.label!r}{cell}: {info.state}"
+    if info.state == "pinned" and info.detail:
+        head += f" (stale: {info.detail})"
+    elif info.detail:
+        head += f": {info.detail}"
+    lines = [head, f"  next run: {_NEXT.get(info.state, info.state)}"]
+    lines += [f"  {line}" for line in info.why]
+    return "\n".join(lines)
 
 
 def format_table(infos: list[StepInfo]) -> str:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -179,14 +180,14 @@ def _check_panel(lab):
             # Live: the slow step shows running while its loop records sub-steps.
             expect(line("slow")).to_have_attribute("data-state", "running", timeout=30_000)
             progress = line("slow").locator(".nbd-progress")
-            expect(progress).to_contain_text(" recorded")
+            expect(progress).to_contain_text(re.compile(r"\d+ (of 30 )?sub-steps?"))
             first = progress.inner_text()
             expect(progress).not_to_have_text(first, timeout=5_000)
             expect(line("slow")).to_have_attribute("data-state", "recorded", timeout=30_000)
 
             for step, state in EXPECTED.items():
                 expect(line(step)).to_have_attribute("data-state", state, timeout=20_000)
-            expect(line("slow").locator(".nbd-progress")).to_have_text("30/30 recorded")
+            expect(line("slow").locator(".nbd-progress")).to_have_text("30 of 30 sub-steps")
             expect(line("revise").locator(".nbd-detail")).to_have_text("its code changed")
             expect(line("broken").locator(".nbd-detail")).to_contain_text("the model timed out")
             expect(line("pinned").locator(".nbd-badge")).to_have_text("⚑ pinned · stale")
@@ -286,8 +287,9 @@ def _check_panel(lab):
 WIDTHS = (360, 520, 800, 1280)
 
 # Every problem of the panel's layout, as text: a value drawn under a button, a value
-# cut by its row's box, a value split across lines. Values are the name, the badge and
-# each fact; the detail line may wrap (it is prose) but must stay clear of the buttons.
+# cut by its row's box, a value split across lines, a row's buttons on two lines. Values
+# are the name, the badge and each fact; the detail line may wrap (it is prose) but must
+# stay clear of the buttons.
 _LAYOUT_PROBLEMS = """() => {
     const problems = [];
     for (const b of document.querySelectorAll('.nbd-panel button'))
@@ -303,6 +305,9 @@ _LAYOUT_PROBLEMS = """() => {
         const buttons = [...row.querySelectorAll('button')]
             .filter(b => getComputedStyle(b).visibility !== 'hidden')
             .map(b => [b.innerText, b.getBoundingClientRect()]);
+        const tops = new Set(buttons.map(([, b]) => Math.round(b.top)));
+        if (tops.size > 1)
+            problems.push(`${name}: its buttons are split across lines`);
         const values = step.querySelectorAll('.nbd-name, .nbd-badge, .nbd-fact');
         for (const v of values) {
             const r = v.getBoundingClientRect();

@@ -301,6 +301,7 @@ def test_cell_marks(app):
             page.keyboard.press("ControlOrMeta+s")
             expect(research).to_have_attribute("data-state", "invalidated", timeout=15_000)
             expect(research.locator(".nbd-detail")).to_have_text("its code changed")
+            expect(research.locator(".nbd-why")).to_have_text("+ found.sort()")
             expect(mark("name:research")).to_have_attribute("data-nbd-state", "invalidated")
             _, kernels = _get(f"{url}/api/kernels")
             assert [k["execution_state"] for k in kernels] == ["idle"], kernels

@@ -126,7 +126,7 @@ def test_rows_show_every_state_in_notebook_order(every_state):
         assert "its code changed" in rows["changed"].html.value  # the reason, in a detail line
         assert "ValueError: boom" in rows["broken"].html.value
         assert "body reruns" in rows["handle"].html.value
-        assert "3/3 recorded" in rows["research"].html.value
+        assert "3 of 3 sub-steps" in rows["research"].html.value
         assert (
             "replay saves" in rows["research"].html.value
             and "3 calls" in rows["research"].html.value
@@ -271,14 +271,16 @@ def test_live_updates_while_a_step_runs(session):
     session.user_ns["probe"] = probe
     body = "for i in range(4):\n    step(f's:{i}', str, i)\n    probe(f'{i + 1} {WHAT}')"
     try:
-        session.user_ns["WHAT"] = "recorded"
+        session.user_ns["WHAT"] = "sub-step"  # "1 sub-step recorded", "2 sub-steps ..."
         session.steps.run_step(body, name="loop")
-        assert seen() == [("running", f"{n} recorded") for n in range(1, 5)]
+        assert seen() == [("running", f"{n} sub-step") for n in range(1, 5)]
         # The row's state and its text change in one flush on the timer thread:
         # wait for the text, which is set last.
         wait_for(lambda: p.rows["name:loop"].state == "recorded", timeout=60)
         wait_for(
-            lambda: row_says("4/4 recorded"), timeout=60, msg=lambda: p.rows["name:loop"].html.value
+            lambda: row_says("4 of 4 sub-steps"),
+            timeout=60,
+            msg=lambda: p.rows["name:loop"].html.value,
         )
         # Run again (forced): the sub-steps replay, and the counter says so.
         session.user_ns["WHAT"] = "replayed"
@@ -286,7 +288,7 @@ def test_live_updates_while_a_step_runs(session):
         assert seen() == [("running", f"{n} replayed") for n in range(1, 5)]
         wait_for(lambda: p.rows["name:loop"].state == "recorded", timeout=60)
         wait_for(
-            lambda: row_says("4/4 recorded") and not row_says("replayed"),
+            lambda: row_says("4 of 4 sub-steps") and not row_says("replayed"),
             timeout=60,
             msg=lambda: p.rows["name:loop"].html.value,
         )
@@ -325,8 +327,8 @@ def test_a_reload_while_a_sub_step_is_recorded_counts_it_once(session):
             "step('s:0', str, 0)\nprobe()\nstep('s:1', str, 1)\nprobe()", name="two"
         )
         assert len(shown) == 2
-        assert "1 recorded" in shown[0] and "2 recorded" not in shown[0], shown[0]
-        assert "2 recorded" in shown[1] and "3 recorded" not in shown[1], shown[1]
+        assert "1 sub-step recorded" in shown[0] and "2 sub-steps" not in shown[0], shown[0]
+        assert "2 sub-steps recorded" in shown[1] and "3 sub-steps" not in shown[1], shown[1]
     finally:
         unsubscribe()
         p.close()
@@ -384,7 +386,7 @@ def test_thousands_of_substeps_are_batched(session, monkeypatch):
         )
         wait_for(lambda: p.rows["name:big"].state == "recorded")
         elapsed = time.monotonic() - t0
-        assert f"{n}/{n} recorded" in p.rows["name:big"].html.value
+        assert f"{n} of {n} sub-steps" in p.rows["name:big"].html.value
         first = mid.get_nowait()
         assert "running" in first and " recorded" in first  # live mid-loop
         # Flushes are throttled to one per interval (plus the leading and trailing
@@ -458,7 +460,7 @@ def test_closed_panel_stops_listening(session):
 def test_outside_steps_row_and_badge_text():
     info = status.StepInfo(RUN_SCOPE, "(outside steps)", "recorded", substeps=4, calls=4, size=2048)
     html = row_html(info)
-    assert "4 recorded" in html and "2.0 KB" in html and "✓ recorded" in html
+    assert "4 sub-steps recorded" in html and "2.0 KB" in html and "✓ recorded" in html
 
 
 # -- a real kernel ----------------------------------------------------------------------

@@ -155,6 +155,10 @@ def test_sidebar(app):
             same_as_marks("on open")
             expect(side.locator(".nbd-side-head")).to_contain_text(f"run {RUN_ID}")
             expect(row("name:revise").locator(".nbd-side-detail")).to_have_text("its code changed")
+            # ... and what exactly: the lines of code (nbdurable.why).
+            expect(row("name:revise").locator(".nbd-side-why")).to_have_text(
+                "- draft = 'v1'\n+ draft = 'v2'"
+            )
             page.mouse.move(0, 0)
             page.screenshot(path=str(ARTIFACTS / f"sidebar-{kind}-open.png"))
             if UPDATE_SCREENSHOT or not SHOTS[kind].exists():
@@ -193,6 +197,7 @@ def test_sidebar(app):
             )
             page.get_by_role("menuitem", name="Why Does This Step Run?").click()
             expect(dialog).to_contain_text("its code changed")
+            expect(dialog).to_contain_text("+ draft = 'v2'")
             dialog.get_by_role("button", name="Ok").click()
 
             # Widths and themes: rows inside the panel, buttons under the facts.

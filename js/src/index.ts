@@ -20,6 +20,7 @@ import { Dialog, ICommandPalette, ToolbarButton, showDialog } from '@jupyterlab/
 import { IMainMenu } from '@jupyterlab/mainmenu';
 import { INotebookTracker, NotebookPanel } from '@jupyterlab/notebook';
 import { ISettingRegistry } from '@jupyterlab/settingregistry';
+import { Widget } from '@lumino/widgets';
 
 import { CellMarks } from './marks';
 import { SIDEBAR_ID, StepsSidebar, confirmClear, postAction } from './sidebar';
@@ -158,10 +159,13 @@ const plugin: JupyterFrontEndPlugin<void> = {
         if (at === null) {
           return;
         }
-        const body = at.mark.title;
+        // One line per fact, the changed values and code lines as written.
+        const body = document.createElement('div');
+        body.className = 'nbd-why-dialog';
+        body.textContent = at.mark.title;
         void showDialog({
           title: `Step ${at.row.label}: ${at.mark.badge}`,
-          body,
+          body: new Widget({ node: body }),
           buttons: [Dialog.okButton()]
         });
       }

@@ -32,6 +32,8 @@ export interface IStepRow {
   name: string | null;
   /** The saved source after the %%step line. */
   body: string;
+  /** What exactly changed (old and new value, code lines), under ``detail``. */
+  why?: string[];
 }
 
 /** The server's answer. */
@@ -61,6 +63,8 @@ export interface IMark {
   badge: string;
   facts: string[];
   detail: string;
+  /** What exactly changed, a few short lines (nbdurable/why.py). */
+  why: string[];
   title: string;
 }
 
@@ -213,9 +217,15 @@ export function markFor(cell: ICellView, row: IStepRow | null): IMark {
 export function describe(state: string, row: IStepRow | null, same = true): IMark {
   const facts: string[] = [];
   let detail = '';
+  let why: string[] = [];
   if (state === 'running') {
     if (row !== null && same) {
-      facts.push(`${plural(row.substeps, 'sub-step')} recorded`);
+      // With a previous record, how far along: "14 of 25 sub-steps".
+      facts.push(
+        row.recorded_at && row.calls > 0 && row.substeps <= row.calls
+          ? `${row.substeps} of ${row.calls} sub-steps`
+          : `${plural(row.substeps, 'sub-step')} recorded`
+      );
     }
   } else if (state === 'edited') {
     facts.push('not saved');
@@ -234,11 +244,15 @@ export function describe(state: string, row: IStepRow | null, same = true): IMar
     if (state === 'pinned' && detail) {
       detail = `stale: ${detail}`;
     }
+    if (detail && (state === 'invalidated' || state === 'pinned')) {
+      why = row.why ?? [];
+    }
   }
   const title = [
     row ? `step ${row.label}` : 'step (not saved yet)',
     WHAT[state] ?? '',
     detail,
+    ...why,
     row && row.substeps ? `${plural(row.substeps, 'sub-step')} recorded.` : ''
   ]
     .filter(s => s)
@@ -249,6 +263,7 @@ export function describe(state: string, row: IStepRow | null, same = true): IMar
     badge: LOOK[state] ?? state,
     facts,
     detail,
+    why,
     title
   };
 }

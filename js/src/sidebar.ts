@@ -261,6 +261,9 @@ export class StepsSidebar extends Widget {
     if (mark.detail) {
       li.appendChild(el('div', 'nbd-side-detail', mark.detail));
     }
+    if (mark.why.length) {
+      li.appendChild(el('div', 'nbd-side-why', mark.why.join('\n')));
+    }
     const buttons = el('div', 'nbd-side-buttons');
     if (row.recorded_at) {
       const pin = row.pinned

@@ -48,6 +48,8 @@ class Plan:
     #: inputs a plain cell bound to an immutable builtin value -> its literal key
     #: (``StepRecord.plain``)
     plain: dict[str, str] = field(default_factory=dict)
+    #: each input's :func:`nbdurable.why.brief` as the step starts (``StepRecord.seen``)
+    seen: dict[str, str] = field(default_factory=dict)
 
 
 #: Builtins that read the namespace by name at run time: a step calling one may

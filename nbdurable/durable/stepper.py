@@ -23,6 +23,7 @@ from html import escape
 from typing import TYPE_CHECKING, Any
 
 from .. import config, events, faults, procstate, redact
+from .. import why as whys
 from ..clients.usage import Tally
 from ..errors import CorruptRecord, LeaseLost, NbdurableError, StoreError, UsageProblem
 from ..identity import keys, localcode, verdict
@@ -222,6 +223,8 @@ class StepRunner:
             and n not in self.producers
             and (lit := literal_key(ns[n])) is not None
         }
+        # What each input looks like now, for "why" after a later change (nbdurable.why).
+        plan.seen = whys.briefs(ns, inputs)
         plan.reached = {
             n: fingerprint_or_type(ns[n], f"{n!r}, which step {label!r} reaches")
             for n in reached(raw_fps, ns)
@@ -361,6 +364,11 @@ class StepRunner:
             fp, complete = input_fingerprint(value, None)
             known[name] = self._input_fp(name, value, fp, complete)
         return known, frozenset(unknown)
+
+    def brief_now(self, name: str) -> str | None:
+        """What ``name`` holds now, as "why" shows it (:func:`nbdurable.why.brief`)."""
+        ns = self.session.user_ns
+        return whys.brief(ns[name]) if name in ns else None
 
     def _replay(
         self, rec: StepRecord, label: str, stale: str | None, split: bool
@@ -663,6 +671,8 @@ class StepRunner:
             declared=dict(plan.declared or {}),
             library=tuple(sorted(plan.library)),
             plain=dict(plan.plain),
+            seen=plan.seen,
+            made=whys.briefs(ns, [v.name for v in saved.variables], secrets),
         )
         kept = StepState(pinned=state.pinned, name=label, position=position)
         puts = [(self.session.keys.step(key), rec.to_header(), b""), self.session.touch_run()]

@@ -571,7 +571,13 @@ def ends_with_semicolon(source: str) -> bool:
 
 def constant_bindings(source: str) -> dict[str, str]:
     """The names a cell binds once, at top level, to an immutable literal: name -> the
-    value's :func:`literal_key`.
+    value's :func:`literal_key` (the values themselves: :func:`constant_values`).
+    """
+    return {n: k for n, v in constant_values(source).items() if (k := literal_key(v)) is not None}
+
+
+def constant_values(source: str) -> dict[str, Any]:
+    """The names a cell binds once, at top level, to an immutable literal: name -> value.
 
     ``N_QUESTIONS = 3`` in a cell whose other lines change: the name comes out
     of a rerun the same whatever else changed, and ``STYLE = 'bold'`` where it
@@ -606,7 +612,7 @@ def constant_bindings(source: str) -> dict[str, str]:
         elif isinstance(node, (ast.Import, ast.ImportFrom)):
             for name in _import_names(node):
                 stores[name] = stores.get(name, 0) + 1
-    out: dict[str, str] = {}
+    out: dict[str, Any] = {}
     for stmt in tree.body:
         if not (
             isinstance(stmt, ast.Assign)
@@ -619,9 +625,8 @@ def constant_bindings(source: str) -> dict[str, str]:
             value = ast.literal_eval(stmt.value)
         except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
             continue
-        key = literal_key(value) if stores.get(name) == 1 else None
-        if key is not None:
-            out[name] = key
+        if stores.get(name) == 1 and literal_key(value) is not None:
+            out[name] = value
     return out
 
 

@@ -75,6 +75,7 @@ class StepMagics(Magics):
                 session.notebook,
                 session.status,
                 session.steps.current_inputs,
+                session.steps.brief_now,
             )
             with session.lock:
                 spared = session.saved.line(config.get().prices)

@@ -293,7 +293,9 @@ class StepPanel(widgets.VBox):
         s = self.session
         self._run_id = s.run_id
         live = dict(s.status)
-        infos = status.step_infos(s.store, self._run_id, s.notebook, live, s.steps.current_inputs)
+        infos = status.step_infos(
+            s.store, self._run_id, s.notebook, live, s.steps.current_inputs, s.steps.brief_now
+        )
         # A step now running in a cell not yet saved to the notebook has no
         # record or state yet, so the store does not know it: show it anyway.
         known = {i.key for i in infos}

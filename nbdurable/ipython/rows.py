@@ -45,8 +45,13 @@ class StepRow:
             description="Pin", layout=_HIDDEN_BUTTON if info.key == RUN_SCOPE else _BUTTON
         )
         self.clear_button = widgets.Button(description="Clear", layout=_BUTTON)
+        # The two buttons wrap as one: a narrow panel puts both under the text, never
+        # Pin beside it and Clear alone on the next line.
+        self.buttons = widgets.HBox(
+            [self.pin_button, self.clear_button], layout=widgets.Layout(flex="0 0 auto")
+        )
         self.line = widgets.HBox(
-            [self.html, self.pin_button, self.clear_button],
+            [self.html, self.buttons],
             layout=widgets.Layout(align_items="center", flex_flow="row wrap"),
         )
         self.box = widgets.VBox(
@@ -98,7 +103,7 @@ class StepRow:
 
     def close(self) -> None:
         """Close the row's widgets (not the shared layouts)."""
-        for w in (self.html, self.pin_button, self.clear_button, self.line, self.box):
+        for w in (self.html, self.pin_button, self.clear_button, self.buttons, self.line, self.box):
             w.close()
 
 
@@ -135,6 +140,14 @@ def row_html(info: StepInfo, new: int = 0, replayed: int = 0) -> str:
             f'<div class="nbd-detail" style="color:{tone};font-size:0.9em;'
             f'padding-left:1.5em;white-space:normal;overflow-wrap:anywhere">'
             f"{_e(info.detail)}</div>"
+        )
+    if info.why:
+        # What exactly changed (nbdurable.why): code and values, so in the code font.
+        lines = "<br>".join(_e(line) for line in info.why)
+        detail += (
+            f'<div class="nbd-why" style="color:{_GREY};font-size:0.85em;padding-left:1.5em;'
+            f"font-family:var(--jp-code-font-family, monospace);white-space:pre-wrap;"
+            f'overflow-wrap:anywhere">{lines}</div>'
         )
     return (
         f'<div class="nbd-step" data-step="{_attr(info.label)}" data-state="{_attr(state)}">'
@@ -206,10 +219,10 @@ def _shown_state(info: StepInfo) -> str:
 
 
 def _progress(have: int, expected: int) -> str:
-    """``39/60 recorded`` when the step's last record says how many calls to expect."""
+    """``39 of 60 sub-steps`` when the step's last record says how many to expect."""
     if 0 < expected and have <= expected:
-        return f"{have}/{expected} recorded"
-    return f"{have} recorded"
+        return f"{have} of {expected} sub-steps"
+    return f"{have} sub-step{'' if have == 1 else 's'} recorded"
 
 
 def _e(text: str) -> str:

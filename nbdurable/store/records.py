@@ -54,7 +54,10 @@ class _Header:
         """Decode from :meth:`to_header` output; raises ``KeyError``/``TypeError`` if malformed."""
         d = dict(d)
         d.pop("kind", None)
-        return cls(**cls._decode(d))
+        # Fields a newer nbdurable added (additive: a newer record format is refused
+        # before this) are left out, so an older reader still lists its records.
+        known = _field_names(cls)
+        return cls(**{k: v for k, v in cls._decode(d).items() if k in known})
 
     def _encode(self, d: dict[str, Any]) -> dict[str, Any]:
         return d
@@ -149,6 +152,12 @@ class StepRecord(_Header):
     #: name -> its :func:`~nbdurable.identity.analysis.literal_key` (a digest, never the
     #: value), which a view with no kernel compares with the literal the saved cell binds
     plain: dict[str, str] = field(default_factory=dict)
+    #: what each input looked like when the step started, and each variable it saved
+    #: when it ended: name -> :func:`nbdurable.why.brief` (a short repr of a small
+    #: builtin value, else its type and shape; secrets redacted), which "why" shows
+    #: beside what the value is now (see :mod:`nbdurable.why`)
+    seen: dict[str, str] = field(default_factory=dict)
+    made: dict[str, str] = field(default_factory=dict)
 
     @property
     def replayable(self) -> bool:
@@ -166,7 +175,10 @@ class StepRecord(_Header):
 
     @classmethod
     def _decode(cls, d: dict[str, Any]) -> dict[str, Any]:
-        d["variables"] = tuple(VarRecord(**v) for v in d["variables"])
+        var_fields = _field_names(VarRecord)
+        d["variables"] = tuple(
+            VarRecord(**{k: x for k, x in v.items() if k in var_fields}) for v in d["variables"]
+        )
         d["deleted"] = tuple(d["deleted"])
         d["outputs"] = tuple(d["outputs"])
         d["library"] = tuple(d.get("library", ()))
