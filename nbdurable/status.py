@@ -30,7 +30,15 @@ from typing import Any
 from . import procstate, why
 from .clients.usage import Tally
 from .identity import locate, verdict
-from .identity.analysis import binds_unknown, constant_bindings, constant_values, literal_key
+from .identity.analysis import (
+    binds_unknown,
+    constant_bindings,
+    constant_values,
+    def_key,
+    function_defs,
+    library_imports,
+    literal_key,
+)
 from .identity.keys import analyse, source_fingerprint, step_version
 from .store import RUN_SCOPE, RunView, Store, versions
 from .store.records import StepRecord, StepState
@@ -152,6 +160,7 @@ def step_infos(
     it recorded last, or the literal a saved plain cell binds.
     """
     judge = _Judge(records_of=None, current=current, view=None, values=values)
+    judge.local_dir = notebook.parent if notebook is not None else None
     view = RunView(store, run_id)
     records, states, live = view.records(), view.states(), live or {}
     judge.records_of, judge.view = records, view
@@ -291,6 +300,11 @@ class _Judge:
     #: in a kernel, a name's brief now (see step_infos); the saved plain cells' literals'
     values: Callable[[str], str | None] | None = None
     plain_brief: dict[str, str] = field(default_factory=dict)
+    #: the functions the saved plain cells judged so far define last, and the names
+    #: they bind to a library's import; where the notebook lies (its local modules)
+    plain_defs: dict[str, Any] = field(default_factory=dict)
+    plain_libs: set[str] = field(default_factory=set)
+    local_dir: Path | None = None
 
     def now_of(self, rec: StepRecord) -> Callable[[str], str | None]:
         """What each input of ``rec`` is now, as "why" shows it, where known."""
@@ -321,12 +335,53 @@ class _Judge:
             self.plain_brief.clear()
             return
         consts = constant_values(py)
+        defs = function_defs(py)
+        libs = library_imports(py, self.local_dir)
         for name in analyse(py).binds:
             value = consts.get(name, _NONE)
             self.plain_now[name] = None if value is _NONE else literal_key(value)
             self.plain_brief.pop(name, None)
+            self.plain_defs.pop(name, None)
+            self.plain_libs.discard(name)
             if value is not _NONE:
                 self.plain_brief[name] = why.brief(value)
+            elif name in defs:
+                self.plain_defs[name] = defs[name]
+                self.plain_brief[name] = "function"
+            elif name in libs:
+                self.plain_libs.add(name)
+
+    def _plain_now(self, names: Any) -> dict[str, str | None]:
+        """``plain_now`` with the functions among ``names`` that the saved plain cells
+        define: each one's :func:`~nbdurable.identity.analysis.def_key`, from what the
+        names it reads are now (as a record keeps it: ``localcode.notebook_function_key``).
+        """
+        wanted = [n for n in names if n in self.plain_defs]
+        if not wanted:
+            return self.plain_now
+        visiting: set[str] = set()
+
+        def resolve(name: str) -> str | None:
+            if name in self.plain_defs:
+                if name in visiting:
+                    return None  # functions calling each other: the kernel knows no key either
+                visiting.add(name)
+                try:
+                    return def_key(self.plain_defs[name], resolve)
+                finally:
+                    visiting.discard(name)
+            if name in self.plain_libs:
+                return "lib"
+            if name in self.plain_now:
+                return self.plain_now[name]
+            if name in self.writers:
+                return None  # a step's value: only the kernel sees it
+            return "lib"  # a builtin (IPython binds some, open() too), or bound by no cell
+
+        now = dict(self.plain_now)
+        for name in wanted:
+            now[name] = resolve(name)
+        return now
 
     def passed(
         self,
@@ -355,6 +410,8 @@ class _Judge:
             self.writers[name] = info.key
             self.plain_now.pop(name, None)  # a step's value now, not a plain cell's
             self.plain_brief.pop(name, None)
+            self.plain_defs.pop(name, None)
+            self.plain_libs.discard(name)
 
     def reason(self, rec: StepRecord, st: StepState, body: str | None) -> str | None:
         if self.current is not None:
@@ -373,7 +430,7 @@ class _Judge:
             will_run=self.will_run,
             writers=self.writers,
             outcomes=self.outcomes,
-            plain_now=self.plain_now,
+            plain_now=self._plain_now(rec.plain),
         )
         view = self.view
         if (

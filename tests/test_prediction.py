@@ -344,3 +344,59 @@ def test_an_upstream_edit_that_keeps_a_literal_leaves_its_readers_replaying(
     assert _status(path, capsys)["plan"] == ("invalidated", changed)
     out = run_notebook(make_notebook([*third, "%step list"]), cwd=tmp_path, env=env)
     assert _listed(_text(out, 5))["plan"][0] == "recorded", _text(out, 5)  # it ran
+
+
+@pytest.mark.kernel
+def test_a_plain_cells_helper_function_is_known_without_a_kernel(tmp_path, capsys, monkeypatch):
+    """A helper defined in a plain cell (the cookbooks' ``chat_completion_request``) is
+    known from the saved cell: the same ``def`` reading the same literals and libraries
+    replays, an edited one (or one reading an edited literal) runs, and one reading a
+    value only the kernel sees (a client) may run. The run does what each view said."""
+    store = tmp_path / "store"
+    path = tmp_path / "nb.ipynb"
+    env = {"NBDURABLE_DIR": str(store), "NBDURABLE_NOTEBOOK": str(path)}
+
+    def cells(helper: str, prefix: str = "Q") -> list[str]:
+        return [
+            "%load_ext nbdurable",
+            f"import math\nPREFIX = {prefix!r}\nclient = object()\n{helper}",
+            "def ask(q):\n    return client, q",
+            "%%step shout\nlines = [fmt(i) for i in range(3)]\nprint('shout ran')",
+            "%%step asks\nsent = ask('x')[1]\nprint('asks ran')",
+        ]
+
+    helper = "def fmt(i):\n    # a comment\n    return PREFIX + str(math.floor(i))"
+    run_notebook(make_notebook(cells(helper)), cwd=tmp_path, env=env, startup_timeout=180)
+    monkeypatch.setenv("NBDURABLE_DIR", str(store))
+    monkeypatch.delenv("NBDURABLE_NOTEBOOK", raising=False)
+
+    def predict_then_run(saved: list[str]) -> dict[str, tuple[str, str]]:
+        nbformat.write(make_notebook(saved), path)
+        predicted = _status(path, capsys)
+        out = run_notebook(make_notebook([*saved, "%step list"]), cwd=tmp_path, env=env)
+        ran = {k: v[0] for k, v in _listed(_text(out, 5)).items()}
+        _check({k: v[0] for k, v in predicted.items()}, ran)
+        return predicted
+
+    waits = (
+        "reads 'ask' from plain cells (seen only in a kernel): replays only if it comes out "
+        "the same"
+    )
+    # Saved as it ran; then only its comment and layout edited: both replay.
+    for saved in (helper, helper.replace("# a comment", "# another").replace("+ str", "+  str")):
+        assert predict_then_run(cells(saved)) == {
+            "shout": ("recorded", ""),
+            "asks": ("may run", waits),
+        }
+    changed = "input 'fmt' changed (a plain cell binds it to another value)"
+    assert predict_then_run(cells(helper.replace("str(", "repr(")))["shout"] == (
+        "invalidated",
+        changed,
+    )
+    # The literal it reads edited: the function is another one too (that a kept version
+    # was recorded from it is not known without the kernel's fingerprints).
+    edited = helper.replace("str(", "repr(")
+    assert predict_then_run(cells(edited, prefix="A"))["shout"] == (
+        "may run",
+        f"{changed}: replays a kept version recorded from it, if any",
+    )

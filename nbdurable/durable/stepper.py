@@ -221,7 +221,7 @@ class StepRunner:
             for n in inputs
             if n not in plan.library
             and n not in self.producers
-            and (lit := literal_key(ns[n])) is not None
+            and (lit := literal_key(ns[n]) or localcode.notebook_function_key(ns[n])) is not None
         }
         # What each input looks like now, for "why" after a later change (nbdurable.why).
         plan.seen = whys.briefs(ns, inputs)

@@ -10,6 +10,7 @@ import hashlib
 import io
 import tokenize
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -569,6 +570,38 @@ def ends_with_semicolon(source: str) -> bool:
     return False
 
 
+def _bound_once(source: str) -> tuple[ast.Module, dict[str, int]] | None:
+    """A cell's tree and how many times it binds each name (anywhere in it, a def's
+    locals too: more is never "once"); None when it does not parse or may bind names
+    its syntax does not spell (a star import, ``match``, ``globals()``).
+    """
+    try:
+        tree = _parse(source)
+    except (SyntaxError, ValueError):
+        return None
+    stores: dict[str, int] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Match) or (
+            isinstance(node, ast.ImportFrom) and any(a.name == "*" for a in node.names)
+        ):
+            return None  # binds names not spelled as targets: none is known to be bound once
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load) and node.id in _DYNAMIC:
+            return None  # globals()["N"] = ..., exec(...): may bind anything
+        if isinstance(node, ast.ExceptHandler) and node.name:
+            stores[node.name] = stores.get(node.name, 0) + 1
+        elif isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load):
+            stores[node.id] = stores.get(node.id, 0) + 1
+        elif isinstance(node, (ast.Global, ast.Nonlocal)):
+            for name in node.names:
+                stores[name] = stores.get(name, 0) + 2  # never "once"
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            stores[node.name] = stores.get(node.name, 0) + 1
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            for name in _import_names(node):
+                stores[name] = stores.get(name, 0) + 1
+    return tree, stores
+
+
 def constant_bindings(source: str) -> dict[str, str]:
     """The names a cell binds once, at top level, to an immutable literal: name -> the
     value's :func:`literal_key` (the values themselves: :func:`constant_values`).
@@ -588,30 +621,10 @@ def constant_values(source: str) -> dict[str, Any]:
     the value cannot be changed in place, and no other line can rebind it.
     A cell that does not parse binds none.
     """
-    try:
-        tree = _parse(source)
-    except (SyntaxError, ValueError):
+    counted = _bound_once(source)
+    if counted is None:
         return {}
-    stores: dict[str, int] = {}
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Match) or (
-            isinstance(node, ast.ImportFrom) and any(a.name == "*" for a in node.names)
-        ):
-            return {}  # binds names not spelled as targets: none is known to be bound once
-        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load) and node.id in _DYNAMIC:
-            return {}  # globals()["N"] = ..., exec(...): may bind anything
-        if isinstance(node, ast.ExceptHandler) and node.name:
-            stores[node.name] = stores.get(node.name, 0) + 1
-        elif isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load):
-            stores[node.id] = stores.get(node.id, 0) + 1
-        elif isinstance(node, (ast.Global, ast.Nonlocal)):
-            for name in node.names:
-                stores[name] = stores.get(name, 0) + 2  # never "once"
-        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            stores[node.name] = stores.get(node.name, 0) + 1
-        elif isinstance(node, (ast.Import, ast.ImportFrom)):
-            for name in _import_names(node):
-                stores[name] = stores.get(name, 0) + 1
+    tree, stores = counted
     out: dict[str, Any] = {}
     for stmt in tree.body:
         if not (
@@ -628,6 +641,108 @@ def constant_values(source: str) -> dict[str, Any]:
         if stores.get(name) == 1 and literal_key(value) is not None:
             out[name] = value
     return out
+
+
+def function_defs(source: str) -> dict[str, ast.FunctionDef | ast.AsyncFunctionDef]:
+    """The functions a cell defines once, at top level: name -> its ``def`` (decorators
+    included), whose :func:`def_key` a view with no kernel compares with a record's.
+    """
+    counted = _bound_once(source)
+    if counted is None:
+        return {}
+    tree, stores = counted
+    return {
+        stmt.name: stmt
+        for stmt in tree.body
+        if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)) and stores.get(stmt.name) == 1
+    }
+
+
+def library_imports(source: str, local_dir: Any = None) -> set[str]:
+    """The names a cell binds once, at top level, by importing an absolute module that
+    is not a local one (no ``NAME.py`` or ``NAME/`` in ``local_dir``, the notebook's
+    folder): what a Run All binds to a library's module, class or function.
+    """
+    import os
+
+    counted = _bound_once(source)
+    if counted is None:
+        return set()
+    tree, stores = counted
+    out: set[str] = set()
+    for stmt in tree.body:
+        if isinstance(stmt, ast.Import):
+            tops = {a.asname or a.name.split(".")[0]: a.name.split(".")[0] for a in stmt.names}
+        elif isinstance(stmt, ast.ImportFrom) and stmt.level == 0 and stmt.module:
+            top = stmt.module.split(".")[0]
+            tops = {a.asname or a.name: top for a in stmt.names if a.name != "*"}
+        else:
+            continue
+        for name, top in tops.items():
+            local = local_dir is not None and (
+                os.path.exists(os.path.join(local_dir, top + ".py"))
+                or os.path.isdir(os.path.join(local_dir, top))
+            )
+            if stores.get(name) == 1 and not local and top != "__main__":
+                out.add(name)
+    return out
+
+
+def global_reads(node: ast.FunctionDef | ast.AsyncFunctionDef) -> set[str]:
+    """The names a ``def`` may read from the module: every name loaded anywhere in it
+    (nested functions, decorators and defaults too) but its parameters and the names
+    its own body binds. A nested scope's locals count as reads: more, never fewer.
+    """
+    args = node.args
+    params = [*args.posonlyargs, *args.args, *args.kwonlyargs]
+    params += [a for a in (args.vararg, args.kwarg) if a is not None]
+    local = {a.arg for a in params}
+    declared: set[str] = set()
+    todo: list[ast.AST] = list(node.body)
+    while todo:  # the function's own scope: not into nested defs, lambdas, classes
+        n = todo.pop()
+        if isinstance(n, (ast.Global, ast.Nonlocal)):
+            declared.update(n.names)
+        elif isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load):
+            local.add(n.id)
+        elif isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            local.add(n.name)
+            continue
+        elif isinstance(n, (ast.Import, ast.ImportFrom)):
+            local.update(_import_names(n))
+        if isinstance(n, (ast.Lambda, ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)):
+            continue
+        todo.extend(ast.iter_child_nodes(n))
+    loads = {
+        n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)
+    }
+    return loads - (local - declared)
+
+
+def def_key(
+    node: ast.FunctionDef | ast.AsyncFunctionDef, resolve: Callable[[str], str | None]
+) -> str | None:
+    """A notebook function as a view with no kernel can know it: a digest of its code
+    (its ``def`` as a tree, so comments and layout aside) and of what each name it
+    reads from the module is: ``resolve(name)`` gives ``"lib"`` (a library's module,
+    class or function, or a name no cell binds: a builtin, which IPython binds to
+    its own function for some, ``open``), a literal's :func:`literal_key`, another
+    function's key, or None when that is not known, and nor then is this key (None).
+
+    The kernel computes it from the live function (its source and globals), a
+    view from the saved plain cells; where both know it, the same key is the same
+    function on the next Run All, and another key a changed one.
+    """
+    parts = [ast.dump(node)]
+    for name in sorted(global_reads(node)):
+        got = "self" if name == node.name else resolve(name)
+        if got is None:
+            return None
+        parts.append(f"{name}={got}")
+    return (
+        "def:"
+        + hashlib.sha256("\n".join(parts).encode("utf-8", "surrogateescape")).hexdigest()[:16]
+    )
 
 
 def literal_key(value: Any) -> str | None:

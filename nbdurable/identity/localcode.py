@@ -327,3 +327,44 @@ def _imports_cached(path: str, _mtime: int, _size: int, package: str) -> frozens
     except OSError:
         return frozenset()
     return analysis.imported_modules(source, package)
+
+
+def notebook_function_key(fn: Any, _seen: frozenset[int] = frozenset()) -> str | None:
+    """:func:`~nbdurable.identity.analysis.def_key` of a function a notebook cell
+    defined, from its source and the globals it reads now; None for any other value,
+    or where a global it reads is not a library's name, a literal or such a function
+    (a client, a list: only the kernel knows what those hold).
+
+    What a record keeps of such an input (``StepRecord.plain``), so that a view
+    with no kernel, finding the same ``def`` in the saved plain cells, knows the
+    next Run All binds the same function.
+    """
+    import ast
+    import inspect
+    import textwrap
+
+    if not isinstance(fn, types.FunctionType) or getattr(fn, "__module__", None) != "__main__":
+        return None
+    if id(fn) in _seen or fn.__closure__ or not is_local_function(fn):
+        return None
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+    except (OSError, TypeError, SyntaxError, ValueError):
+        return None
+    node = tree.body[0] if len(tree.body) == 1 else None
+    if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) or node.name != fn.__name__:
+        return None  # a wrapper a decorator made, a lambda: not the def the cell shows
+    scope = fn.__globals__
+
+    def resolve(name: str) -> str | None:
+        if name not in scope:
+            return "lib"  # a builtin, or bound by no cell: a Run All binds the same
+        value = scope[name]
+        if is_library_name(value):
+            return "lib"
+        literal = analysis.literal_key(value)
+        if literal is not None:
+            return literal
+        return notebook_function_key(value, _seen | {id(fn)})
+
+    return analysis.def_key(node, resolve)
