@@ -10,6 +10,7 @@ IPython: the CLI runs these without a kernel.
 from __future__ import annotations
 
 import dataclasses
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -162,7 +163,7 @@ def clear(store: Store, run_id: str, step_keys: list[str]) -> list[str]:
                 b"",
             )
         )
-    store.apply(puts=puts, deletes=deletes)
+    store.apply(puts=[*puts, _changed(rk, "clear")], deletes=deletes)
     return sorted(stale)
 
 
@@ -174,8 +175,8 @@ def clear_all(store: Store, run_id: str) -> int:
     taken the run over, and stopped recording until restarted.
     """
     rk = RunKeys(run_id)
-    keys = [k for k in store.scan(rk.base) if k != rk.lease]
-    store.apply(deletes=keys)
+    keys = [k for k in store.scan(rk.base) if k not in (rk.lease, rk.changed)]
+    store.apply(puts=[_changed(rk, "clear-all")], deletes=keys)
     return len(keys)
 
 
@@ -187,7 +188,13 @@ def set_pin(store: Store, run_id: str, key: str, pinned: bool) -> None:
         raise UsageProblem(f"step {key!r} has no record to pin yet; run it first")
     st = view.state(key)
     new = dataclasses.replace(st, pinned=pinned)
+    mark = _changed(rk, "pin" if pinned else "unpin")
     if new.empty:
-        store.apply(deletes=[rk.state(key)])
+        store.apply(puts=[mark], deletes=[rk.state(key)])
     else:
-        store.apply(puts=[(rk.state(key), new.to_header(), b"")])
+        store.apply(puts=[(rk.state(key), new.to_header(), b""), mark])
+
+
+def _changed(rk: RunKeys, action: str) -> tuple[str, dict[str, Any], bytes]:
+    """The run's ``changed`` mark, written with a command's change (see ``RunKeys.changed``)."""
+    return (rk.changed, {"kind": "changed", "action": action, "at": time.time()}, b"")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import queue
 import time
+from pathlib import Path
 
 import ipywidgets
 import nbformat
@@ -584,6 +585,30 @@ def test_a_save_shows_without_running_a_cell(every_state):
         p.close()
     p._watcher.join(5)  # closing stops the watcher
     assert not p._watcher.is_alive()
+
+
+def test_another_process_pin_and_clear_show_by_themselves(every_state, request):
+    """The CLI, on its own handle to the store, pins and clears: no event reaches this
+    kernel, yet the panel shows each change (it reads the run's change mark)."""
+    p = StepPanel(every_state, watch=0.05)
+    path = every_state.store.path
+    other = path if isinstance(path, Path) else request.getfixturevalue("pg_url")
+    try:
+        assert states(p)["research"] == "recorded"
+        flushes = p.flushes
+        with open_store(other) as store:  # as `nbdurable pin` opens it
+            commands.set_pin(store, RUN, "name:research", True)
+        wait_for(lambda: states(p)["research"] == "pinned", msg=lambda: states(p))
+        assert p.flushes > flushes
+        with open_store(other) as store:
+            commands.clear(store, RUN, ["name:research"])
+        wait_for(lambda: states(p)["research"] == "pending", msg=lambda: states(p))
+        # Nothing changes: the mark is read, the panel is not redrawn.
+        flushes, looks = p.flushes, p.looks
+        wait_for(lambda: p.looks >= looks + 3, msg=lambda: f"{p.looks} looks")
+        assert p.flushes == flushes
+    finally:
+        p.close()
 
 
 @pytest.mark.kernel

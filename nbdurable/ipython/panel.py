@@ -21,10 +21,13 @@ Saves. What a step will do depends on the saved notebook (its code as
 saved), so the panel follows the file: once a second a watcher thread
 stats the notebook (one ``os.stat``, no read, no widget message), and when
 its modification time or size moved, it asks for a reload as a step
-boundary does. So saving an edited ``%%step`` cell shows that step as
-going to run (``its code changed``) and its dependants as *may run*,
-without running any cell, in any frontend that writes the file
-(JupyterLab, Notebook 7, VS Code, an editor). Unsaved edits are not in
+boundary does. The same look reads the run's ``changed`` mark (one small
+key), which every clear, pin and unpin rewrites, so another process's
+``nbdurable clear`` or ``nbdurable pin`` shows within a second too. So
+saving an edited ``%%step`` cell shows that step as going to run (``its
+code changed``) and its dependants as *may run*, without running any cell,
+in any frontend that writes the file (JupyterLab, Notebook 7, VS Code, an
+editor). Unsaved edits are not in
 the file; the cell marks show those (the frontend knows them).
 
 Where widgets cannot render (plain IPython, nbconvert), the widget's
@@ -49,7 +52,7 @@ from .. import commands, config, events, status
 from ..durable.session import Session, get_session
 from ..errors import NbdurableError
 from ..status import StepInfo
-from ..store import RUN_SCOPE, RunView
+from ..store import RUN_SCOPE, RunKeys, RunView
 from .rows import _BUTTON, _GREY, _GROUP, STATE_HELP, StepRow, _attr, _e, row_html
 
 __all__ = ["DEFAULT_INTERVAL", "STATE_HELP", "StepPanel", "StepRow", "panel", "row_html"]
@@ -184,6 +187,8 @@ class StepPanel(widgets.VBox):
         self._unsubscribe = events.subscribe(self._on_event)
         # Stamped before the first read: a save made while it reads is seen as a change.
         self._file_stamp = self._notebook_stamp()
+        self._changed_stamp: bytes | None = None
+        self._changed_stamp = self._store_stamp()
         self._stop = threading.Event()
         self.refresh()
         self._watcher = threading.Thread(
@@ -418,14 +423,24 @@ class StepPanel(widgets.VBox):
             return None
         return (str(path), st.st_mtime_ns, st.st_size)
 
+    def _store_stamp(self) -> bytes | None:
+        """The run's ``changed`` mark as stored (one key read; see ``RunKeys.changed``)."""
+        s = self.session
+        try:
+            return s.store.read(RunKeys(s.run_id).changed)
+        except Exception:  # a store that cannot be read now: the next look tries again
+            return self._changed_stamp
+
     def _watch_notebook(self) -> None:
-        """Every ``watch`` seconds until closed: a reload when the notebook file moved."""
+        """Every ``watch`` seconds until closed: a reload when the notebook file moved, or
+        a command changed the run (another process's ``nbdurable clear``, a CLI pin).
+        """
         while not self._stop.wait(self.watch):
-            stamp = self._notebook_stamp()
+            stamp, changed = self._notebook_stamp(), self._store_stamp()
             self.looks += 1
-            if stamp == self._file_stamp:
+            if stamp == self._file_stamp and changed == self._changed_stamp:
                 continue
-            self._file_stamp = stamp
+            self._file_stamp, self._changed_stamp = stamp, changed
             with self._lock:
                 self._reload = True
             self._timed_flush()

@@ -71,6 +71,13 @@ class RunKeys:
         return self.base + "lease"
 
     @property
+    def changed(self) -> str:
+        """The key a command rewrites with every change it makes (clear, pin, unpin):
+        a kernel's panel reads it once a second to show another process's change.
+        """
+        return self.base + "changed"
+
+    @property
     def steps(self) -> str:
         """The prefix of every step record of the run."""
         return self.base + "s/"
@@ -139,7 +146,7 @@ def parse(key: str) -> Parsed | None:
     parts = key.split("/", 3)
     if not key.startswith(RUNS) or len(parts) < 3:
         return None
-    if len(parts) == 3 and parts[2] in ("meta", "lease"):
+    if len(parts) == 3 and parts[2] in ("meta", "lease", "changed"):
         return Parsed(parts[1], parts[2])
     if len(parts) < 4 or parts[2] not in _KINDS:
         return Parsed(parts[1], "other")
