@@ -393,17 +393,15 @@ def test_a_step_whose_upstream_reran_replays_when_what_it_reads_came_out_the_sam
 
     # The views with no kernel say what the next run does: `config` was recorded after
     # `plan`'s record, yet `plan` replayed against it, so its N_QUESTIONS is not
-    # "changed (step 'config' ran again)". What stays open is `ran`, a plain cell's
-    # function only the kernel sees (`llm_plan`, a library's, is what its name says),
-    # so `config` may run; `plan` does not wait on it: `N_QUESTIONS = 3` is in its code
-    # as recorded and as saved, so a rerun of `config` makes it the same.
+    # "changed (step 'config' ran again)". `ran` is a plain cell's function, known from
+    # its saved `def` (and `llm_plan`, a library's, is what its name says): every step
+    # replays, and the run below does just that.
     from nbdurable.server.marks import step_marks
 
     marks = step_marks(tmp_path / "nb.ipynb", tmp_path / "store")["cells"]
     rows = {c["label"]: (c["state"], c["detail"]) for c in marks}
-    plain = ("may run", "reads 'ran' from plain cells (seen only in a kernel): replays only if "
-             "it comes out the same")  # fmt: skip
-    assert rows == {"config": plain, "plan": plain, "styled": plain}, rows
+    same = ("recorded", "")
+    assert rows == {"config": same, "plan": same, "styled": same}, rows
     execute(tmp_path, cells("bold"), allow_errors=False)
     assert ran(tmp_path) == Counter({"config": 2, "plan": 1, "styled": 2}), ran(tmp_path)
 

@@ -18,7 +18,11 @@ README's) when missing or NBDURABLE_UPDATE_SCREENSHOT=1.
 
 from __future__ import annotations
 
+import json
 import os
+import re
+import subprocess
+import sys
 import time
 
 import nbformat
@@ -32,7 +36,16 @@ from jupyter_util import (
     write_settings,
 )
 from kernel_util import REPO_ROOT, make_notebook, run_notebook
-from test_cell_marks import NOTEBOOK, REVISE, RUN_ID, SECOND, _expected, _record, _wait_idle_kernel
+from test_cell_marks import (
+    BROKEN,
+    NOTEBOOK,
+    REVISE,
+    RUN_ID,
+    SECOND,
+    _expected,
+    _record,
+    _wait_idle_kernel,
+)
 
 from nbdurable.store import RunView, open_store
 
@@ -134,6 +147,34 @@ def test_sidebar(app):
             s = open_store(store)
             return s, RunView(s, RUN_ID)
 
+        def started() -> dict[str, float]:
+            s, v = view()
+            with s:
+                return {k: r.started for k, r in v.records().items() if r is not None}
+
+        def agree(where: str) -> dict[str, str]:
+            """Every step's state, as the side panel, the marks and `nbdurable status`
+            (another process, no kernel) all show it once the marks caught up."""
+            cli = subprocess.run(
+                [sys.executable, "-m", "nbdurable", "status", str(root / NOTEBOOK), "--json"],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                env={**os.environ, "NBDURABLE_DIR": str(store), "PYTHONPATH": str(REPO_ROOT)},
+            )
+            assert cli.returncode == 0, cli.stdout + cli.stderr
+            status = {s["key"]: s["state"] for s in json.loads(cli.stdout)["steps"]}
+            for key, state in status.items():
+                if key not in expected:
+                    continue
+                # This kernel replayed it: the frontend says so; the store says recorded.
+                shown = re.compile(f"^({state}|replayed)$" if state == "recorded" else f"^{state}$")
+                expect(mark(key), f"{key} {where}").to_have_attribute(
+                    "data-nbd-state", shown, timeout=15_000
+                )
+            same_as_marks(where)
+            return {k: v for k, v in status.items() if k in expected}
+
         try:
             page.goto(page_url, timeout=60_000)
             for key, (state, _text) in expected.items():
@@ -230,16 +271,49 @@ def test_sidebar(app):
                 expect(row("name:plan")).to_be_visible(timeout=20_000)
                 expect(row("name:solo")).to_have_count(0)
 
+            # An upstream step edited and saved in the browser, then Run All: before it,
+            # the side panel, the marks and `nbdurable status` say the same of every
+            # step; the run does what they said (read from the store: a step that ran has
+            # a new record); after it, all three agree again.
+            _wait_idle_kernel(url)
+            cells = page.locator(".jp-Notebook .jp-Cell")
+            revise_cell = cells.nth(SECOND.index(REVISE))
+            revise_cell.locator(".cm-content").click()
+            page.keyboard.press("ControlOrMeta+End")
+            page.keyboard.type("\nnote = 'edited here'")
+            page.keyboard.press("ControlOrMeta+s")
+            expect(row("name:revise").locator(".nbd-side-why")).to_contain_text(
+                "+ note = 'edited here'", timeout=15_000
+            )
+            predicted = agree("after an edit in the browser, saved")
+            assert predicted["name:revise"] == "invalidated", predicted
+            assert predicted["name:extra"] == "invalidated", predicted
+            before = started()
+            broken = cells.nth(SECOND.index(BROKEN)).locator(".jp-InputPrompt")
+            was = broken.inner_text()
+            page.evaluate("window.jupyterapp.commands.execute('notebook:run-all-cells')")
+            expect(broken).not_to_have_text(was, timeout=60_000)  # Run All stops there
+            _wait_idle_kernel(url)
+            after = started()
+            for key, state in predicted.items():
+                if key in ("name:later", "name:slow") or state in ("may run", "failed"):
+                    continue  # after the failing step (not run), or either outcome
+                ran = after.get(key) != before.get(key)
+                runs = state in ("invalidated", "pending", "not replayable")
+                assert ran == runs, (key, state, before.get(key), after.get(key))
+            done = agree("after Run All")
+            assert done["name:revise"] == "recorded" and done["name:extra"] == "recorded", done
+
             # The browser's kernel records a step, then Clear all, then the steps again:
             # they record (the kernel kept its lease), and every view says so.
             _wait_idle_kernel(url)
-            cells = page.locator(".jp-Notebook .jp-Cell")
             for i in (0, 1, SECOND.index(REVISE)):
                 cells.nth(i).locator(".cm-content").click()
                 page.keyboard.press("Shift+Enter")
                 _wait_idle_kernel(url)
+            # Run All above recorded it: it replays now.
             expect(row("name:revise")).to_have_attribute(
-                "data-nbd-state", "recorded", timeout=20_000
+                "data-nbd-state", re.compile("^(recorded|replayed)$"), timeout=20_000
             )
             side.get_by_role("button", name="Clear all…").click()
             expect(dialog).to_contain_text("Every step and sub-step")

@@ -47,7 +47,7 @@ export class CellMarks {
     panel.sessionContext.statusChanged.connect(this._onStatus, this);
     panel.sessionContext.kernelChanged.connect((_, args) => {
       if (args.oldValue) {
-        this._keeper.kernelRestarted(panel.content.widgets);
+        this._keeper.kernelRestarted(panel.content.widgets, panel.context.model);
         this._redraw();
       }
     });
@@ -196,7 +196,7 @@ export class CellMarks {
       status === 'autorestarting' ||
       (status === 'starting' && (was === 'idle' || was === 'busy'));
     if (restart) {
-      this._keeper.kernelRestarted(this._panel.content.widgets);
+      this._keeper.kernelRestarted(this._panel.content.widgets, this._panel.context.model);
       this._redraw();
     }
     if (status === 'busy' && !this._busy) {

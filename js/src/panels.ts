@@ -7,6 +7,10 @@
  * displaying widget: model not found" in its place. In both cases this module
  * hides the dead widget and shows instead one line saying why, and the run's
  * steps as the store holds them now (the cell marks' data, so it is current).
+ * At a restart the output also forgets the widget's model id, so a notebook
+ * saved after it reopens with no such error (a notebook saved while its kernel
+ * lived and reopened without it still has the id: the widget manager says so
+ * in the console before this module replaces the panel).
  * A panel saved as text only (the widget was not saved with the notebook)
  * is an old snapshot: it is replaced the same way.
  * A panel shown again (`%step panel`) in the new kernel is live and left alone.
@@ -27,19 +31,40 @@ const PANEL_TEXT = /^nbdurable run ['"]/;
 const REOPENED = 'The notebook was reopened';
 
 export class PanelKeeper {
-  /** The kernel restarted: every panel drawn so far is dead. */
-  kernelRestarted(cells: readonly Cell[]): void {
-    for (const { modelId } of panelOutputs(cells)) {
-      if (modelId !== null) {
-        this._dead.set(modelId, 'The kernel restarted');
+  /**
+   * The kernel restarted: every panel drawn so far is dead.
+   *
+   * Each one's output forgets its widget model (``model_id`` made empty, as
+   * ipywidgets leaves a closed view): saved so, the notebook reopens with the
+   * snapshot and without the widget manager's "model not found" error, in the
+   * page or its console. Whether the notebook has unsaved changes is left as
+   * it was: nothing the user wrote changed.
+   */
+  kernelRestarted(cells: readonly Cell[], notebook?: { dirty: boolean }): void {
+    const dirty = notebook?.dirty;
+    for (const { modelId, outputs, index } of panelOutputs(cells)) {
+      if (modelId === null) {
+        continue;
       }
+      this._dead.set(modelId, 'The kernel restarted');
+      const json = outputs.get(index).toJSON() as any;
+      const data = { ...json.data, [WIDGET_MIME]: { ...json.data[WIDGET_MIME], model_id: '' } };
+      outputs.set(index, { ...json, data });
+      this._ended.add(outputs.get(index));
+    }
+    if (notebook && dirty !== undefined) {
+      notebook.dirty = dirty;
     }
   }
 
   /** Replace dead panels by a snapshot of ``reply`` (null: not fetched yet). */
   draw(cells: readonly Cell[], reply: IStepsReply | null): void {
-    for (const { node, modelId } of panelOutputs(cells)) {
-      let why = modelId === null ? REOPENED : this._dead.get(modelId);
+    for (const { node, modelId, outputs, index } of panelOutputs(cells)) {
+      let why = this._ended.has(outputs.get(index))
+        ? 'The kernel restarted'
+        : modelId === null
+          ? REOPENED
+          : this._dead.get(modelId);
       // A widget the page could not restore shows an error, or its saved text.
       if (why === undefined && /^\s*nbdurable run ['"]|Error displaying widget/.test(shown(node))) {
         why = REOPENED;
@@ -61,11 +86,21 @@ export class PanelKeeper {
   }
 
   private _dead = new Map<string, string>();
+  /** The outputs kernelRestarted() rewrote (new models: a reopened page has none). */
+  private _ended = new WeakSet<object>();
 }
 
-/** The output nodes of step panels, with their widget model ids (null: saved as text only). */
-function panelOutputs(cells: readonly Cell[]): { node: HTMLElement; modelId: string | null }[] {
-  const out: { node: HTMLElement; modelId: string | null }[] = [];
+interface IPanelOutput {
+  node: HTMLElement;
+  /** The widget model's id; null when saved as text only, or its model was forgotten. */
+  modelId: string | null;
+  outputs: CodeCell['model']['outputs'];
+  index: number;
+}
+
+/** The output nodes of step panels, with their widget model ids. */
+function panelOutputs(cells: readonly Cell[]): IPanelOutput[] {
+  const out: IPanelOutput[] = [];
   for (const cell of cells) {
     if (cell.model.type !== 'code') {
       continue;
@@ -78,7 +113,7 @@ function panelOutputs(cells: readonly Cell[]): { node: HTMLElement; modelId: str
       const text = data['text/plain'];
       const plain = Array.isArray(text) ? text.join('') : String(text ?? '');
       if (PANEL_TEXT.test(plain) && area?.widgets[i]) {
-        out.push({ node: area.widgets[i].node, modelId: view?.model_id || null });
+        out.push({ node: area.widgets[i].node, modelId: view?.model_id || null, outputs, index: i });
       }
     }
   }
