@@ -474,7 +474,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     if result.status == "lease held":
         assert result.error is not None
         print(
-            f"nbdurable run: {result.error.evalue.strip()}; the notebook file was not changed",
+            f"nbdurable run: {result.error.evalue.strip().rstrip('.')}; "
+            "the notebook file was not changed",
             file=sys.stderr,
         )
     elif result.error is not None:
@@ -523,7 +524,8 @@ def cmd_status(args: argparse.Namespace) -> int:
 
     notebook = _notebook(args)
     directory = _store_dir(args, notebook)
-    store = _open(directory, must_exist=False)
+    # A store named with --store must be there: a mistyped path is not "all pending".
+    store = _open(directory, must_exist=getattr(args, "store", None) is not None)
     if store is None:
         run_id = _run_id(args, notebook, None, directory)
         infos = status.pending_infos(notebook)
@@ -755,3 +757,11 @@ def main(argv: list[str] | None = None) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 1
+    except OSError as exc:  # a path the command could not use: one line, never a traceback
+        where = f": {exc.filename}" if exc.filename else ""
+        print(
+            f"nbdurable {args.command}: error: {exc.strerror or exc}{where}; "
+            "check the path and its permissions",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE

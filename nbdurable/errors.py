@@ -16,7 +16,14 @@ class UsageProblem(NbdurableError, ValueError):
     """Bad input from the user: an unknown step, a bad name, a bad option.
 
     The magic layer turns it into an IPython ``UsageError`` (one line, no
-    traceback); the CLI prints it and exits with code 2.
+    traceback), in a step and in a plain cell alike (after ``%load_ext``); the
+    CLI prints it and exits with code 2.
+    """
+
+
+class BadArgument(UsageProblem, TypeError):
+    """An argument of the wrong type to nbdurable's API (``step(123, fn)``): a
+    ``TypeError`` for ``except TypeError``, said in one line as a UsageProblem is.
     """
 
 

@@ -45,3 +45,17 @@ def seconds(t: float) -> str:
     if t < 3600:
         return f"{int(t // 60)} min {int(t % 60)} s"
     return f"{int(t // 3600)} h {int(t % 3600 // 60)} min"
+
+
+def clip(text: str, limit: int) -> str:
+    """``text`` cut to at most ``limit`` characters at a sentence's end (else a word's),
+    with ``…`` where something was cut: a message never stops mid-word.
+    """
+    if len(text) <= limit:
+        return text
+    head = text[: limit - 1]
+    end = head.rfind(". ")
+    if end >= limit // 3:
+        return head[: end + 1] + " …"
+    space = head.rfind(" ")
+    return (head[:space] if space >= limit // 3 else head).rstrip(" ,;:") + "…"

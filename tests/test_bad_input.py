@@ -463,7 +463,8 @@ def test_non_str_ids_raise_a_one_line_type_error_and_write_nothing(env, bad):
     fresh_session(env, "ids")
     with pytest.raises(TypeError) as err:
         nbdurable.step(bad, _must_not_run)
-    assert not isinstance(err.value, ValueError)
+    # A TypeError, and a bad input to nbdurable: a notebook shows it in one line.
+    assert isinstance(err.value, nbdurable.UsageProblem)
     assert_one_line(str(err.value))
     engine.reset_session()
     assert snapshot(env.store) == env.before
@@ -721,6 +722,40 @@ def check_cli(env: Env, argv: list[str]) -> tuple[int, str, str]:
         assert after == env.before, "the store changed"
     assert env.files() == ["cwd", "home", "nb.ipynb"], "a file appeared"
     return code, out, err
+
+
+@pytest.mark.parametrize(
+    ("call", "said"),
+    [
+        ('step("", len, "a")', "a sub-step id must not be empty: pass a non-empty str"),
+        ('step(123, len, "a")', "a sub-step id must be a str, got int"),
+        ('step("a", 42)', "step('a', fn, ...): fn must be callable, got int"),
+    ],
+)
+def test_bad_api_arguments_in_a_plain_cell_are_one_line(env, capsys, call, said):
+    """Outside a step too, a bad argument is IPython's one-line UsageError."""
+    env.restore()
+    shell = InteractiveShell.instance()
+    capsys.readouterr()
+    result = shell.run_cell(call)
+    err = capsys.readouterr().err
+    assert not result.success
+    assert err.startswith(f"UsageError: {said}") and err.count("\n") == 1, err
+    assert snapshot(env.store) == env.before
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["status", NOTEBOOK, "--store", "no/such/store"],  # mistyped: not "all pending"
+        ["status", NOTEBOOK, "--why", "nosuchstep"],
+        ["status", NOTEBOOK, "--why", "keep", "--store", "no/such/store"],
+    ],
+    ids=" ".join,
+)
+def test_cli_read_only_commands_refuse_what_is_not_there(env, argv):
+    code, out, err = check_cli(env, argv)
+    assert code == 2 and not out, (out, err)
 
 
 @pytest.mark.parametrize("command", list(OPTIONS))

@@ -266,9 +266,8 @@ def test_status_export_pin_clear_gc_through_the_cli(tmp_path, capsys, monkeypatc
     assert calls.read_text().split() == ["alpha", "b0", "b1", "b2"]
     steps = status()
     assert list(steps) == ["name:a", b_key, "name:c"]
-    # With no kernel, `call` (a plain cell's function) is not seen: each "may run".
-    assert [s["state"] for s in steps.values()] == ["may run"] * 3
-    assert "reads 'call' from plain cells" in steps["name:a"]["detail"], steps
+    # With no kernel, `call` (a plain cell's function) is known by its saved `def`.
+    assert [s["state"] for s in steps.values()] == ["recorded"] * 3, steps
     assert [s["substeps"] for s in steps.values()] == [1, 3, 0]
 
     # export: the log, in order, with fingerprints and values.
@@ -331,7 +330,7 @@ def test_status_export_pin_clear_gc_through_the_cli(tmp_path, capsys, monkeypatc
     assert code == 0, out + err
     dry = json.loads(out)
     assert dry["dry_run"] and dry["keys"] > 0 and dry["kept_pinned"]
-    assert [s["state"] for s in status().values()] == ["may run", "may run", "pinned"]
+    assert [s["state"] for s in status().values()] == ["recorded", "recorded", "pinned"]
     code, out, err = inproc(capsys, monkeypatch, tmp_path, "gc", "--older-than", "0")
     assert code == 0 and "kept pinned steps" in out, out + err
     assert [s["state"] for s in status().values()] == ["pending", "pending", "pinned"]
@@ -441,3 +440,28 @@ def test_check_says_what_it_found_and_what_it_repaired(tmp_path, capsys, monkeyp
 
     code, out, err = inproc(capsys, monkeypatch, tmp_path, "check", "--store", tmp_path / "none")
     assert code == 2 and "no nbdurable store at" in err and out == "", out + err
+
+
+def test_paths_a_command_cannot_use_are_one_line_errors(tmp_path, capsys):
+    """A file where a directory must be: one line saying so, exit 2, no traceback."""
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    nb = tmp_path / "nb.ipynb"
+    nbformat.write(make_notebook(["1 + 1"]), nb)
+    for argv, said in [
+        (["demo", "--dir", str(afile / "sub")], "cannot make the demo's directory there"),
+        (["run", str(nb), "-o", str(afile / "out.ipynb")], f"{afile} is not a directory"),
+    ]:
+        assert cli.main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and said in err and "Traceback" not in err, err
+    assert afile.read_text() == ""
+
+
+def test_clip_cuts_at_a_sentence_or_a_word():
+    from nbdurable.text import clip
+
+    assert clip("short", 10) == "short"
+    text = "The run is held by process 12. Stop the other kernel, or take the lease over."
+    assert clip(text, 40) == "The run is held by process 12. …"
+    assert clip("word " * 20, 23) == "word word word word…"

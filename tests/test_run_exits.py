@@ -231,3 +231,18 @@ def test_clear_names_dependants_by_their_labels(tmp_path: Path) -> None:
     assert r.stdout.strip() == (
         f"cleared: answers; invalidated dependants: report, cell {label}"
     ) or r.stdout.strip() == (f"cleared: answers; invalidated dependants: cell {label}, report")
+
+
+def test_a_step_the_kernel_invalidated_says_why_in_the_run(tmp_path: Path) -> None:
+    """An input only the kernel sees changed (a plain cell's computed value): the run's
+    line for the step names it, as the kernel judged it, not a generic reason."""
+    cells = ["%load_ext nbdurable", "n = int('1')", "%%step uses\nm = n * 2\nprint(m)"]
+    nb = write(tmp_path / "nb.ipynb", cells)
+    assert nbd("run", nb).returncode == 0
+    write(nb, [cells[0], "n = int('2')", cells[2]])
+    r = nbd("run", nb, "--json")
+    assert r.returncode == 0, r.stderr
+    cells_run = json.loads(r.stdout)["attempts"][-1]["cells"]
+    outcome = next(c for c in cells_run if c["label"] == "uses")
+    assert outcome["outcome"] == "invalidated", outcome
+    assert outcome["detail"] == "input 'n' changed", outcome

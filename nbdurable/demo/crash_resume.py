@@ -76,8 +76,14 @@ def _workdir(directory: Path | None) -> Path:
         for name in present:  # only our own files: checked just above
             p = path / name
             shutil.rmtree(p) if p.is_dir() else p.unlink()
-    path.mkdir(parents=True, exist_ok=True)
-    (path / _MARKER).write_text("made by nbdurable demo; it may reset this directory\n")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        (path / _MARKER).write_text("made by nbdurable demo; it may reset this directory\n")
+    except OSError as exc:  # a file in the way, a read-only or virtual file system
+        raise UsageProblem(
+            f"--dir {path}: cannot make the demo's directory there "
+            f"({exc.strerror or exc}); give a directory you can write"
+        ) from None
     return path
 
 

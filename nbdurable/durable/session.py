@@ -48,6 +48,8 @@ class Session:
         self.nbfile: locate.NotebookFile | None = None
         self.current: StepContext | None = None
         self.status: dict[str, tuple[str, str]] = {}  # step key -> (state, detail)
+        #: step key -> why its record did not replay when it last ran here (see summary)
+        self.reasons: dict[str, str] = {}
         self.saved = Savings()
         self.steps = StepRunner(self)
         self._cell_ordinals: dict[str, int] = {}  # @recorded outside steps; reset per cell
@@ -341,7 +343,8 @@ class Session:
                 self.saved.tokens = self.saved.tokens + tokens
 
     def summary(self) -> dict[str, Any]:
-        """What this kernel replayed: ``{"steps", "calls", "seconds", "tokens", "cost", "run"}``.
+        """What this kernel replayed: ``{"steps", "calls", "seconds", "tokens", "cost", "run",
+        "reasons"}`` (``reasons``: step key -> why its record did not replay).
 
         ``tokens`` is ``{"input", "output"}``; ``cost`` is what they cost at the
         prices given to ``configure(prices=...)`` (None without prices), and
@@ -360,6 +363,8 @@ class Session:
                 "cost": cost,
                 "unpriced": unpriced,
                 "run": self.run_id,
+                # what `nbdurable run` prints for a step that ran instead of replaying
+                "reasons": dict(self.reasons),
             }
 
 

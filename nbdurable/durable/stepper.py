@@ -207,6 +207,7 @@ class StepRunner:
             self._switch(key, label, rec, version, restore=not tried)
         if rec is not None and reason is not None and not force:
             self.session.status[key] = ("invalidated", reason)
+            self.session.reasons[key] = reason
             events.emit("step-invalidated", self.session.run_id, key, reason=reason, label=label)
             if reason.startswith(verdict.OUTPUT_REASON):
                 # A plain run would have written it: say why the body runs instead of replaying.

@@ -56,7 +56,7 @@ from typing import Any, TypeVar
 
 from .. import config, events, faults, redact
 from ..clients import awaitables, streams, usage
-from ..errors import CorruptRecord, DivergenceError, StoreError, UsageProblem
+from ..errors import BadArgument, CorruptRecord, DivergenceError, StoreError, UsageProblem
 from ..identity import keys
 from ..identity.callables import (
     CallableFingerprint,
@@ -86,7 +86,7 @@ def step(step_id: str, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
     __tracebackhide__ = True
     sub_id = keys.validate_sub_id(step_id)
     if not callable(fn):
-        raise TypeError(
+        raise BadArgument(
             f"step({sub_id!r}, fn, ...): fn must be callable, got {type(fn).__name__}; "
             "pass the function itself, not its result"
         )
@@ -127,7 +127,7 @@ def idempotency_key(name: str = "") -> str:
     ``name`` tells apart several effects in one step.
     """
     if not isinstance(name, str):
-        raise TypeError(f"idempotency_key(name): name must be str, got {type(name).__name__}")
+        raise BadArgument(f"idempotency_key(name): name must be str, got {type(name).__name__}")
     session = get_session()
     ctx = session.current
     scope = ctx.key if ctx is not None else RUN_SCOPE

@@ -55,7 +55,7 @@ import ast
 import hashlib
 import re
 
-from ..errors import UsageProblem
+from ..errors import BadArgument, UsageProblem
 from .analysis import CellAnalysis, _parse, analyse, ends_with_semicolon
 from .callables import callable_fingerprint
 from .fingerprint import args_fingerprint, fingerprint, fingerprint_info
@@ -127,7 +127,7 @@ def _shown(value: str) -> str:
 def validate_name(name: str, what: str = "step name") -> str:
     """Return ``name`` if it is a valid step name, else raise :class:`UsageProblem`."""
     if not isinstance(name, str):
-        raise TypeError(f"{what} must be a str, got {type(name).__name__}")
+        raise BadArgument(f"{what} must be a str, got {type(name).__name__}")
     if not _NAME.fullmatch(name):
         raise UsageProblem(f"{what} {_shown(name)} is not allowed: {_NAME_RULE}")
     return name
@@ -146,7 +146,7 @@ def validate_sub_id(sub_id: object) -> str:
     ``TypeError``; a bad str raises :class:`UsageProblem` (a ``ValueError``).
     """
     if not isinstance(sub_id, str):
-        raise TypeError(f"a sub-step id must be a str, got {type(sub_id).__name__}")
+        raise BadArgument(f"a sub-step id must be a str, got {type(sub_id).__name__}")
     if not sub_id:
         raise UsageProblem("a sub-step id must not be empty: pass a non-empty str")
     if len(sub_id) > 512:

@@ -45,7 +45,7 @@ from IPython.core.error import UsageError
 from ..durable import httpsteps
 from ..durable.context import say, warn
 from ..durable.stepper import Replayed, Running
-from ..errors import LeaseHeld, NbdurableError, SettingError, StoreError, UsageProblem
+from ..errors import LeaseHeld, NbdurableError, StoreError, UsageProblem
 from ..identity import stepline
 from ..text import one_line
 from .capture import WIDGET_VIEW_MIME, strip_widget_views
@@ -321,12 +321,14 @@ ONE_LINE = (UsageProblem, StoreError, LeaseHeld)
 def one_line_errors(cell: StepCell) -> Any:
     """A ``set_custom_exc`` handler: :data:`ONE_LINE` errors of a step's body in one line.
 
-    Elsewhere (a plain cell) they show IPython's usual traceback, but for a bad
-    ``nbdurable.configure(...)`` argument (:class:`SettingError`), one line too.
+    Elsewhere (a plain cell) a bad input to nbdurable (a :class:`UsageProblem`:
+    ``step("", fn)``, ``step(123, fn)``, a bad ``configure(...)`` argument) is one
+    line too: its message says what to change, and no frame of nbdurable's
+    helps. A store error there shows IPython's usual traceback.
     """
 
     def handler(shell: Any, etype: type, value: BaseException, tb: Any, tb_offset: Any = None):  # noqa: ANN202
-        if cell.executing() or isinstance(value, SettingError):
+        if cell.executing() or isinstance(value, UsageProblem):
             shell.show_usage_error(UsageError(one_line(value)))
             return []
         stb = shell.InteractiveTB.structured_traceback(etype, value, tb, tb_offset=tb_offset)

@@ -23,7 +23,12 @@ two stdout lines together, as a plain cell shows them.
 The watcher thread is asynchronous: text written to fd 1 just before the cell
 ends may still be in the pipe. :meth:`StreamTap.sync_fd` writes a marker
 through the descriptor and waits (with a deadline) until the watcher has
-forwarded it; the marker itself is cut out before the stream sees it.
+forwarded it; the marker itself is cut out before the stream sees it. The
+watcher also copies each chunk it reads, as raw bytes, to the kernel's own
+terminal (the server's console, nbconvert's log): for a chunk holding the
+marker, that copy goes to a pipe of ours instead, and what it held besides
+the marker is passed on to the terminal, so the marker's control bytes never
+reach a terminal or a log.
 
 :func:`flush_figures` shows what a matplotlib backend would show after the
 cell (its ``post_execute`` hook), so figures drawn without ``plt.show()`` are
@@ -34,7 +39,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -51,10 +58,28 @@ FIGURE_HOOKS = frozenset(
     }
 )
 
-#: What :meth:`StreamTap.sync_fd` writes through a file descriptor. ipykernel
-#: also copies fd output to the kernel's own terminal (the server's console):
-#: there these control characters (NUL, ACK, NAK) show nothing.
+#: What :meth:`StreamTap.sync_fd` writes through a file descriptor: bytes no text
+#: holds, cut out of both the stream and the terminal copy (see the docstring).
 MARKER = "\x00\x06\x15\x06\x15\x00"
+
+#: Per stream, the pipe the watcher's terminal copy of a marker chunk goes to:
+#: ``id(stream) -> (read end, write end)``. Never closed: the watcher may still
+#: hold its write end for a moment after a tap ended.
+_ECHO_PIPES: dict[int, tuple[int, int]] = {}
+_ECHO_PIPES_LOCK = threading.Lock()
+
+
+def _echo_pipe(stream: Any) -> tuple[int, int] | None:
+    with _ECHO_PIPES_LOCK:
+        pipe = _ECHO_PIPES.get(id(stream))
+        if pipe is None:
+            try:
+                pipe = os.pipe()
+                os.set_blocking(pipe[0], False)
+            except OSError:
+                return None
+            _ECHO_PIPES[id(stream)] = pipe
+        return pipe
 
 
 def out_stream(stream: Any) -> Any | None:
@@ -87,6 +112,8 @@ class StreamTap:
         self._wrapped = False  # our write wrapper is in place (fd 1/2 are watched)
         self._fd_identity: tuple[int, int] | None = None  # what the fd pointed at
         self._synced = threading.Event()
+        self._echo_lock = threading.Lock()
+        self._echo_real: int | None = None  # the terminal copy's fd while it is diverted
         self._marker = MARKER
         self._carry = ""  # the start of a marker split between two pipe reads
         self._stack = contextlib.ExitStack()
@@ -118,6 +145,7 @@ class StreamTap:
             self._wrapped = True
 
             def restore() -> None:
+                self._pass_echo()
                 self._wrapped = False
                 if had_own:
                     stream.write = previous
@@ -176,20 +204,82 @@ class StreamTap:
         def write(string: str) -> Any:
             if threading.current_thread() is not watcher or not isinstance(string, str):
                 return original(string)
+            carrying = bool(self._carry)
+            if not carrying:
+                # The chunk before was copied to our pipe: pass it on before this one's.
+                self._pass_echo()
             text, self._carry = self._carry + string, ""
             found = marker in text
+            keep = 0
             if found:
                 text = text.replace(marker, "")
             else:
                 keep = _marker_prefix_at_end(text, marker)
                 if keep:
                     text, self._carry = text[:-keep], text[-keep:]
+            if found or keep:
+                # The watcher copies this chunk's raw bytes to the terminal next: to us
+                # (after a marker's start, the two copies together hold it whole).
+                self._divert_echo()
+            elif carrying:  # that start was text: its copy passes on, this one goes direct
+                self._pass_echo()
             result = original(text) if text else len(string)
             if found:
                 self._synced.set()
             return result
 
         return write
+
+    def _divert_echo(self) -> None:
+        """Point the watcher's terminal copy at our pipe (in the watcher thread)."""
+        pipe = _echo_pipe(self.stream)
+        real = getattr(self.stream, "_original_stdstream_copy", None)
+        if pipe is None or not isinstance(real, int):
+            return
+        with self._echo_lock:
+            if self._echo_real is None:
+                self._echo_real = real
+                self.stream._original_stdstream_copy = pipe[1]
+
+    def _pass_echo(self) -> None:
+        """Point the terminal copy back, and pass on what it held, markers cut out."""
+        with self._echo_lock:
+            real, self._echo_real = self._echo_real, None
+            if real is None:
+                return
+            self.stream._original_stdstream_copy = real
+            pipe = _ECHO_PIPES.get(id(self.stream))
+            data = b""
+            while pipe is not None:
+                try:
+                    chunk = os.read(pipe[0], 1 << 16)
+                except (BlockingIOError, InterruptedError):
+                    break
+                except OSError:
+                    break
+                if not chunk:
+                    break
+                data += chunk
+            data = data.replace(self._marker.encode("ascii"), b"")
+            if data:
+                with contextlib.suppress(OSError):
+                    os.write(real, data)
+
+    def _echo_arrived(self, deadline: float) -> None:
+        """Wait until the watcher copied the marker's chunk to our pipe, then pass it on."""
+        pipe = _ECHO_PIPES.get(id(self.stream))
+        end = time.monotonic() + deadline
+        while pipe is not None and time.monotonic() < end:
+            with self._echo_lock:
+                if self._echo_real is None:
+                    return  # the watcher passed it on already (a chunk came after it)
+            try:
+                ready, _, _ = select.select([pipe[0]], [], [], 0.05)
+            except (OSError, ValueError):
+                break
+            if ready:
+                break
+        self._pass_echo()
 
     def sync_fd(self) -> bool:
         """Wait until what was written to this stream's file descriptor reached the stream.
@@ -210,7 +300,10 @@ class StreamTap:
             os.write(fd, self._marker.encode("ascii"))
         except (OSError, AttributeError, TypeError):
             return True
-        return self._synced.wait(THREAD_DEADLINE)
+        if not self._synced.wait(THREAD_DEADLINE):
+            return False
+        self._echo_arrived(THREAD_DEADLINE)
+        return True
 
 
 def _identity(fd: int) -> tuple[int, int] | None:

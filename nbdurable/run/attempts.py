@@ -56,6 +56,7 @@ from typing import Any
 
 from ..errors import UsageProblem
 from ..identity import locate
+from ..text import clip
 from .notebook import check_path, kernel_log_tail, read_notebook, replay_note, write_atomic
 from .progress import Progress
 from .result import Attempt, CellError, CellOutcome, RunResult
@@ -261,7 +262,11 @@ class _Run:
                 att.kernel_log = "\n".join(p for p in (att.kernel_log, kernel_log_tail(log)) if p)
         self.current = None
         att.seconds = time.perf_counter() - t0
-        att.calls_made = self._made_since(None, att.started)
+        error = self.result.error
+        held = error is not None and error.ename == "LeaseHeld"
+        # Refused by another process's lease, this run recorded nothing: what the store
+        # got meanwhile is that process's.
+        att.calls_made = 0 if held else self._made_since(None, att.started)
         return att
 
     def _stamp(self, cell: Any, cell_index: int) -> None:
@@ -356,7 +361,7 @@ class _Run:
                     key,
                     label or f"cell #{index + 1}",
                     "failed",
-                    what[:200],
+                    clip(what, 200),
                     time.perf_counter() - t0,
                 )
             )
@@ -390,7 +395,13 @@ class _Run:
                 # upstream clear) shows without a kernel; inputs are judged inside it.
                 out.outcome = "invalidated"
                 known = before is not None and before.state in ("invalidated", "pinned")
-                out.detail = (before.detail if known else "") or "its code or inputs changed"
+                if not known:  # the kernel judged what no view could: ask it what it was
+                    said = await self._savings(client)
+                    reasons = (said or {}).get("reasons") or {}
+                    out.detail = str(reasons.get(key) or "")
+                out.detail = (
+                    before.detail if known else out.detail
+                ) or "its code or inputs changed"
         att.cells.append(out)
         self.progress.cell_done(out)
 
@@ -531,7 +542,8 @@ def run_notebook(
         raise UsageProblem(f"--cwd {workdir} is not a directory; give an existing directory")
     out = Path(output).expanduser().absolute() if output is not None else None
     if out is not None and not out.parent.is_dir():
-        raise UsageProblem(f"cannot write {out}: its directory {out.parent} does not exist")
+        what = "is not a directory" if out.parent.exists() else "does not exist"
+        raise UsageProblem(f"cannot write {out}: {out.parent} {what}; give another -o path")
     run = _Run(
         path,
         output=out,
