@@ -56,6 +56,36 @@ class Settings:
     http: bool = True
     keep_versions: int = KEEP_VERSIONS
 
+    def __repr__(self) -> str:
+        # A store URL's password never shows: this repr is printed, and a step that
+        # shows its settings records what it printed.
+        shown = {f.name: getattr(self, f.name) for f in fields(self)}
+        if isinstance(self.store, str):
+            shown["store"] = masked_url(self.store)
+        return f"Settings({', '.join(f'{k}={v!r}' for k, v in shown.items())})"
+
+
+def masked_url(url: str) -> str:
+    """``url`` with its password (in the user part or a ``password=`` parameter) as ``***``."""
+    from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+    try:
+        parts = urlsplit(url)
+        netloc = parts.netloc
+        if parts.password is not None:
+            userinfo, _, hostport = netloc.rpartition("@")
+            netloc = f"{userinfo.split(':', 1)[0]}:***@{hostport}"
+        query = parts.query
+        pairs = parse_qsl(query, keep_blank_values=True)
+        if any(k.lower() in ("password", "passwd") for k, _ in pairs):
+            query = urlencode(
+                [(k, "***" if k.lower() in ("password", "passwd") else v) for k, v in pairs],
+                safe="*",
+            )
+        return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+    except ValueError:  # not a URL after all (a path with odd characters)
+        return url
+
 
 _settings = Settings()
 

@@ -551,3 +551,16 @@ def test_a_record_racing_a_slow_takeover_lands_before_it_or_not_at_all(pg_url, t
     else:
         assert outcome == ["written"] and a_store.get("r/x/step")[0] == {"by": "a"}
     a_store.close()
+
+
+@pytest.mark.parametrize(
+    "query", ["connect_timeout=abc", "connect_timeout=0", "chunk_size=-1", "namespace=Bad-Name"]
+)
+def test_a_bad_url_parameter_is_one_line(query):
+    """Refused before any connection is tried, naming the parameter, never a traceback."""
+    from nbdurable.store._pg import parse_url
+
+    with pytest.raises(StoreError) as err:
+        parse_url(f"postgresql://me:s3cret@127.0.0.1:1/test?{query}")
+    said = str(err.value)
+    assert query.split("=")[0] in said and "\n" not in said and "s3cret" not in said, said

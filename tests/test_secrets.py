@@ -143,3 +143,12 @@ def test_literal_keys_are_never_written(tmp_path):
         data = _store_bytes(store)
         for key in LITERAL.values():
             assert key.encode() not in data
+
+
+def test_settings_never_show_a_store_password():
+    """``configure()`` returns its Settings, which a notebook prints (and a step records)."""
+    from nbdurable.config import Settings
+
+    shown = repr(Settings(store="postgresql://me:s3cret@db:5432/team?namespace=a&password=p4ss"))
+    assert "s3cret" not in shown and "p4ss" not in shown, shown
+    assert "postgresql://me:***@db:5432/team?namespace=a&password=***" in shown, shown

@@ -85,12 +85,18 @@ class Holder:
         return f"process {self.pid} on {self.host}{what}, since {since}"
 
 
-def _start_time(pid: int) -> str:
+def _proc_stat(pid: int) -> tuple[str, str]:
+    """``(state, start time)`` of a process from ``/proc`` (``("", "")`` where unknown)."""
     try:
         with open(f"/proc/{pid}/stat", encoding="ascii") as f:
-            return f.read().rsplit(")", 1)[1].split()[19]
+            fields = f.read().rsplit(")", 1)[1].split()
+        return fields[0], fields[19]
     except (OSError, IndexError):
-        return ""
+        return "", ""
+
+
+def _start_time(pid: int) -> str:
+    return _proc_stat(pid)[1]
 
 
 def _alive(holder: Holder, now: float) -> bool:
@@ -101,8 +107,13 @@ def _alive(holder: Holder, now: float) -> bool:
     except ProcessLookupError:
         return False
     except PermissionError:  # exists, owned by someone else
-        return True
-    return not holder.started or _start_time(holder.pid) == holder.started
+        pass
+    state, started = _proc_stat(holder.pid)
+    # A killed kernel its parent has not reaped yet is a zombie: signals reach its pid,
+    # but it records nothing any more.
+    if state in ("Z", "X", "x"):
+        return False
+    return not holder.started or not started or started == holder.started
 
 
 def lease_key(run_id: str) -> str:

@@ -57,6 +57,8 @@ def parse_url(url: str) -> Target:
     rest = [(k, v) for k, v in query if k not in _OURS]
     if "connect_timeout" not in params:
         rest.append(("connect_timeout", "10"))
+    else:  # libpq's own parameter, which nbdurable also waits by: a whole number of seconds
+        _positive(params, "connect_timeout", 10, where)
     options = {"options": f"-c statement_timeout={int(timeout * 1000)}"}
     if "client_encoding" not in params:
         # What Prepared sends text parameters in and reads errors back in.

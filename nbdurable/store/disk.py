@@ -32,6 +32,7 @@ from ..text import one_line
 from . import blobs, codec, layout
 from ._diskcache import DBNAME, INLINE_MAX, MODE_BINARY, MODE_RAW, VALUE_FILE, Rows
 from .base import Fence, Store
+from .ownership import check_private
 
 # The files of the cache directory that no record points to.
 _DB_FILES = frozenset({DBNAME, DBNAME + "-wal", DBNAME + "-shm"})
@@ -100,6 +101,10 @@ class DiskStore(Store):
             self.path.mkdir(mode=0o700, parents=True, exist_ok=True)
             if created:
                 os.chmod(self.path, 0o700)
+            # Whose it is, before its key is read (see .ownership).
+            check_private(self.path, "directory")
+            check_private(self.path / "key", "key file")
+            check_private(self.cache_dir, "database folder")
             secret = codec.load_secret(self.path)
             self.cache_dir.mkdir(mode=0o700, exist_ok=True)
             self._rows = Rows(str(self.cache_dir), self._durability)
@@ -281,7 +286,12 @@ class DiskStore(Store):
             db = self._db
             self._ensure_same("recorded for this write")
             filename, full_path = db.new_value_file()
-            os.makedirs(os.path.dirname(full_path), exist_ok=True)
+            # diskcache's two levels of subfolders, private as the store is (makedirs'
+            # mode reaches the last folder only)
+            folder = os.path.dirname(full_path)
+            for part in (os.path.dirname(folder), folder):
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(part, 0o700)
             key, committed = "", False
             try:
                 fd = os.open(full_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
