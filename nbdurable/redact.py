@@ -10,8 +10,12 @@ and the environment variable, never the secret itself.
 
 Keys typed literally into a notebook (``client = OpenAI(api_key="sk-...")``)
 are found by their well-known formats (OpenAI, Anthropic, AWS, GitHub,
-Google: :data:`KEY_FORMATS`), wherever nbdurable writes: a value holding one
-is not written, like an environment secret; outputs and a step's source
+Google, Slack, Stripe, JWTs: :data:`KEY_FORMATS`) after any delimiter
+(``api_key=sk-...``, ``.../v1?key=AIza...``) and inside a pickle (after a
+string's or bytes' opcode and length), and credentials by what stands before
+them (an ``Authorization`` scheme's token, a URL's password, a URL's ``key``,
+``token`` or ``password`` parameter), wherever nbdurable writes: a value holding
+one is not written, like an environment secret; outputs and a step's source
 have it replaced by ``[redacted openai key]``. Such a finding is named
 ``"openai key"`` (a kind and `` key``) where an environment secret is named
 by its variable; :func:`said` words a list of both for a warning.
@@ -95,6 +99,10 @@ def redact_text(text: str, secrets: dict[str, bytes] | None = None) -> tuple[str
 # base64 (standard and URL-safe) runs.
 _EDGE_BEFORE = r"(?<![A-Za-z0-9_+/=-])"
 _EDGE_AFTER = r"(?![A-Za-z0-9_+/=-])"
+# Before a key, ``=`` and ``/`` are also a delimiter (``api_key=sk-...``,
+# ``.../v1?key=AIza...``), where a base64 run would have to hold a whole key
+# by chance to match.
+_EDGE_BEFORE_KEY = r"(?<![A-Za-z0-9_+-])"
 
 #: ``kind: pattern`` (as text); order matters where one prefix contains another.
 KEY_FORMATS: dict[str, str] = {
@@ -104,6 +112,22 @@ KEY_FORMATS: dict[str, str] = {
     "aws": r"(?:AKIA|ASIA|ABIA|ACCA)[A-Z0-9]{16}",
     "github": r"(?:gh[pousr]_[A-Za-z0-9]{36,}|github_pat_[A-Za-z0-9_]{22,})",
     "google": r"AIza[0-9A-Za-z_-]{35}",
+    "slack": r"xox[abposr]-(?=[A-Za-z-]*[0-9])[A-Za-z0-9-]{10,}",
+    "stripe": r"(?:sk|rk)_(?:live|test)_[A-Za-z0-9]{16,}",
+    "jwt": r"eyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}",
+}
+#: Credentials known by what stands before them, in any format: an
+#: ``Authorization`` scheme's token, a URL's password, a URL's key, token or
+#: password parameter. Taken only where no key format matched.
+_LABELLED = {
+    "credential": (
+        # (a digit is required: "a basic internationalization guide" is prose)
+        r"(?i:(?<![A-Za-z0-9_])(?:bearer|basic|token))[ \t]+"
+        r"(?P<secret>(?=[A-Za-z._~+/-]*[0-9])[A-Za-z0-9._~+/-]{16,}=*)",
+        r"://[^/\s:@]{1,64}:(?P<secret>[^/\s@]{3,})@",
+        r"[?&;](?i:api[_-]?key|key|token|access[_-]?token|auth|password|passwd|pwd|secret)"
+        r"=(?P<secret>[^&\s#\"';]{8,})",
+    ),
 }
 # An AWS secret key has no prefix: 40 characters of base64. It is taken only
 # after its usual label, or within a few lines after an access key id.
@@ -115,22 +139,31 @@ _AWS_SECRET_NEAR = _EDGE_BEFORE + r"[A-Za-z0-9/+]{40}" + _EDGE_AFTER
 _NEAR = 300  # characters after an access key id in which a bare secret key is taken
 
 
-# In bytes, a key may also follow a pickled short string's opcode and length
-# byte (``\x8c`` and one byte, which may well be a letter: 0x2b is "+"), which is
-# how a pickled ``str`` of under 256 bytes begins.
-_EDGE_BEFORE_BYTES = r"(?:(?<![A-Za-z0-9_+/=-])|(?<=\x8c[\x00-\xff]))"
+# In bytes, a key may also follow a pickle opcode and its length: a short
+# string's (``\x8c`` and one byte, which may well be a letter: 0x2b is "+"),
+# short bytes' (``C`` and one byte: a 51-byte key's is "3"), a longer string's
+# or bytes' (``X`` or ``B`` and four bytes).
+_PICKLED = r"|(?<=\x8c[\x00-\xff])|(?<=C[\x00-\xff])|(?<=[XB][\x00-\xff]{4})"
+_EDGE_BEFORE_BYTES = r"(?:(?<![A-Za-z0-9_+/=-])" + _PICKLED + ")"
+_EDGE_BEFORE_KEY_BYTES = r"(?:(?<![A-Za-z0-9_+-])" + _PICKLED + ")"
 
 
 def _compile(pattern: str) -> tuple[re.Pattern[str], re.Pattern[bytes]]:
-    as_bytes = pattern.replace(_EDGE_BEFORE, _EDGE_BEFORE_BYTES).encode("latin-1")
+    as_bytes = (
+        pattern.replace(_EDGE_BEFORE_KEY, _EDGE_BEFORE_KEY_BYTES)
+        .replace(_EDGE_BEFORE, _EDGE_BEFORE_BYTES)
+        .encode("latin-1")
+    )
     return re.compile(pattern), re.compile(as_bytes)
 
 
 _KEYS = {
-    kind: _compile(_EDGE_BEFORE + pattern + _EDGE_AFTER) for kind, pattern in KEY_FORMATS.items()
+    kind: _compile(_EDGE_BEFORE_KEY + pattern + _EDGE_AFTER)
+    for kind, pattern in KEY_FORMATS.items()
 }
 _AWS_LABELLED = _compile(_AWS_SECRET_LABELLED)
 _AWS_NEAR = _compile(_AWS_SECRET_NEAR)
+_LABELLED_RE = {kind: [_compile(p) for p in patterns] for kind, patterns in _LABELLED.items()}
 
 
 def _spans_in(data: Any) -> list[tuple[int, int, str]]:
@@ -147,13 +180,22 @@ def _spans_in(data: Any) -> list[tuple[int, int, str]]:
             if m.start() > end + _NEAR:
                 break
             spans.append((m.start(), m.end(), "aws"))
+    for kind, patterns in _LABELLED_RE.items():
+        for pattern in patterns:
+            for m in pattern[which].finditer(data):
+                a, b = m.start("secret"), m.end("secret")
+                if not any(s < b and a < e for s, e, _ in spans):  # a key format said it
+                    spans.append((a, b, kind))
     return spans
 
 
 #: What every key format (or the AWS secret's label) holds: the patterns run only
 #: in windows around these, so a large value without any costs a few ``find`` calls.
 _HINTS = ("sk-", "AKIA", "ASIA", "ABIA", "ACCA", "ghp_", "gho_", "ghu_", "ghs_", "ghr_",
-          "github_pat_", "AIza", "ecret", "ECRET")  # fmt: skip
+          "github_pat_", "AIza", "ecret", "ECRET", "xox", "_live_", "_test_", "eyJ",
+          "earer", "EARER", "asic", "ASIC", "oken ", "OKEN ", "://", "key=", "KEY=",
+          "oken=", "OKEN=", "auth=", "AUTH=", "assword=", "ASSWORD=", "passwd=",
+          "PASSWD=", "pwd=", "PWD=", "ecret=", "ECRET=")  # fmt: skip
 _HINTS_B = tuple(h.encode() for h in _HINTS)
 #: A window reaches this far before a hint (a label's start) and after it (the
 #: longest key, or an AWS id, the gap to its secret key and that key).

@@ -286,3 +286,41 @@ def test_a_key_in_a_response_body_is_masked(monkeypatch):
         chunks = list(client.chat.completions.create(model="m", messages=ask, stream=True))
     assert "[redacted openai key]" in reply.choices[0].message.content
     assert len(chunks) > 2
+
+
+def test_a_key_a_server_echoes_in_a_response_header_is_masked(monkeypatch):
+    """A server that echoes the request's credentials in a header of its own."""
+    import http.server
+    import threading
+
+    key = "sk-" + "proj-" + "Z9x8C7v6B5n4M3l2K1j0H9g8F7d6"
+    secret = "env-secret-value-67890"
+    monkeypatch.setenv("SERVICE_TOKEN", secret)
+
+    class Echo(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802
+            self.send_response(200)
+            self.send_header("X-Echo-Auth", self.headers.get("Authorization", ""))
+            self.send_header("X-Echo-Token", secret)
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"ok")
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Echo)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    recorded: list[Exchange] = []
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/whoami"
+        with HTTPSession(on_record=recorded.append):
+            got = httpx.get(url, headers={"Authorization": f"Bearer {key}"})
+        assert got.headers["X-Echo-Auth"] == f"Bearer {key}"  # the live response, as sent
+    finally:
+        server.shutdown()
+        server.server_close()
+    (ex,) = recorded
+    kept = dict(ex.headers)
+    assert key not in kept["X-Echo-Auth"] and secret not in kept["X-Echo-Token"], kept
+    assert set(ex.redacted) == {"openai", "$SERVICE_TOKEN"}, ex.redacted

@@ -113,3 +113,67 @@ def test_a_variable_naming_a_place_is_not_a_secret():
         "GITHUB_TOKEN": "ghp_0123456789abcdef",
     }
     assert sorted(secrets_in_env(env)) == ["GITHUB_TOKEN", "OPENAI_API_KEY"]
+
+
+SLACK = "xoxb-" + "123456789012-" + "AbCdEfGhIjKlMnOp"
+STRIPE = "sk_" + "live_" + "4eC39HqLyjWDarjtT1zdp7dc"
+JWT = (
+    "eyJhbGciOiJIUzI1NiJ9" + ".eyJzdWIiOiIxMjM0NTY3ODkwIn0" + ".dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFU"
+)
+
+
+@pytest.mark.parametrize(("kind", "key"), [("slack", SLACK), ("stripe", STRIPE), ("jwt", JWT)])
+def test_more_formats(kind, key):
+    assert find_keys(f"x = '{key}'") == [kind]
+    assert key not in redact_keys(f"{key}\n")[0]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        f"api_key={OPENAI}",
+        f"OPENAI_API_KEY={OPENAI}",
+        f"id={AWS_ID}",
+        f"https://api.example.com/v1?api_key={OPENAI}&x=1",
+        f"https://api.example.com/v1/{GOOGLE}",
+    ],
+)
+def test_a_key_after_an_equals_sign_or_a_slash_is_found(text):
+    out, kinds = redact_keys(text)
+    assert kinds and not any(k in out for k in (OPENAI, AWS_ID, GOOGLE)), out
+
+
+@pytest.mark.parametrize("n", [40, 51, 80, 255, 256, 300])
+def test_a_key_in_pickled_bytes_of_any_length_is_found(n):
+    key = (OPENAI * 10)[:n]
+    for value in (key.encode(), key):
+        raw = pickle.dumps(value)
+        assert find_keys(raw) == ["openai"], (n, raw[:12])
+
+
+@pytest.mark.parametrize(
+    ("text", "secret"),
+    [
+        ("Authorization: Bearer abcdef0123456789xyz", "abcdef0123456789xyz"),
+        ("Authorization: Basic dXNlcjpwYXNzd29yZDEyMw==", "dXNlcjpwYXNzd29yZDEyMw=="),
+        ("postgresql://me:s3cret-pw@db.example.com/team", "s3cret-pw"),
+        ("https://x.example.com/feed?token=abcd1234efgh&page=2", "abcd1234efgh"),
+        ("https://x.example.com/?password=hunter2hunter2", "hunter2hunter2"),
+    ],
+)
+def test_credentials_known_by_their_label(text, secret):
+    out, kinds = redact_keys(text)
+    assert kinds == ["credential"] and secret not in out, out
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "a basic internationalization guide",
+        "max_tokens=1024, tokens used: 1234567890123456",
+        "see https://example.com/path?page=2 and https://example.com:8080/a",
+        "the token limit is 4096",
+    ],
+)
+def test_prose_and_ordinary_urls_do_not_fire(text):
+    assert redact_keys(text) == (text, [])

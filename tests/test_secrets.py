@@ -152,3 +152,42 @@ def test_settings_never_show_a_store_password():
     shown = repr(Settings(store="postgresql://me:s3cret@db:5432/team?namespace=a&password=p4ss"))
     assert "s3cret" not in shown and "p4ss" not in shown, shown
     assert "postgresql://me:***@db:5432/team?namespace=a&password=***" in shown, shown
+
+
+WRITE_PATHS = [
+    "%load_ext nbdurable\nimport os\nfrom nbdurable import step\nKEY = os.environ['LEAKED']",
+    # after '=' in printed output and in a URL the step prints
+    "%%step prints\nprint('api_key=' + KEY)\nprint('https://api.example.com/v1?api_key=' + KEY)",
+    # bytes of a length whose pickle puts a letter or digit just before the key
+    "%%step raw\nblob51 = KEY.encode()[:51]\nblob80 = (KEY * 2).encode()[:80]",
+    # a sub-step id holding the key: refused in one line, nothing recorded under it
+    "%%step ids\nstep(f'ask:{KEY}', len, 'x')",
+    # a failure whose message holds the key across the 500th character
+    "%%step fails\nraise RuntimeError('x' * 480 + ' auth failed for key ' + KEY)",
+]
+
+
+def test_a_literal_key_leaks_through_no_write_path(tmp_path, capsys, monkeypatch):
+    from nbdurable import cli
+
+    key = "sk-" + "proj-" + "Lk9Jh8Gf7Ds6Aq5Wz4Xc3Vb2Nm1" * 3
+    store = tmp_path / "store"
+    env = {"NBDURABLE_DIR": str(store), "NBDURABLE_NOTEBOOK": str(tmp_path / "nb.ipynb"),
+           "LEAKED": key}  # fmt: skip
+    nb = make_notebook(WRITE_PATHS)
+    import nbformat
+
+    nbformat.write(nb, tmp_path / "nb.ipynb")
+    out = run_notebook(nb, cwd=tmp_path, env=env, allow_errors=True)
+    refused = stream_text(outputs_of(out, 3), "stderr")
+    assert refused.startswith("UsageError: a sub-step id holds a literal openai key"), refused
+    assert key not in refused
+    assert key.encode() not in _store_bytes(store) and key[:30].encode() not in _store_bytes(store)
+    monkeypatch.setenv("NBDURABLE_DIR", str(store))
+    monkeypatch.delenv("NBDURABLE_NOTEBOOK", raising=False)
+    for argv in (["status", str(tmp_path / "nb.ipynb"), "--json"],
+                 ["export", str(tmp_path / "nb.ipynb"), "--values"]):  # fmt: skip
+        assert cli.main(argv) == 0
+        said = capsys.readouterr().out
+        assert key[:30] not in said, argv
+    assert "[redacted openai key]" in said  # the failure, as export shows it

@@ -25,7 +25,8 @@ in any order without being taken for different ones.
 
 Credentials are never stored: request headers are not kept at all (they
 are not part of the key either: SDKs put retry counts and timeouts there),
-response headers lose ``set-cookie`` and every credential header, the
+response headers lose ``set-cookie`` and every credential header and have
+keys and secrets in the others masked, the
 URL's credential-looking query values and well-known key formats are masked
 (in the key too, which is computed the same way on both sides), and a
 response body that shows a key or an environment secret has it masked to
@@ -125,14 +126,22 @@ def safe_url(url: str) -> str:
     return redact_keys(urlunsplit(parts))[0]
 
 
-def _safe_headers(items: Iterable[tuple[Any, Any]]) -> tuple[tuple[str, str], ...]:
-    out = []
+def _safe_headers(
+    items: Iterable[tuple[Any, Any]],
+) -> tuple[tuple[tuple[str, str], ...], tuple[str, ...]]:
+    """The response headers to keep, keys and secrets in their values masked (a server
+    echoing the request's ``Authorization`` in ``X-Echo-Auth``), and what was masked.
+    """
+    out, found = [], []
     for k, v in items:
         k = k.decode("latin-1") if isinstance(k, bytes) else str(k)
         v = v.decode("latin-1") if isinstance(v, bytes) else str(v)
-        if k.lower() not in DROPPED_HEADERS:
-            out.append((k, v))
-    return tuple(out)
+        if k.lower() in DROPPED_HEADERS:
+            continue
+        masked, kinds = _mask(v.encode("latin-1", "replace"))
+        found += kinds
+        out.append((k, masked.decode("latin-1") if kinds else v))
+    return tuple(out), tuple(found)
 
 
 def _mask(body: bytes) -> tuple[bytes, tuple[str, ...]]:
@@ -222,7 +231,9 @@ class HTTPSession:
             return
         method, url, fp = key
         body, found = _mask(body)
-        ex = Exchange(ordinal, method, url, fp, status, _safe_headers(headers), body, found)
+        kept, in_headers = _safe_headers(headers)
+        found = tuple(dict.fromkeys(found + in_headers))  # each named once
+        ex = Exchange(ordinal, method, url, fp, status, kept, body, found)
         with self._lock:
             self.exchanges.append(ex)
             self.exchanges.sort(key=lambda e: e.ordinal)

@@ -30,6 +30,7 @@ from ..identity import keys, localcode, verdict
 from ..identity.analysis import literal_key
 from ..store import sharing, spill, values, versions
 from ..store.records import StepRecord, StepState
+from ..text import clip
 from ..text import seconds as seconds_text
 from ..text import tokens as tokens_text
 from . import envreads, fileio, httpsteps, recording
@@ -550,8 +551,9 @@ class StepRunner:
     def _record_failure(
         self, key: str, label: str, position: int | None, state: StepState, exc: BaseException
     ) -> None:
-        what = (f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)[:500]
-        what = redact.redact_text(what)[0]
+        what = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        # Redacted whole, then cut: a secret across the cut must not leave its first part.
+        what = clip(redact.redact_keys(redact.redact_text(what)[0])[0], 500)
         self.unloadable.pop(key, None)
         self.session.status[key] = ("failed", what)
         if isinstance(exc, LeaseLost):  # the run is another process's now: nothing to note

@@ -55,6 +55,7 @@ import ast
 import hashlib
 import re
 
+from .. import redact
 from ..errors import BadArgument, UsageProblem
 from .analysis import CellAnalysis, _parse, analyse, ends_with_semicolon
 from .callables import callable_fingerprint
@@ -124,10 +125,25 @@ def _shown(value: str) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
+def refuse_secret(text: str, what: str) -> None:
+    """Raise :class:`UsageProblem` if ``text`` (a name or id, which becomes part of a
+    record's key and header, never redacted there) holds a key or an environment
+    secret; the message names what, never the text.
+    """
+    found = redact.key_names(text)
+    found += [n for n, v in redact.secrets_in_env().items() if v.decode("utf-8", "replace") in text]
+    if found:
+        raise UsageProblem(
+            f"{what} holds {redact.said(found)}: it would be stored as part of the record's "
+            "key; use a name without it (an index, a hash of the prompt)"
+        )
+
+
 def validate_name(name: str, what: str = "step name") -> str:
     """Return ``name`` if it is a valid step name, else raise :class:`UsageProblem`."""
     if not isinstance(name, str):
         raise BadArgument(f"{what} must be a str, got {type(name).__name__}")
+    refuse_secret(name, f"a {what}")
     if not _NAME.fullmatch(name):
         raise UsageProblem(f"{what} {_shown(name)} is not allowed: {_NAME_RULE}")
     return name
@@ -149,6 +165,7 @@ def validate_sub_id(sub_id: object) -> str:
         raise BadArgument(f"a sub-step id must be a str, got {type(sub_id).__name__}")
     if not sub_id:
         raise UsageProblem("a sub-step id must not be empty: pass a non-empty str")
+    refuse_secret(sub_id, "a sub-step id")
     if len(sub_id) > 512:
         raise UsageProblem(
             f"sub-step id {_shown(sub_id)} has {len(sub_id)} characters: at most 512 are allowed"
