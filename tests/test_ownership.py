@@ -106,3 +106,16 @@ def test_a_zombie_lease_holder_is_not_alive():
         assert not _alive(Holder(host(), os.getpid(), "1", "t", now, now), now)
     finally:
         child.wait()
+
+
+def test_a_missing_key_file_of_a_store_with_records_is_an_error_not_a_new_key(tmp_path):
+    path = _recorded(tmp_path)
+    (path / "key").unlink()
+    with pytest.raises(StoreError, match=r"the store key file .*key is missing, and the store"):
+        open_store(path)
+    assert not (path / "key").exists(), "a new key was made"
+    # A directory with no database yet makes its key, as a new store does.
+    fresh = tmp_path / "fresh"
+    fresh.mkdir(mode=0o700)
+    open_store(fresh).close()
+    assert (fresh / "key").exists()

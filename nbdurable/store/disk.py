@@ -105,9 +105,21 @@ class DiskStore(Store):
             check_private(self.path, "directory")
             check_private(self.path / "key", "key file")
             check_private(self.cache_dir, "database folder")
-            secret = codec.load_secret(self.path)
+            had_rows = (self.cache_dir / DBNAME).exists()
             self.cache_dir.mkdir(mode=0o700, exist_ok=True)
             self._rows = Rows(str(self.cache_dir), self._durability)
+            key_file = self.path / "key"
+            if had_rows and not os.environ.get("NBDURABLE_KEY") and not key_file.exists():
+                if self._rows.stats("", "\uffff")[0]:  # its format record is signed too
+                    # A new key would take every record for a forgery ("another key").
+                    self._rows.close()
+                    self._rows = None
+                    raise StoreError(
+                        f"the store key file {key_file} is missing, and the store holds "
+                        "records signed with it: restore the file (or set NBDURABLE_KEY to "
+                        "the key), or move the store aside to start afresh"
+                    )
+            secret = codec.load_secret(self.path)
             self._db_file = os.path.join(self.cache_dir, DBNAME)  # a str: stat() per write
             st = os.stat(self._db_file)
             self._identity = (st.st_dev, st.st_ino)
