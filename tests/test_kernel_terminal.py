@@ -29,7 +29,8 @@ STEP = (
 
 
 def test_no_control_bytes_reach_the_kernels_terminal(tmp_path):
-    log_path = tmp_path / "kernel.log"
+    # Apart, so the two descriptors' copies cannot interleave in one file.
+    out_path, err_path = tmp_path / "kernel.out", tmp_path / "kernel.err"
     env = {**os.environ, "NBDURABLE_DIR": str(tmp_path / "store"), "JPY_SESSION_NAME": ""}
     env["PYTHONPATH"] = str(REPO_ROOT)
     env.pop("PYTEST_CURRENT_TEST", None)  # with it, ipykernel does not watch fd 1 and 2
@@ -39,9 +40,9 @@ def test_no_control_bytes_reach_the_kernels_terminal(tmp_path):
         if msg["msg_type"] == "stream":
             shown.append(msg["content"]["text"])
 
-    with private_sockets() as sockets, open(log_path, "wb") as log:
+    with private_sockets() as sockets, open(out_path, "wb") as out, open(err_path, "wb") as err:
         km = KernelManager(kernel_name=kernel_name(), **sockets)
-        km.start_kernel(cwd=str(tmp_path), env=env, stdout=log, stderr=log)
+        km.start_kernel(cwd=str(tmp_path), env=env, stdout=out, stderr=err)
         kc = km.client()
         kc.start_channels()
         try:
@@ -56,10 +57,11 @@ def test_no_control_bytes_reach_the_kernels_terminal(tmp_path):
         finally:
             kc.stop_channels()
             km.shutdown_kernel(now=True)
-    terminal = log_path.read_bytes()
+    stdout, stderr = out_path.read_bytes(), err_path.read_bytes()
+    terminal = stdout + stderr
     # The copy still reaches the terminal: what the step wrote through its descriptors.
-    assert b"from-system" in terminal and b"to-fd-2" in terminal, terminal[-2000:]
-    assert terminal.count(b"x" * 70000) == 1, "the long line, copied once (the replay: not)"
+    assert b"from-system" in stdout and b"to-fd-2" in stderr, (stdout[-500:], stderr[-2000:])
+    assert stdout.count(b"x" * 70000) == 1, "the long line, copied once (the replay: not)"
     controls = re.findall(rb"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]", terminal)
     assert not controls, f"control bytes in the kernel's terminal: {sorted(set(controls))}"
     # ... and the frontend got the text, without them either.
