@@ -587,6 +587,33 @@ def test_a_save_shows_without_running_a_cell(every_state):
     assert not p._watcher.is_alive()
 
 
+def test_a_kernel_that_lost_its_lease_says_so_in_the_panel_header(session):
+    """Another kernel took the run over: the step is refused in one line, and the panel's
+    header says this kernel stopped recording and what brings it back, until it does."""
+    from nbdurable.durable import lease
+    from nbdurable.errors import LeaseHeld
+
+    write_notebook(session.notebook, {"a": "a = 1", "b": "b = 2"})
+    p = StepPanel(session, interval=0.05)
+    other = lease.Lease(session.store, RUN, "another kernel")
+    try:
+        session.steps.run_step("a = 1", name="a")
+        assert "not recording" not in p.header.value
+        other.acquire(takeover=True)
+        with pytest.raises(LeaseHeld, match="taken over"):
+            session.steps.run_step("b = 2", name="b")
+        wait_for(lambda: "not recording" in p.header.value, msg=lambda: p.header.value)
+        assert "Run `%step takeover` to take it back" in p.header.value
+        assert "not recording: run" in p.text()
+        commands.take_over(session)  # `%step takeover`
+        wait_for(lambda: "not recording" not in p.header.value, msg=lambda: p.header.value)
+        session.steps.run_step("b = 2", name="b")  # records again
+        wait_for(lambda: states(p).get("b") == "recorded", msg=lambda: states(p))
+    finally:
+        other._stop.set()
+        p.close()
+
+
 def test_another_process_pin_and_clear_show_by_themselves(every_state, request):
     """The CLI, on its own handle to the store, pins and clears: no event reaches this
     kernel, yet the panel shows each change (it reads the run's change mark)."""

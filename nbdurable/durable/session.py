@@ -48,6 +48,9 @@ class Session:
         self.nbfile: locate.NotebookFile | None = None
         self.current: StepContext | None = None
         self.status: dict[str, tuple[str, str]] = {}  # step key -> (state, detail)
+        #: why this kernel stopped recording into its run (another process took the
+        #: run's lease), with the one action that fixes it; None while it records
+        self.lost: str | None = None
         #: step key -> why its record did not replay when it last ran here (see summary)
         self.reasons: dict[str, str] = {}
         self.saved = Savings()
@@ -223,9 +226,11 @@ class Session:
             self._lease = None
             who = lease.read(self.store, run)
             raise LeaseHeld(
-                f"run {run!r} was taken over by "
-                f"{who.describe() if who else 'another process'}; this kernel stopped "
-                "recording into it. Run `%step takeover` to take it back."
+                self._lose(
+                    f"run {run!r} was taken over by "
+                    f"{who.describe() if who else 'another process'}; this kernel stopped "
+                    "recording into it. Run `%step takeover` to take it back."
+                )
             )
         if held is not None:
             held.release()
@@ -235,6 +240,9 @@ class Session:
         mine.generation = self.store.generation
         self._lease = mine
         self._lease_seen = time.monotonic()
+        if self.lost is not None:  # recording again (`%step takeover`): the views say so
+            self.lost = None
+            events.emit("run-changed", run, None)
         if not self._atexit:
             self._atexit = True
             atexit.register(self.release)
@@ -264,11 +272,19 @@ class Session:
             held._stop.set()  # its heartbeat would only find the lease gone
             who = lease.read(self.store, held.run_id)
             raise LeaseLost(
-                f"run {held.run_id!r} was taken over by "
-                f"{who.describe() if who else 'another process, since gone,'} while this "
-                "kernel recorded it: this record was NOT written and this kernel stopped "
-                "recording into the run. Run `%step takeover` to take it back."
+                self._lose(
+                    f"run {held.run_id!r} was taken over by "
+                    f"{who.describe() if who else 'another process, since gone,'} while this "
+                    "kernel recorded it: this record was NOT written and this kernel stopped "
+                    "recording into the run. Run `%step takeover` to take it back."
+                )
             ) from None
+
+    def _lose(self, message: str) -> str:
+        """Note that this kernel lost its run's lease (the panel's header says it)."""
+        self.lost = message
+        events.emit("run-changed", self.run_id, None)
+        return message
 
     def release(self) -> None:
         """Give back the run's lease, if held."""

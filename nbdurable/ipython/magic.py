@@ -80,6 +80,8 @@ class StepMagics(Magics):
             with session.lock:
                 spared = session.saved.line(config.get().prices)
             print(f"run {session.run_id!r} in {session.store.path} — {spared}")
+            if session.lost:
+                print(f"not recording: {session.lost}")
             print(status.format_table(infos) if infos else "no steps recorded yet")
         elif cmd == "clear":
             if rest == ["--all"]:

@@ -354,12 +354,20 @@ class StepPanel(widgets.VBox):
         totals, spared = self._summary()
         path, nb = self.session.store.path, self.session.notebook
         grey = f"color:{_GREY}"
+        lost = self.session.lost
+        stopped = (
+            f'<div class="nbd-lost" style="color:var(--jp-error-color1, #d32f2f)">'
+            f"⚠ not recording: {_e(lost)}</div>"
+            if lost
+            else ""
+        )
         value = (
             f'<div class="nbd-header" style="line-height:1.5">'
             f"<b>nbdurable</b> run <code>{_e(self._run_id)}</code> "
             f'<span style="{grey}" title="{_attr(str(path))}">in {_e(_place(path, nb))}</span><br>'
             f'<span class="nbd-totals">{totals}</span>'
-            f' <span style="{grey}">— <span class="nbd-saved">{_e(spared)}</span></span></div>'
+            f' <span style="{grey}">— <span class="nbd-saved">{_e(spared)}</span></span>'
+            f"{stopped}</div>"
         )
         if value != self.header.value:
             self.header.value = value
@@ -368,9 +376,10 @@ class StepPanel(widgets.VBox):
         """The panel as plain text: the run, its totals, and the ``%step list`` table."""
         totals, spared = self._summary()
         table = status.format_table(self.infos) if self.infos else "no steps recorded yet"
+        lost = f"not recording: {self.session.lost}\n" if self.session.lost else ""
         return (
             f"nbdurable run {self._run_id!r} in {self.session.store.path}\n"
-            f"{totals} — {spared}\n{table}"
+            f"{totals} — {spared}\n{lost}{table}"
         )
 
     def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any]:
