@@ -677,12 +677,28 @@ def cmd_gc(args: argparse.Namespace) -> int:
 
 def cmd_check(args: argparse.Namespace) -> int:
     """``nbdurable check``."""
+    from .errors import DamagedDatabase
     from .store import admin
 
     notebook = _notebook(args) if args.notebook is not None else None
     directory = _store_dir(args, notebook)
-    with _open(directory) as store:
-        report = admin.check(store, fix=not args.dry_run)
+    try:
+        with _open(directory) as store:
+            report = admin.check(store, fix=not args.dry_run)
+    except DamagedDatabase as exc:
+        report = admin.CheckReport(str(directory), args.dry_run, [str(exc)])
+        if not args.dry_run:
+            from .store import open_store
+
+            kept = admin.set_aside(Path(exc.db_file))
+            with open_store(directory) as store:  # a new, empty database, under the same key
+                report = admin.check(store, fix=True)
+            report.found.insert(
+                0,
+                f"the database {exc.db_file} could not be read, or had lost its records: "
+                f"kept as {kept} and started afresh; what it held is lost (every step "
+                "runs again, or restore the store from a backup)",
+            )
     if args.json:
         _emit(report.to_json())
     else:

@@ -39,6 +39,16 @@ class StoreError(NbdurableError, OSError):
     """The store cannot be opened, read or written; the message says what to do."""
 
 
+class DamagedDatabase(StoreError):
+    """A store's database file cannot be read as one, or lost its records (emptied):
+    ``nbdurable check`` keeps a copy of it and starts it afresh. ``db_file``: its path.
+    """
+
+    def __init__(self, message: str, db_file: str = "") -> None:
+        super().__init__(message)
+        self.db_file = db_file
+
+
 class FormatVersionError(StoreError):
     """The store was written by a newer (or unknown) on-disk format."""
 

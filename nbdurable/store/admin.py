@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
@@ -513,6 +514,20 @@ class CheckReport:
             "repaired": self.repaired,
             "left": self.left,
         }
+
+
+def set_aside(db_file: Path) -> Path:
+    """Move a damaged database file (with its journal files) out of the database folder,
+    into the store directory above it (diskcache's own check would delete a file it does
+    not know in its folder); the copy's path.
+    """
+    name = f"{db_file.name}.damaged-{time.strftime('%Y%m%d-%H%M%S')}"
+    kept = db_file.parent.parent / name
+    for suffix in ("", "-wal", "-shm"):
+        part = db_file.with_name(db_file.name + suffix)
+        if part.exists():
+            os.replace(part, kept.with_name(kept.name + suffix))
+    return kept
 
 
 def check(store: Store, fix: bool = True) -> CheckReport:

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import faults
-from ..errors import CorruptRecord, StoreError
+from ..errors import CorruptRecord, DamagedDatabase, StoreError
 from ..text import one_line
 from . import blobs, codec, layout
 from ._diskcache import DBNAME, INLINE_MAX, MODE_BINARY, MODE_RAW, VALUE_FILE, Rows
@@ -42,6 +42,12 @@ ORPHAN_GRACE = 300.0
 #: diskcache lives in this subdirectory: its check(fix=True) deletes every file
 #: it does not know in its directory, which would include our key file.
 CACHE_DIR = "log"
+
+
+_CHECK_ADVICE = (
+    "`nbdurable check --store DIR` keeps a copy of it and starts it afresh (every step "
+    "then runs again), or restore the store from a backup"
+)
 
 
 def _reason(exc: BaseException) -> str:
@@ -105,9 +111,26 @@ class DiskStore(Store):
             check_private(self.path, "directory")
             check_private(self.path / "key", "key file")
             check_private(self.cache_dir, "database folder")
-            had_rows = (self.cache_dir / DBNAME).exists()
+            db_file = self.cache_dir / DBNAME
+            had_rows = db_file.exists()
+            if had_rows and db_file.stat().st_size == 0 and (self.path / "key").exists():
+                # diskcache writes its tables as it makes the file: empty, it was emptied.
+                raise DamagedDatabase(
+                    f"the store's database {db_file} is empty: its records were lost (the "
+                    f"file was truncated or replaced). Nothing was read; {_CHECK_ADVICE}",
+                    str(db_file),
+                )
             self.cache_dir.mkdir(mode=0o700, exist_ok=True)
-            self._rows = Rows(str(self.cache_dir), self._durability)
+            try:
+                self._rows = Rows(str(self.cache_dir), self._durability)
+            except sqlite3.DatabaseError as exc:
+                if not had_rows or isinstance(exc, sqlite3.OperationalError):
+                    raise  # not damage: a lock, a full disk, permissions (said below)
+                raise DamagedDatabase(
+                    f"the store's database {db_file} is damaged ({_reason(exc)}): nothing "
+                    f"was read; {_CHECK_ADVICE}",
+                    str(db_file),
+                ) from None
             key_file = self.path / "key"
             if had_rows and not os.environ.get("NBDURABLE_KEY") and not key_file.exists():
                 if self._rows.stats("", "\uffff")[0]:  # its format record is signed too
