@@ -159,7 +159,7 @@ WRITE_PATHS = [
     # after '=' in printed output and in a URL the step prints
     "%%step prints\nprint('api_key=' + KEY)\nprint('https://api.example.com/v1?api_key=' + KEY)",
     # bytes of a length whose pickle puts a letter or digit just before the key
-    "%%step raw\nblob51 = KEY.encode()[:51]\nblob80 = (KEY * 2).encode()[:80]",
+    "%%step raw\nblob51 = (KEY + ' ' * 60).encode()[:51]\nblob80 = (KEY + ' ' * 90).encode()[:80]",
     # a sub-step id holding the key: refused in one line, nothing recorded under it
     "%%step ids\nstep(f'ask:{KEY}', len, 'x')",
     # a failure whose message holds the key across the 500th character
@@ -167,10 +167,26 @@ WRITE_PATHS = [
 ]
 
 
-def test_a_literal_key_leaks_through_no_write_path(tmp_path, capsys, monkeypatch):
+#: One key of each format the redaction knows, built from pieces (no key-shaped literal
+#: in the source), each long enough that its first 30 characters are still telling.
+PLANTED = {
+    "openai": "sk-" + "proj-" + "Lk9Jh8Gf7Ds6Aq5Wz4Xc3Vb2Nm1" * 3,
+    "anthropic": "sk-ant-" + "api03-" + "Qw1Er2Ty3Ui4Op5As6Df7Gh8Jk9" * 2,
+    "github": "ghp_" + "Zx9Cv8Bn7Ml6Kj5Hg4Fd3Sa2Qw1Er0Ty9Ui8",
+    "google": "AIza" + "SyB-9876543210zyxwvutsrqponmlkjihgf",
+    "slack": "xoxb-" + "210987654321-" + "QwErTyUiOpAsDfGhJkLz",
+    "stripe": "sk_" + "live_" + "51HzQwErTyUiOpAsDfGhJkLzXc",
+}
+
+
+@pytest.mark.parametrize("kind", list(PLANTED))
+def test_a_literal_key_leaks_through_no_write_path(tmp_path, capsys, monkeypatch, kind):
+    """Each key format, planted in printed output (after ``=``, in a URL), in bytes of
+    awkward lengths, in a sub-step id and in a failure's message: nothing of it reaches
+    the store, ``status`` or ``export``."""
     from nbdurable import cli
 
-    key = "sk-" + "proj-" + "Lk9Jh8Gf7Ds6Aq5Wz4Xc3Vb2Nm1" * 3
+    key = PLANTED[kind]
     store = tmp_path / "store"
     env = {"NBDURABLE_DIR": str(store), "NBDURABLE_NOTEBOOK": str(tmp_path / "nb.ipynb"),
            "LEAKED": key}  # fmt: skip
@@ -180,7 +196,7 @@ def test_a_literal_key_leaks_through_no_write_path(tmp_path, capsys, monkeypatch
     nbformat.write(nb, tmp_path / "nb.ipynb")
     out = run_notebook(nb, cwd=tmp_path, env=env, allow_errors=True)
     refused = stream_text(outputs_of(out, 3), "stderr")
-    assert refused.startswith("UsageError: a sub-step id holds a literal openai key"), refused
+    assert refused.startswith(f"UsageError: a sub-step id holds a literal {kind} key"), refused
     assert key not in refused
     assert key.encode() not in _store_bytes(store) and key[:30].encode() not in _store_bytes(store)
     monkeypatch.setenv("NBDURABLE_DIR", str(store))
@@ -190,4 +206,4 @@ def test_a_literal_key_leaks_through_no_write_path(tmp_path, capsys, monkeypatch
         assert cli.main(argv) == 0
         said = capsys.readouterr().out
         assert key[:30] not in said, argv
-    assert "[redacted openai key]" in said  # the failure, as export shows it
+    assert f"[redacted {kind} key]" in said  # the failure, as export shows it
