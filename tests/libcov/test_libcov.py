@@ -100,10 +100,6 @@ _PLOTLY = (
     "replay differs: plotly objects unpickle through their constructor, which sets properties "
     "in alphabetical order, so to_plotly_json()/to_json() key order differs from the live object"
 )
-_ROUND_TRIP = (
-    "step reran: input changed: the {what}'s pickled state is not the same after a pickle "
-    "round trip ({how}), and its fingerprint is that state, so the restored object is 'changed'"
-)
 _SHARED_INPLACE = (
     "replay differs: the change step's in-place change of the {what} is restored as a new "
     "object bound to the name, while the {holder} the make step recorded still holds the old "
@@ -146,12 +142,6 @@ FAILS_TODAY: dict[str, str] = {
         "step reran: 'cannot restore its process state (No module named "
         "'torch.ops._inductor_test')': the step's process-state change names a module torch "
         "makes on the fly, which a fresh kernel cannot import"
-    ),
-    # astropy
-    "ap_skycoord": _ROUND_TRIP.format(what="SkyCoord", how="stable from the second trip on"),
-    "ap_column": _ROUND_TRIP.format(what="Column", how="stable from the second trip on"),
-    "ap_wcs": _ROUND_TRIP.format(
-        what="WCS", how="it is rebuilt through a header and gains _alt_wcskey"
     ),
     # pandas
     "pd_groupby": _SHARED_INPLACE.format(what="DataFrame", holder="groupby"),
