@@ -292,6 +292,9 @@ class _Judge:
     #: for steps in ``will_run``: name -> whether the rerun makes it the same, where
     #: known before it runs (see :func:`_outcomes`)
     outcomes: dict[str, dict[str, bool]] = field(default_factory=dict)
+    #: for steps in ``will_run``: name -> the brief of the literal their saved code
+    #: binds it to, what the rerun makes of it (the value "why" shows as new)
+    upcoming: dict[str, dict[str, str]] = field(default_factory=dict)
     #: each name the saved plain cells judged so far bind last -> the literal key of
     #: the value they bind it to (None: not a literal); see :meth:`ran_plain`
     plain_now: dict[str, str | None] = field(default_factory=dict)
@@ -315,7 +318,14 @@ class _Judge:
             if name in self.plain_brief:
                 return self.plain_brief[name]
             for key in (self.writers.get(name), rec.input_from.get(name)):
-                maker = (self.records_of or {}).get(key) if key not in (None, rec.key) else None
+                if key in (None, rec.key):
+                    continue
+                coming = self.upcoming.get(key, {}) if key in self.will_run else {}
+                if name in coming:  # it runs first: what its saved code binds
+                    return coming[name]
+                if key in self.will_run and self.will_run[key][1]:
+                    return None  # it runs first, and what it makes is not known yet
+                maker = (self.records_of or {}).get(key)
                 if maker is not None and name in maker.made:
                     return maker.made[name]
             return None
@@ -400,6 +410,9 @@ class _Judge:
             self.will_run[info.key] = entry
             if rec is not None and body is not None:
                 self.outcomes[info.key] = _outcomes(rec.source, body)
+            if body is not None:
+                consts = constant_values(_python(body))
+                self.upcoming[info.key] = {n: why.brief(v) for n, v in consts.items()}
         if info.state == "orphaned":
             return  # not in the notebook: the next run does not write anything through it
         names = set(written)

@@ -328,6 +328,9 @@ def test_an_upstream_edit_that_keeps_a_literal_leaves_its_readers_replaying(
         "both": ("recorded", ""),
     }
     assert _status(path, capsys) == expected
+    # ... and what changes: the literal config's saved code binds, before config runs.
+    assert cli.main(["status", str(path), "--why", "styled", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["why"] == ["'STYLE': was 'plain', now 'bold'"]
     second = [*cells("bold"), "%step list"]
     out = run_notebook(make_notebook(second), cwd=tmp_path, env=env, startup_timeout=180)
     ran = {k: v[0] for k, v in _listed(_text(out, 5)).items()}

@@ -200,9 +200,13 @@ def test_sidebar(app):
             same_as_marks("on open")
             expect(side.locator(".nbd-side-head")).to_contain_text(f"run {RUN_ID}")
             expect(row("name:revise").locator(".nbd-side-detail")).to_have_text("its code changed")
-            # ... and what exactly: the lines of code (nbdurable.why).
+            # ... and what exactly: the lines of code, and a value the rerun will change
+            # as the upstream's saved code binds it (nbdurable.why).
             expect(row("name:revise").locator(".nbd-side-why")).to_have_text(
                 "- draft = 'v1'\n+ draft = 'v2'"
+            )
+            expect(row("name:extra").locator(".nbd-side-why")).to_have_text(
+                "'draft': was 'v1', now 'v2'"
             )
             page.mouse.move(0, 0)
             page.screenshot(path=str(ARTIFACTS / f"sidebar-{kind}-open.png"))

@@ -143,10 +143,10 @@ def row_html(info: StepInfo, new: int = 0, replayed: int = 0) -> str:
         )
     if info.why:
         # What exactly changed (nbdurable.why): code and values, so in the code font.
-        lines = "<br>".join(_e(line) for line in info.why)
+        lines = "".join(f"<div>{_e(line)}</div>" for line in info.why)
         detail += (
             f'<div class="nbd-why" style="color:{_GREY};font-size:0.85em;padding-left:1.5em;'
-            f"font-family:var(--jp-code-font-family, monospace);white-space:pre-wrap;"
+            f"font-family:var(--jp-code-font-family, monospace);line-height:1.4;"
             f'overflow-wrap:anywhere">{lines}</div>'
         )
     return (
