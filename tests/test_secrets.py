@@ -154,17 +154,22 @@ def test_settings_never_show_a_store_password():
     assert "postgresql://me:***@db:5432/team?namespace=a&password=***" in shown, shown
 
 
-WRITE_PATHS = [
-    "%load_ext nbdurable\nimport os\nfrom nbdurable import step\nKEY = os.environ['LEAKED']",
-    # after '=' in printed output and in a URL the step prints
-    "%%step prints\nprint('api_key=' + KEY)\nprint('https://api.example.com/v1?api_key=' + KEY)",
-    # bytes of a length whose pickle puts a letter or digit just before the key
-    "%%step raw\nblob51 = (KEY + ' ' * 60).encode()[:51]\nblob80 = (KEY + ' ' * 90).encode()[:80]",
-    # a sub-step id holding the key: refused in one line, nothing recorded under it
-    "%%step ids\nstep(f'ask:{KEY}', len, 'x')",
-    # a failure whose message holds the key across the 500th character
-    "%%step fails\nraise RuntimeError('x' * 480 + ' auth failed for key ' + KEY)",
-]
+def _write_paths(kind: str) -> list[str]:
+    """The cells that plant the key of ``kind`` (``KEY_<kind>``) in every write path."""
+    k = f"KEY_{kind}"
+    return [
+        f"{k} = os.environ['LEAKED_{kind.upper()}']",
+        # after '=' in printed output and in a URL the step prints
+        f"%%step prints_{kind}\nprint('api_key=' + {k})\n"
+        f"print('https://api.example.com/v1?api_key=' + {k})",
+        # bytes of a length whose pickle puts a letter or digit just before the key
+        f"%%step raw_{kind}\nblob51 = ({k} + ' ' * 60).encode()[:51]\n"
+        f"blob80 = ({k} + ' ' * 90).encode()[:80]",
+        # a sub-step id holding the key: refused in one line, nothing recorded under it
+        f"%%step ids_{kind}\nstep(f'ask:{{{k}}}', len, 'x')",
+        # a failure whose message holds the key across the 500th character
+        f"%%step fails_{kind}\nraise RuntimeError('x' * 480 + ' auth failed for key ' + {k})",
+    ]
 
 
 #: One key of each format the redaction knows, built from pieces (no key-shaped literal
@@ -179,31 +184,38 @@ PLANTED = {
 }
 
 
-@pytest.mark.parametrize("kind", list(PLANTED))
-def test_a_literal_key_leaks_through_no_write_path(tmp_path, capsys, monkeypatch, kind):
+def test_a_literal_key_leaks_through_no_write_path(tmp_path, capsys, monkeypatch):
     """Each key format, planted in printed output (after ``=``, in a URL), in bytes of
-    awkward lengths, in a sub-step id and in a failure's message: nothing of it reaches
-    the store, ``status`` or ``export``."""
-    from nbdurable import cli
-
-    key = PLANTED[kind]
-    store = tmp_path / "store"
-    env = {"NBDURABLE_DIR": str(store), "NBDURABLE_NOTEBOOK": str(tmp_path / "nb.ipynb"),
-           "LEAKED": key}  # fmt: skip
-    nb = make_notebook(WRITE_PATHS)
+    awkward lengths, in a sub-step id and in a failure's message, in one kernel: nothing
+    of any reaches the store, ``status`` or ``export``."""
     import nbformat
 
+    from nbdurable import cli
+
+    store = tmp_path / "store"
+    env = {"NBDURABLE_DIR": str(store), "NBDURABLE_NOTEBOOK": str(tmp_path / "nb.ipynb")}
+    env.update({f"LEAKED_{kind.upper()}": key for kind, key in PLANTED.items()})
+    cells = ["%load_ext nbdurable\nimport os\nfrom nbdurable import step"]
+    for kind in PLANTED:
+        cells += _write_paths(kind)
+    nb = make_notebook(cells)
     nbformat.write(nb, tmp_path / "nb.ipynb")
-    out = run_notebook(nb, cwd=tmp_path, env=env, allow_errors=True)
-    refused = stream_text(outputs_of(out, 3), "stderr")
-    assert refused.startswith(f"UsageError: a sub-step id holds a literal {kind} key"), refused
-    assert key not in refused
-    assert key.encode() not in _store_bytes(store) and key[:30].encode() not in _store_bytes(store)
+    out = run_notebook(nb, cwd=tmp_path, env=env, allow_errors=True, timeout=300)
+    stored = _store_bytes(store)
     monkeypatch.setenv("NBDURABLE_DIR", str(store))
     monkeypatch.delenv("NBDURABLE_NOTEBOOK", raising=False)
+    said = ""
     for argv in (["status", str(tmp_path / "nb.ipynb"), "--json"],
                  ["export", str(tmp_path / "nb.ipynb"), "--values"]):  # fmt: skip
         assert cli.main(argv) == 0
-        said = capsys.readouterr().out
-        assert key[:30] not in said, argv
-    assert f"[redacted {kind} key]" in said  # the failure, as export shows it
+        said += capsys.readouterr().out
+    for i, (kind, key) in enumerate(PLANTED.items()):
+        refused = stream_text(outputs_of(out, 1 + 5 * i + 3), "stderr")
+        assert refused.startswith(f"UsageError: a sub-step id holds a literal {kind} key"), (
+            kind,
+            refused,
+        )
+        assert key not in refused
+        assert key.encode() not in stored and key[:30].encode() not in stored, kind
+        assert key[:30] not in said, kind
+        assert f"[redacted {kind} key]" in said, kind  # its failure, as export shows it
