@@ -19,8 +19,8 @@ from collections import Counter
 
 import nbformat
 import pytest
-from jupyter_client import KernelManager
-from kernel_util import REPO_ROOT, kernel_name, make_notebook, private_sockets
+from kernel_util import make_notebook
+from test_lease import Kernel
 from test_prediction import _listed
 
 from nbdurable import cli
@@ -52,41 +52,6 @@ PANEL = (
 SAME = {"replayed": "recorded", "pinned-stale": "pinned"}
 
 
-class Kernel:
-    """One real kernel in the notebook's directory, run cell by cell."""
-
-    def __init__(self, tmp, env):
-        import os
-
-        kernel_env = {**os.environ, **env, "PYTHONPATH": str(REPO_ROOT)}
-        self._sockets = private_sockets()
-        self.km = KernelManager(kernel_name=kernel_name(), **self._sockets.__enter__())
-        self.km.start_kernel(env=kernel_env, cwd=str(tmp))
-        self.kc = self.km.client()
-        self.kc.start_channels()
-        self.kc.wait_for_ready(timeout=180)
-
-    def run(self, code: str) -> str:
-        out: list[str] = []
-        errors: list[str] = []
-
-        def hook(msg):
-            kind, content = msg["msg_type"], msg["content"]
-            if kind == "stream":
-                out.append(content["text"])
-            elif kind == "error":
-                errors.append("\n".join(content["traceback"]))
-
-        reply = self.kc.execute_interactive(code, output_hook=hook, timeout=300)
-        assert reply["content"]["status"] == "ok", (code, errors, "".join(out))
-        return "".join(out)
-
-    def close(self):
-        self.kc.stop_channels()
-        self.km.shutdown_kernel(now=True)
-        self._sockets.__exit__(None, None, None)
-
-
 @pytest.fixture
 def setup(tmp_path, monkeypatch):
     store, path = tmp_path / "store", tmp_path / "nb.ipynb"
@@ -99,6 +64,13 @@ def setup(tmp_path, monkeypatch):
         yield tmp_path, path, store, kernel
     finally:
         kernel.close()
+
+
+def _run(kernel: Kernel, code: str) -> str:
+    """What ``code`` printed in ``kernel``; it must succeed."""
+    reply = kernel.run(code, timeout=300)
+    assert reply["status"] == "ok", (code, reply)
+    return reply["stdout"]
 
 
 def test_every_view_says_what_the_next_run_does(setup, capsys):
@@ -119,9 +91,9 @@ def test_every_view_says_what_the_next_run_does(setup, capsys):
 
     def views() -> dict[str, dict[str, str]]:
         status = json.loads(cli_run("status", str(path), "--json"))["steps"]
-        listed = _listed(kernel.run("%step list"))
+        listed = _listed(_run(kernel, "%step list"))
         return {
-            "panel": {k: SAME.get(v, v) for k, v in json.loads(kernel.run(PANEL)).items()},
+            "panel": {k: SAME.get(v, v) for k, v in json.loads(_run(kernel, PANEL)).items()},
             "%step list": {k: SAME.get(v[0], v[0]) for k, v in listed.items()},
             "nbdurable status": {s["label"]: s["state"] for s in status},
             "cell marks / side panel": {
@@ -136,7 +108,7 @@ def test_every_view_says_what_the_next_run_does(setup, capsys):
     def run_all() -> Counter:
         before = ran()
         for source in saved_cells():
-            said = kernel.run(source)
+            said = _run(kernel, source)
             assert "taken over" not in said, said
         return ran() - before
 
@@ -156,7 +128,7 @@ def test_every_view_says_what_the_next_run_does(setup, capsys):
 
     all_pending = dict.fromkeys(("config", "plan", "write"), "pending")
     all_recorded = dict.fromkeys(("config", "plan", "write"), "recorded")
-    kernel.run(CELLS[0])
+    _run(kernel, CELLS[0])
     check("nothing recorded yet", all_pending, calls=2)
     check("a Run All again", all_recorded)
 
@@ -179,6 +151,6 @@ def test_every_view_says_what_the_next_run_does(setup, capsys):
     check("plan cleared", {"config": "recorded", "plan": "pending", "write": "invalidated"}, 2)
 
     # Clear all in the kernel itself: the next run records, with the kernel's lease.
-    kernel.run("%step clear --all")
+    _run(kernel, "%step clear --all")
     check("everything cleared in the kernel", all_pending, calls=2)
     check("the last Run All", all_recorded)

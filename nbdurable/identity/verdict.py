@@ -25,10 +25,11 @@ What is known differs by caller, never the rule:
   cascade from an upstream change). Otherwise a Run All restores the same
   value first, and the input counts as unchanged. A library's module,
   class or function (``StepRecord.library``) is what its name says: a Run
-  All binds the same. A plain cell's immutable value (``StepRecord.plain``)
-  is compared with the literal the saved notebook's plain cells bind it to
-  before the step (``plain_now``, where known: the same is unchanged,
-  another is a change). Any other value a plain cell made is seen only by
+  All binds the same. A plain cell's immutable value or helper function
+  (``StepRecord.plain``: a literal's digest, a ``def``'s key) is compared
+  with what the saved notebook's plain cells bind it to before the step
+  (``plain_now``, where known: the same is unchanged, another is a change).
+  Any other value a plain cell made is seen only by
   the kernel: the step "may run" (:data:`MAY_RUN`), never a promised replay.
 - ``declared``: the ``--inputs`` patterns with the files they match now;
   None when the cell's patterns are not known here.

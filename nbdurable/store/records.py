@@ -148,9 +148,11 @@ class StepRecord(_Header):
     #: knows a Run All binds them the same; every other input a plain cell made is a
     #: value only the kernel sees (see :func:`nbdurable.identity.verdict.invalid_reason`)
     library: tuple[str, ...] = ()
-    #: the inputs a plain cell made that were an immutable builtin value (``N = 5``):
-    #: name -> its :func:`~nbdurable.identity.analysis.literal_key` (a digest, never the
-    #: value), which a view with no kernel compares with the literal the saved cell binds
+    #: the inputs a plain cell made that were an immutable builtin value (``N = 5``) or a
+    #: helper function it defined: name -> the value's
+    #: :func:`~nbdurable.identity.analysis.literal_key` (a digest, never the value) or the
+    #: function's :func:`~nbdurable.identity.localcode.notebook_function_key`, which a view
+    #: with no kernel compares with what the saved cell binds
     plain: dict[str, str] = field(default_factory=dict)
     #: what each input looked like when the step started, and each variable it saved
     #: when it ended: name -> :func:`nbdurable.why.brief` (a short repr of a small
