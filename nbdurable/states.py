@@ -23,7 +23,7 @@ class State(NamedTuple):
     #: and label, so it reads without colour.
     colour: str
     filled: bool  # the badge is drawn filled (something happened in this kernel)
-    help: str  # one line, as the README explains it (the panel's tooltip)
+    help: str  # one line, as docs/views.md explains it (the panel's tooltip)
     next_run: str  # what the next run does with the step (the cell mark's tooltip)
 
 

@@ -10,7 +10,7 @@ At window widths from 360 to 1280 px, in the light and the dark theme, no value
 of a row may lie under a button, be cut or split across lines. Screenshots go to
 test-artifacts/, and to docs/panel.png, docs/panel-narrow.png and
 docs/panel-dark.png (JupyterLab's) and docs/panel-nb7.png (Notebook 7's), the
-README's, when missing or NBDURABLE_UPDATE_SCREENSHOT=1.
+pictures docs/views.md shows, when missing or NBDURABLE_UPDATE_SCREENSHOT=1.
 
 Chromium is Debian's (``.ci/run`` installs it); the test fails, never skips,
 when it is missing. Never ``playwright install``.

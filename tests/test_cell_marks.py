@@ -15,7 +15,7 @@ frontend from ``nbdurable/labextension`` (under ``JUPYTER_PATH``), so the test
 checks the committed build. A live step panel follows a save made in the
 browser (an edited step turns invalidated with no cell run). Screenshots go
 to test-artifacts/, and to docs/cell-marks.png (JupyterLab's) and
-docs/cell-marks-nb7.png (Notebook 7's), the README's, when missing or
+docs/cell-marks-nb7.png (Notebook 7's), the pictures docs/views.md shows, when missing or
 NBDURABLE_UPDATE_SCREENSHOT=1. Chromium is Debian's; never ``playwright install``.
 """
 
@@ -111,7 +111,7 @@ def _record(root: Path, store: Path) -> str:
     _run_until_broken(second, root, env)
     with open_store(store) as s:
         commands.set_pin(s, RUN_ID, "name:pinme", True)
-    # The warning names a file of this checkout: not in the README's picture.
+    # The warning names a file of this checkout: not in the docs' picture.
     second.cells[3].outputs = [o for o in second.cells[3].outputs if o.output_type != "stream"]
     second.cells[5].source = "%%step revise\ndraft = 'v2'"
     second.cells[6].source = "%%step pinme\nsummary = len(found) + 0"

@@ -5,7 +5,7 @@ wrongly, through the public API only (``%load_ext nbdurable``, ``%%step``,
 ``nbdurable.step``): a notebook is run in a fresh kernel, then again in
 another fresh kernel on the same store, and what a user sees is compared
 with what a plain run shows or with what the first run showed. Each failed
-before its mechanism was fixed (see README, "Library objects"):
+before its mechanism was fixed (see docs/steps.md, "Library objects"):
 
 - a model client made in a plain cell and called by a helper counts as changed
   (``client.chat`` is a ``cached_property`` filled on first use), so the step

@@ -520,10 +520,10 @@ def test_a_step_run_here_but_not_saved_yet_is_not_orphaned(session):
         p.close()
 
 
-def test_readme_explains_every_state():
-    readme = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
-    section = readme[readme.index("## The step panel") :]
-    assert "docs/panel.png" in section
+def test_the_views_page_explains_every_state():
+    page = (REPO_ROOT / "docs" / "views.md").read_text(encoding="utf-8")
+    section = page[page.index("## The step panel") :]
+    assert "](panel.png)" in section
     for state, help_line in STATE_HELP.items():  # one line per state, as the panel's tooltips
         assert f"**{state}** — {help_line}\n" in section, state
 

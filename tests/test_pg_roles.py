@@ -1,6 +1,6 @@
 """One namespace per team, least privilege: a team's role cannot read or write another's.
 
-A server of the test's own (``private_pg``), set up as the README's "One
+A server of the test's own (``private_pg``), set up as docs/postgres.md's "One
 namespace per team" tells an administrator to: the administrator opens each
 team's namespace once (which creates its tables) and grants the team's role
 the rights to use its rows and nothing more. Each role then records and
@@ -19,7 +19,7 @@ from nbdurable.store import open_store
 
 pytestmark = pytest.mark.postgres
 
-#: What the README tells an administrator to run, per team (NS: the namespace).
+#: What docs/postgres.md tells an administrator to run, per team (NS: the namespace).
 GRANTS = (
     "CREATE ROLE {role} LOGIN",
     "REVOKE CREATE ON DATABASE postgres FROM PUBLIC",

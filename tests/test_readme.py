@@ -1,9 +1,10 @@
-"""Every Python example in the README runs, in a real kernel, as a user would paste it.
+"""Every Python example in the README and docs/ runs, in a real kernel, as pasted.
 
-The README's ```` ```python ```` blocks are read from the file itself, so an edited
-example is the one tested. Each block must have a row in :data:`EXAMPLES`: a new
-example without one fails :func:`test_every_example_is_covered`, which is how an
-untested example is kept out of the README.
+The ```` ```python ```` blocks of ``README.md`` and of every page in ``docs/`` are
+read from the files themselves, so an edited example is the one tested. Each
+block must have a row in :data:`EXAMPLES`: a new example without one fails
+:func:`test_every_example_is_covered`, which is how an untested example is kept
+out of the documentation.
 
 Blocks that are complete on their own (the opening research agent) run as
 written. Blocks marked ``# fragment:`` in the README use names from the reader's
@@ -21,22 +22,28 @@ import pytest
 from kernel_util import REPO_ROOT, make_notebook, run_notebook, stream_text
 
 README = REPO_ROOT / "README.md"
+#: Where examples are: the README, then the reference pages.
+SOURCES = [README, *sorted((REPO_ROOT / "docs").glob("*.md"))]
 
 BLOCK = re.compile(r"^```python\n(.*?)^```", re.S | re.M)
 
 
 def python_blocks() -> list[str]:
-    return [m.group(1) for m in BLOCK.finditer(README.read_text(encoding="utf-8"))]
+    return [
+        m.group(1) for path in SOURCES for m in BLOCK.finditer(path.read_text(encoding="utf-8"))
+    ]
 
 
 def block(first_line: str) -> str:
-    """The README block whose first line is `first_line` (exactly one must match)."""
+    """The block whose first line is `first_line` (exactly one must match, in all files)."""
     found = [b for b in python_blocks() if b.splitlines()[0] == first_line]
-    assert len(found) == 1, f"README: {len(found)} python blocks start with {first_line!r}"
+    assert len(found) == 1, (
+        f"README and docs/: {len(found)} python blocks start with {first_line!r}"
+    )
     return found[0]
 
 
-#: Each README python block, by its first line: the test that runs it.
+#: Each python block of the README and docs/, by its first line: the test that runs it.
 EXAMPLES = {
     "%load_ext nbdurable": "test_opening_example_runs_as_written",
     "%%step plan": "test_opening_example_runs_as_written",
@@ -52,9 +59,9 @@ def test_every_example_is_covered():
     firsts = [b.splitlines()[0] for b in python_blocks()]
     assert firsts, "no python block found in the README"
     missing = [f for f in firsts if f not in EXAMPLES]
-    assert not missing, f"README python blocks with no test in {__name__}.EXAMPLES: {missing}"
+    assert not missing, f"python blocks with no test in {__name__}.EXAMPLES: {missing}"
     stale = [f for f in EXAMPLES if f not in firsts]
-    assert not stale, f"EXAMPLES rows for blocks no longer in the README: {stale}"
+    assert not stale, f"EXAMPLES rows for blocks no longer in the README or docs/: {stale}"
 
 
 def calls(ledger: Path) -> list[dict]:

@@ -75,10 +75,10 @@ def _kernel_spec() -> None:
 # -- exit codes, listed where users look ------------------------------------------------------
 
 
-def test_every_exit_code_is_listed_in_help_and_readme() -> None:
+def test_every_exit_code_is_listed_in_help_and_docs() -> None:
     top = nbd("--help")
     run = nbd("run", "--help")
-    readme = (REPO_ROOT / "README.md").read_text()
+    readme = (REPO_ROOT / "docs" / "cli.md").read_text()
     for code, _meaning in EXIT_CODES:
         for text, where in ((top.stdout, "nbdurable --help"), (run.stdout, "run --help")):
             assert re.search(rf"\b{code} [a-z]", " ".join(text.split())), (code, where)

@@ -13,7 +13,7 @@ lease). In JupyterLab it follows a switch to another notebook and back. Its
 rows read at 360, 520, 800 and 1280 px in the light and the dark theme (no
 button over a fact, no value split across lines). Screenshots go to
 test-artifacts/, and to docs/sidebar.png and docs/sidebar-nb7.png (the
-README's) when missing or NBDURABLE_UPDATE_SCREENSHOT=1.
+pictures docs/views.md shows) when missing or NBDURABLE_UPDATE_SCREENSHOT=1.
 """
 
 from __future__ import annotations

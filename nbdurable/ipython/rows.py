@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from .panel import StepPanel
 
 _GREY = GREY
-#: One line per state, as the README explains them (see nbdurable.states).
+#: One line per state, as docs/views.md explains them (see nbdurable.states).
 STATE_HELP: dict[str, str] = {name: state.help for name, state in STATES.items()}
 
 #: Below this, a record's duration is not shown as time saved when it made calls.

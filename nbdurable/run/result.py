@@ -15,7 +15,7 @@ EXIT_LEASE_HELD = 4
 EXIT_TIMEOUT = 5
 EXIT_INTERRUPTED = 130
 
-#: Every exit code of ``nbdurable run``, as ``--help`` and the README list them.
+#: Every exit code of ``nbdurable run``, as ``--help`` and docs/cli.md list them.
 EXIT_CODES = (
     (EXIT_OK, "the notebook ran to the end"),
     (EXIT_CELL_ERROR, "a cell raised"),

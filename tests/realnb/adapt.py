@@ -87,7 +87,7 @@ PIP = "a `pip install` cell: the packages are in requirements.txt, and there is 
 KEY = "asks for an API key interactively; the harness sets a dummy key and the fake server's URL"
 HTTP = (
     "--http: the model calls are made deep inside the library, so the step records them at the "
-    "transport (README, LLM clients) and a killed step's finished calls are not sent again"
+    "transport (docs: LLM clients) and a killed step's finished calls are not sent again"
 )
 
 

@@ -236,7 +236,7 @@ def _realnb_events():
     if not path:
         return
     # Opened here, before any step: a file a step writes to through a file opened
-    # before it began is not one of its outputs (README, Files).
+    # before it began is not one of its outputs (docs/steps.md, Files).
     log = open(path, "a", buffering=1)
     try:
         from nbdurable import events
