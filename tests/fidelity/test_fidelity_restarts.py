@@ -1,13 +1,17 @@
 """An unchanged notebook never reruns: three restarts replay every step and make no call.
 
-Each notebook makes one value of a kind users hold (pandas with object
-columns, sets of strings, nested containers, NumPy, dataclasses, notebook
-classes, datetimes, Decimal...) three ways: returned by a sub-step, built
-directly in a step, and read by a later step that also passes it to a
-sub-step. It runs durable once, then three times more in fresh kernels,
-each with another PYTHONHASHSEED (string hashing, hence set order, differs
-per process). Every restart must replay every step and make no call: a
-fingerprint that depends on the process is a spurious rerun.
+Each kind of value users hold (pandas with object columns, sets of strings,
+nested containers, NumPy, dataclasses, notebook classes, datetimes,
+Decimal...) is made three ways: returned by a sub-step, built directly in a
+step, and read by a later step that also passes it to a sub-step. The
+notebook holds every kind, each in cells of its own (its steps, variables,
+helpers and call tags suffixed with the kind's number, so no two kinds share
+a name), and runs durable once, then three times more in fresh kernels, each
+with another PYTHONHASHSEED (string hashing, hence set order, differs per
+process). Every restart must replay every step of every kind and make no
+call: a fingerprint that depends on the process is a spurious rerun. One
+notebook for all kinds costs four kernels instead of four per kind; each
+kind is still judged, and reported, on its own cells alone.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import pytest
-from fidelity_harness import Workdir, durable_cells, params
+from fidelity_harness import Run, Workdir, durable_cells, params
 
 pytestmark = [pytest.mark.kernel, pytest.mark.fidelity]
 
@@ -32,22 +36,23 @@ class Kind:
     setup: str = ""
 
 
-def cells(kind: Kind) -> list[str]:
-    """The notebook of one kind: a setup cell and three steps around one value."""
+def cells(kind: Kind, n: int) -> list[str]:
+    """The cells of one kind, the `n`-th: a setup cell and three steps around one value."""
     setup = (
         f"{kind.setup}\n"
-        "def make():\n"
-        "    tick('make')\n"
+        f"def make_{n}():\n"
+        f"    tick('make:{n}')\n"
         f"    return {kind.expr}\n"
-        "def echo(v):\n"
-        "    tick('echo')\n"
+        f"def echo_{n}(v):\n"
+        f"    tick('echo:{n}')\n"
         "    return type(v).__name__"
     )
     return [
         setup.lstrip("\n"),
-        "%%step make\nv = step('make', make)",
-        f"%%step direct\nu = {kind.expr}",
-        "%%step use\nname = step('echo', echo, v)\nsame = type(u) is type(v)\nprint(name, same)",
+        f"%%step make_{n}\nv_{n} = step('make', make_{n})",
+        f"%%step direct_{n}\nu_{n} = {kind.expr}",
+        f"%%step use_{n}\nname_{n} = step('echo', echo_{n}, v_{n})\n"
+        f"same_{n} = type(u_{n}) is type(v_{n})\nprint(name_{n}, same_{n})",
     ]
 
 
@@ -186,29 +191,65 @@ KINDS = [
 FAILS_TODAY: dict[str, str] = {}
 
 
+@dataclass
+class Runs:
+    """The notebook of every kind: its cells, then each run (the first, then the restarts)."""
+
+    sources: list[str]
+    runs: list[Run]
+
+    def of(self, kind: Kind) -> tuple[list[int], list[str]]:
+        """The indexes of `kind`'s cells, and its probe expressions."""
+        n = KINDS.index(kind)
+        first = 1 + 4 * n  # after the prelude
+        return list(range(first, first + 4)), [f"name_{n}", f"same_{n}"]
+
+
+@pytest.fixture(scope="module")
+def notebook(tmp_path_factory) -> Runs:
+    wd = Workdir(tmp_path_factory.mktemp("restarts"))
+    body = [c for n, kind in enumerate(KINDS) for c in cells(kind, n)]
+    probes = [p for n in range(len(KINDS)) for p in (f"name_{n}", f"same_{n}")]
+    sources = durable_cells(body, probes)
+    return Runs(sources, [wd.run(sources, durable=True, hashseed=seed) for seed in SEEDS])
+
+
+def _probe_lines(run: Run, probes: list[str]) -> list[str]:
+    return [ln for ln in run.probe.splitlines() if ln.split(" => ", 1)[0] in probes]
+
+
 @pytest.mark.parametrize("kind", params(KINDS, FAILS_TODAY))
-def test_unchanged_notebook_replays_every_step_after_restarts(kind: Kind, tmp_path):
-    wd = Workdir(tmp_path)
-    sources = durable_cells(cells(kind), ["name", "same"])
-    first = wd.run(sources, durable=True, hashseed=SEEDS[0])
-    errors = [o for outs in first.outputs for o in outs if o["output_type"] == "error"]
+def test_unchanged_notebook_replays_every_step_after_restarts(kind: Kind, notebook: Runs):
+    mine, probes = notebook.of(kind)
+    n = KINDS.index(kind)
+    first, *restarts = notebook.runs
+    errors = [o for i in mine for o in first.outputs[i] if o["output_type"] == "error"]
     assert not errors, f"the first durable run fails: {errors}"
-    assert first.calls == ["make", "echo"], first.calls
+    tags = [f"make:{n}", f"echo:{n}"]
+    assert [c for c in first.calls if c in tags] == tags, first.calls
+    want = _probe_lines(first, probes)
+    assert len(want) == 2, first.probe
     problems = []
-    for seed in SEEDS[1:]:
-        again = wd.run(sources, durable=True, hashseed=seed)
-        rerun = [
-            again.sources[i].split("\n", 1)[0] for i in again.step_cells() if not again.replayed(i)
-        ]
-        if rerun or again.calls:
-            said = [n for i in again.step_cells() for n in again.notes[i] if n != "replayed"]
+    for seed, again in zip(SEEDS[1:], restarts, strict=True):
+        steps = [i for i in mine if i in again.step_cells()]
+        rerun = [again.sources[i].split("\n", 1)[0] for i in steps if not again.replayed(i)]
+        calls = [c for c in again.calls if c in tags]
+        if rerun or calls:
+            said = [note for i in steps for note in again.notes[i] if note != "replayed"]
             problems.append(
-                f"PYTHONHASHSEED={seed}: steps not replayed {rerun}, calls made {again.calls}"
+                f"PYTHONHASHSEED={seed}: steps not replayed {rerun}, calls made {calls}"
                 + (f"; nbdurable said {said}" if said else "")
             )
-        if again.probe != first.probe:
-            problems.append(f"PYTHONHASHSEED={seed}: probe {again.probe!r} != {first.probe!r}")
+        if (got := _probe_lines(again, probes)) != want:
+            problems.append(f"PYTHONHASHSEED={seed}: probe {got!r} != {want!r}")
     assert not problems, "\n".join(problems)
+
+
+def test_every_restart_made_no_call_at_all(notebook: Runs):
+    """Beyond each kind's own: nothing in the notebook called anything after the first run."""
+    first, *restarts = notebook.runs
+    assert len(first.calls) == 2 * len(KINDS), first.calls
+    assert [again.calls for again in restarts] == [[] for _ in restarts]
 
 
 def test_corpus_is_large_enough():
