@@ -42,17 +42,24 @@ def server(tmp_path):
         yield s
 
 
-def clients_cell(server: LLMServer) -> str:
+def clients_cell(server: LLMServer, *, claude: bool = False) -> str:
+    """The OpenAI clients, and with `claude` the Anthropic ones (after ``HEAD_CLAUDE``)."""
     o, a = server.openai_base_url, server.anthropic_base_url
-    return (
+    cell = (
         f"client = openai.OpenAI(api_key='sk-test', base_url={o!r})\n"
-        f"aclient = openai.AsyncOpenAI(api_key='sk-test', base_url={o!r})\n"
-        f"claude = anthropic.Anthropic(api_key='sk-ant-test', base_url={a!r})\n"
-        f"aclaude = anthropic.AsyncAnthropic(api_key='sk-ant-test', base_url={a!r})"
+        f"aclient = openai.AsyncOpenAI(api_key='sk-test', base_url={o!r})"
     )
+    if claude:
+        cell += (
+            f"\nclaude = anthropic.Anthropic(api_key='sk-ant-test', base_url={a!r})\n"
+            f"aclaude = anthropic.AsyncAnthropic(api_key='sk-ant-test', base_url={a!r})"
+        )
+    return cell
 
 
-HEAD = "%load_ext nbdurable\nimport asyncio, openai, anthropic\nfrom nbdurable import step"
+# A notebook imports the SDKs it uses: anthropic alone costs a kernel ~1.9 CPU-seconds.
+HEAD = "%load_ext nbdurable\nimport asyncio, openai\nfrom nbdurable import step"
+HEAD_CLAUDE = HEAD + "\nimport anthropic"
 
 
 def ask(q: str) -> str:
@@ -193,7 +200,7 @@ STREAMS = ["o-sync", "a-sync", "o-async", "a-async", "o-mgr"]
 # o-mgr 6: the 12th is inside the second stream, the 36th inside the fifth.
 @pytest.mark.parametrize("kill_at", [12, 36])
 def test_streams_replay_as_streams_after_a_kill_mid_stream(tmp_path, server, kill_at):
-    sc = Scenario(tmp_path, server, [HEAD, clients_cell(server), STREAM_CELL])
+    sc = Scenario(tmp_path, server, [HEAD_CLAUDE, clients_cell(server, claude=True), STREAM_CELL])
     assert sc.run(fault=f"stream-chunk:{kill_at}") is None
     recorded = sc.recorded()
     cut = [r["last"] for r in read_log(server.log)][-1]  # the stream the kill cut
@@ -257,8 +264,8 @@ def test_a_method_call_on_a_client_is_not_a_change(tmp_path, server):
     # `client` cannot be saved; calling its method used to count as changing it,
     # which made the step not replayable and re-sent the request on every run.
     cells = [
-        HEAD,
-        clients_cell(server),
+        HEAD_CLAUDE,
+        clients_cell(server, claude=True),
         f"%%step direct\nc = client.chat.completions.create({ask('direct')})\n"
         f"m = claude.messages.create(max_tokens=20, {ask('direct claude')})\n"
         "print(c.choices[0].message.content, '|', m.content[0].text)",
@@ -356,7 +363,7 @@ HTTP_CELL = (
 
 
 def test_http_mode_replays_direct_sdk_calls_after_a_kill(tmp_path, server):
-    sc = Scenario(tmp_path, server, [HEAD, clients_cell(server), HTTP_CELL])
+    sc = Scenario(tmp_path, server, [HEAD_CLAUDE, clients_cell(server, claude=True), HTTP_CELL])
     assert sc.run(fault="http-written:2") is None
     assert sc.recorded() == {"http:1", "http:2"}
     nb = sc.run()

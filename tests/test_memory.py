@@ -164,9 +164,9 @@ ROW_CELLS = [
 
 MEM_CELLS = [
     MEM_SETUP,
-    "%%step make\nbig = np.ones(10_000_000)\nbig2 = np.full(10_000_000, 2.0)\nran('make')\n"
-    "rows = [{'i': i, 's': str(i)} for i in range(100_000)]\n"
-    "objs = [Obj(i) for i in range(100_000)]\n"
+    "%%step make\nbig = np.ones(4_000_000)\nbig2 = np.full(4_000_000, 2.0)\nran('make')\n"
+    "rows = [{'i': i, 's': str(i)} for i in range(30_000)]\n"
+    "objs = [Obj(i) for i in range(30_000)]\n"
     "print(big.sum())",
     "fins = [weakref.finalize(v, freed.append, k) for k, v in (('big', big), ('big2', big2))]\n"
     "s0 = snapshot()",
@@ -189,12 +189,12 @@ def test_del_frees_a_recorded_array_as_in_a_plain_run(memory):
     for nb in (p, first):
         got = printed(nb, 3)
         assert got["freed"] == ["big"], got  # the finalizer fired at `del`, in this cell
-        assert got["rss_mb"] >= 70 and got["traced_mb"] >= 75, got
+        assert got["rss_mb"] >= 25 and got["traced_mb"] >= 28, got
     step_out = stream_text(outputs_of(first, 4))
     assert step_out == stream_text(outputs_of(p, 4)) == "in step ['big', 'big2']\n"
     for nb in (p, first):
         got = printed(nb, 5)
-        assert got["freed"] == ["big", "big2"] and got["rss_mb"] >= 70, got
+        assert got["freed"] == ["big", "big2"] and got["rss_mb"] >= 25, got
 
 
 def test_del_unmaps_a_replayed_array(memory):
@@ -203,9 +203,9 @@ def test_del_unmaps_a_replayed_array(memory):
     assert replay_noted(second, 1) and replay_noted(second, 4)
     got = printed(second, 3)
     # Replayed arrays live on a copy-on-write mapping of their blob file.
-    assert got["freed"] == ["big"] and got["maps"] == [2, 1] and got["rss_mb"] >= 70, got
+    assert got["freed"] == ["big"] and got["maps"] == [2, 1] and got["rss_mb"] >= 25, got
     got = printed(second, 5)
-    assert got["freed"] == ["big", "big2"] and got["maps"] == [1, 0] and got["rss_mb"] >= 70, got
+    assert got["freed"] == ["big", "big2"] and got["maps"] == [1, 0] and got["rss_mb"] >= 25, got
 
 
 # -- a record that cannot be restored ------------------------------------------------------
@@ -271,14 +271,16 @@ def test_a_value_that_fails_to_load_on_replay_is_said_once(lru):
 def test_del_frees_recorded_lists(memory):
     """Plain data is freed at ``del``; a list of objects at the end of that cell.
 
-    100,000 of each: the rows hold about 28 MB, the objects about 12 MB.
+    30,000 of each: the rows hold about 8.5 MB, the objects about 3.6 MB (32 MB arrays
+    and these sizes keep every figure far above the noise while the steps that walk
+    them stay quick: tracemalloc traces every allocation nbdurable makes too).
     """
     p, first, second, _ = memory
     rows, objs, after = 6, 7, 8
     for nb in (p, first, second):
-        assert printed(nb, rows) >= 15, printed(nb, rows)
-        assert printed(nb, after) >= 6, printed(nb, after)
-    assert printed(p, objs) >= 6, "a plain run frees it at once"
+        assert printed(nb, rows) >= 5, printed(nb, rows)
+        assert printed(nb, after) >= 2, printed(nb, after)
+    assert printed(p, objs) >= 2, "a plain run frees it at once"
 
 
 # -- the parts, without a kernel ------------------------------------------------------------
