@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import sys
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -12,29 +9,26 @@ import pytest
 from nbdurable.store import open_store
 
 
-def _cache_bytecode_for_children() -> None:
-    """Let the kernels and CLI processes the tests start reuse compiled bytecode.
+def _compile_nbdurable_for_children() -> None:
+    """Compile nbdurable once, so the kernels and CLI processes the tests start load bytecode.
 
-    CI (and some machines) set PYTHONDONTWRITEBYTECODE=1, which keeps a
-    checkout free of ``__pycache__`` folders but made every one of the
-    suite's ~1,500 kernels compile nbdurable's modules from source: about
-    0.16 of a kernel's 0.9 CPU-seconds. Children instead write and read their
-    bytecode under one private prefix outside the checkout (Python writes each
-    file atomically, so processes starting at once share it safely), as a
-    user's kernel caches bytecode by default. Set once, at import, so xdist's
-    workers and everything they start inherit it.
+    CI (and some machines) set PYTHONDONTWRITEBYTECODE=1, under which nothing
+    ever wrote nbdurable's bytecode: every one of the suite's ~1,500 kernels
+    compiled its modules from source, about 0.16 of a kernel's 0.9
+    CPU-seconds. Installed packages are compiled by pip; this compiles the
+    checkout's package into its ``__pycache__`` folders (ignored by git), as
+    any import without that setting would. Children keep the setting, so a
+    module a test writes and rewrites within one second (same size, same
+    mtime) is never loaded from stale bytecode. Files already compiled cost a
+    stat each; each file is written atomically, so xdist's workers, which
+    import this too, can do it at once.
     """
-    if os.environ.get("PYTHONPYCACHEPREFIX"):
-        return
-    prefix = Path(tempfile.gettempdir()) / f"nbdurable-tests-pycache-{os.getuid()}"
-    prefix.mkdir(mode=0o700, exist_ok=True)
-    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
-    os.environ["PYTHONPYCACHEPREFIX"] = str(prefix)
-    sys.pycache_prefix = str(prefix)
-    sys.dont_write_bytecode = False
+    import compileall
+
+    compileall.compile_dir(Path(__file__).resolve().parent.parent / "nbdurable", quiet=1)
 
 
-_cache_bytecode_for_children()
+_compile_nbdurable_for_children()
 
 
 @pytest.fixture(autouse=True)
