@@ -79,7 +79,8 @@ def _exit_codes() -> str:
     return (
         "Exit codes: 0 ok; 1 a cell raised (or `check` left a problem); 2 bad usage; "
         "3 the kernel died more than --retries times; 4 another live kernel records into "
-        "the run (see --takeover); 5 a cell ran longer than --timeout; 130 interrupted."
+        "the run (see --takeover); 5 a cell ran longer than --timeout; 6 verify: a step or "
+        "call would have run live; 130 interrupted."
     )
 
 
@@ -139,6 +140,39 @@ def build_parser() -> argparse.ArgumentParser:
         help="take the run's lease even if another live kernel holds it",
     )
     run.set_defaults(func=cmd_run)
+
+    verify = sub.add_parser(
+        "verify",
+        parents=[p["notebook"], p["run"], p["store"], p["json"], p["quiet"]],
+        help="run a notebook replay-only: fail if any step or call would run live",
+        description="Execute NOTEBOOK in a real kernel that may only replay: every step must "
+        "replay (or rerun its body with every sub-step and HTTP request from the record), and "
+        "anything that would run live (a step with no record or an invalidated one, a new "
+        "sub-step id, an unrecorded request, a diverged argument) stops the run with one line "
+        "naming it and exit code 6. No network and no keys needed; the notebook file is not "
+        "written (-o writes the executed copy).",
+        epilog=_exit_codes(),
+    )
+    verify.add_argument(
+        "-o",
+        "--output",
+        metavar="OUT.ipynb",
+        type=Path,
+        help="write the executed notebook here (default: not written)",
+    )
+    verify.add_argument(
+        "--timeout", metavar="S", type=_seconds, help="per-cell timeout in seconds (default: none)"
+    )
+    verify.add_argument(
+        "--cwd",
+        metavar="DIR",
+        type=Path,
+        help="the kernel's working directory (default: the notebook's directory)",
+    )
+    verify.add_argument(
+        "--kernel", metavar="NAME", help="kernel spec to use (default: the notebook's)"
+    )
+    verify.set_defaults(func=cmd_verify)
 
     status = sub.add_parser(
         "status",
@@ -509,6 +543,67 @@ def cmd_run(args: argparse.Namespace) -> int:
             "--retries, then run again: recorded steps replay. The notebook file was not changed",
             file=sys.stderr,
         )
+    return result.exit_code
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    """``nbdurable verify``: ``run`` replay-only, with no retry and no write."""
+    from .run import ConsoleProgress, Progress, run_notebook
+
+    if args.run_name is not None:
+        from .identity.keys import validate_name
+
+        validate_name(args.run_name, "run name")
+    quiet = args.quiet or args.json
+    result = run_notebook(
+        args.notebook,
+        output=args.output,
+        retries=0,
+        run_name=args.run_name,
+        timeout=args.timeout,
+        cwd=args.cwd,
+        kernel=args.kernel,
+        store=args.store,
+        progress=Progress() if quiet else ConsoleProgress(command="verify"),
+        verify=True,
+    )
+    if args.json:
+        _emit(result.to_json())
+    unchanged = "the notebook file was not changed"
+    if result.status == "refused":
+        for line in result.refused:
+            print(f"nbdurable {line}", file=sys.stderr)
+        n = len(result.refused)
+        print(
+            f"nbdurable verify: failed: {n} thing{'' if n == 1 else 's'} would have run live; "
+            f"record them with `nbdurable run` first; {unchanged}",
+            file=sys.stderr,
+        )
+    elif result.status == "ok":
+        from .text import plural
+
+        saved, steps = result.saved or {}, result.steps
+        reran = steps.get("executed", 0)  # bodies that ran again, every call from the record
+        if not quiet:
+            replayed = plural(steps.get("replayed", 0), "step")
+            bodies = f"{reran} {'body' if reran == 1 else 'bodies'}"
+            calls = plural(int(saved.get("calls", 0)), "call")
+            print(
+                f"nbdurable verify: ok: nothing ran live ({replayed} replayed, {bodies} ran "
+                f"again from the record, {calls} replayed)"
+            )
+    elif result.error is not None:
+        err = result.error
+        text = err.message if sys.stderr.isatty() else _strip_ansi(err.message)
+        print(text.rstrip(), file=sys.stderr)
+        print(
+            f"nbdurable verify: cell #{err.index + 1} raised {err.ename}; {unchanged}",
+            file=sys.stderr,
+        )
+    elif result.interrupted:
+        print(f"nbdurable verify: interrupted; {unchanged}", file=sys.stderr)
+    elif result.status == "kernel died":
+        print(f"nbdurable verify: failed: the kernel died; {unchanged}", file=sys.stderr)
     return result.exit_code
 
 

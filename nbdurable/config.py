@@ -8,11 +8,12 @@ from pathlib import Path
 from typing import Any
 
 from .clients.usage import check_prices
-from .errors import SettingError, StoreError
+from .errors import NbdurableWarning, SettingError, StoreError
 from .store.versions import KEEP_VERSIONS
 
 _DIVERGENCE = ("warn", "error", "rerun", "replay")
 _DURABILITY = ("crash", "power")
+_MODES = ("record", "verify")
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,11 @@ class Settings:
       (a reply's dated model name takes the price of the longest name it starts
       with); with it, the tokens replay saved are also shown as money. None
       (default): tokens only. nbdurable never fetches prices.
+    - ``mode``: ``"record"`` (default: run what has no usable record, and
+      record it) or ``"verify"`` (replay only: a step that would run for lack
+      of a record, or a sub-step or HTTP request not in the record, stops the
+      cell with :class:`~nbdurable.errors.LiveCallRefused` instead of running;
+      see ``nbdurable verify``). ``NBDURABLE_MODE`` sets it for a kernel.
     - ``keep_versions``: how many versions (code and inputs) of each step keep
       their records, the current one included (default 10,
       ``store.versions.KEEP_VERSIONS``); a step set back
@@ -55,6 +61,7 @@ class Settings:
     prices: dict[str, tuple[float, float]] | None = None
     http: bool = True
     keep_versions: int = KEEP_VERSIONS
+    mode: str = "record"
 
     def __repr__(self) -> str:
         # A store URL's password never shows: this repr is printed, and a step that
@@ -87,7 +94,28 @@ def masked_url(url: str) -> str:
         return url
 
 
-_settings = Settings()
+def _mode_from_env() -> str:
+    """``NBDURABLE_MODE`` (set by ``nbdurable verify``).
+
+    A value that is neither mode verifies: whoever set the variable may have
+    meant "verify", and the safe side of a typo is a run that makes no live
+    call (said in one line).
+    """
+    mode = os.environ.get("NBDURABLE_MODE") or "record"
+    if mode in _MODES:
+        return mode
+    import warnings
+
+    warnings.warn(
+        f"NBDURABLE_MODE={mode!r} is neither 'record' nor 'verify': verifying (no live "
+        "call is made); fix the variable or call configure(mode=...)",
+        NbdurableWarning,
+        stacklevel=2,
+    )
+    return "verify"
+
+
+_settings = Settings(mode=_mode_from_env())
 
 
 def get() -> Settings:
@@ -113,6 +141,8 @@ def configure(**changes: object) -> Settings:
         raise SettingError(
             f"durability must be one of {', '.join(_DURABILITY)} (got {changes['durability']!r})"
         )
+    if "mode" in changes and changes["mode"] not in _MODES:
+        raise SettingError(f"mode must be one of {', '.join(_MODES)} (got {changes['mode']!r})")
     if "http" in changes and not isinstance(changes["http"], bool):
         raise SettingError(f"http must be True or False (got {changes['http']!r})")
     if "replay_note" in changes and not isinstance(changes["replay_note"], bool):

@@ -61,6 +61,15 @@ class CorruptRecord(NbdurableError, ValueError):
     """
 
 
+class LiveCallRefused(UsageProblem):
+    """Verify mode (``configure(mode="verify")``, ``nbdurable verify``) met live work.
+
+    A step with no usable record, or a sub-step or HTTP request the record
+    does not hold, would have run for real: it stops the cell instead, in
+    one line naming it (a ``UsageProblem``, so magics show it as one line).
+    """
+
+
 class DivergenceError(NbdurableError, RuntimeError):
     """A sub-step id was called with arguments that differ from its record.
 

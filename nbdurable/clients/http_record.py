@@ -174,11 +174,15 @@ class HTTPSession:
         on_record: Callable[[Exchange], Any] | None = None,
         on_miss: Literal["live", "raise"] = "live",
         passes: Callable[[], bool] | None = None,
+        refusal: Callable[[str], Exception] | None = None,
     ) -> None:
         if on_miss not in ("live", "raise"):
             raise ValueError(f"on_miss must be 'live' or 'raise' (got {on_miss!r})")
         self.on_record = on_record
         self.on_miss = on_miss
+        #: with ``on_miss="raise"``: the error for a request not recorded (given what
+        #: it was), instead of :class:`ReplayMiss`
+        self.refusal = refusal
         #: asked as a request starts: True lets it through untouched (neither answered
         #: from the record nor recorded; a sub-step's own call records its result)
         self.passes = passes
@@ -217,6 +221,8 @@ class HTTPSession:
                 return ex
             if self.on_miss == "raise":
                 method, url, fp = key
+                if self.refusal is not None:
+                    raise self.refusal(f"{method} {url} (body {fp[:12]}) was not recorded")
                 raise ReplayMiss(
                     f"{method} {url} (body {fp}) was not recorded, and this replay may not "
                     "send requests; run the step again to record it"

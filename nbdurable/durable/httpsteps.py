@@ -82,9 +82,22 @@ class StepHTTP:
             except Exception as exc:  # damaged, or unpicklable here: that request is sent again
                 warn(f"step {self.ctx.label!r}: recorded HTTP exchange {n} cannot be used ({exc})")
         # A request a sub-step's call makes passes: the call records its result.
-        self.http = HTTPSession(recorded, on_record=self.save, passes=_in_a_sub_step)
+        verify = self.session.verifying
+        self.http = HTTPSession(
+            recorded,
+            on_record=self.save,
+            passes=_in_a_sub_step,
+            on_miss="raise" if verify else "live",
+            refusal=self._refusal if verify else None,
+        )
         self.http.__enter__()
         self.ctx.http = True
+
+    def _refusal(self, what: str) -> Exception:
+        # Said at once as well: an SDK wraps what its transport raises in its own error.
+        error = self.session.refuse(f"step {self.ctx.label!r}: {what}")
+        warn(str(error))
+        return error
 
     def stop(self) -> None:
         """Stop answering; count what the record answered as saved by replay."""

@@ -25,7 +25,7 @@ from typing import Any
 
 from .. import config, events
 from ..clients.usage import Tally
-from ..errors import LeaseHeld, LeaseLost, NbdurableError, StoreError
+from ..errors import LeaseHeld, LeaseLost, LiveCallRefused, NbdurableError, StoreError
 from ..identity import keys, locate
 from ..store import RunKeys, RunView, Store, open_store, opener
 from . import host as hosts
@@ -53,6 +53,8 @@ class Session:
         self.lost: str | None = None
         #: step key -> why its record did not replay when it last ran here (see summary)
         self.reasons: dict[str, str] = {}
+        #: what verify mode refused to run live, one line each, in order (see refuse)
+        self.refused: list[str] = []
         self.saved = Savings()
         self.steps = StepRunner(self)
         self._cell_ordinals: dict[str, int] = {}  # @recorded outside steps; reset per cell
@@ -196,6 +198,23 @@ class Session:
         self.steps.forget()
         events.emit("run-changed", self.run_id)
         return self.run_id
+
+    @property
+    def verifying(self) -> bool:
+        """Whether this kernel may only replay (``configure(mode="verify")``)."""
+        return config.get().mode == "verify"
+
+    def refuse(self, what: str) -> LiveCallRefused:
+        """The error for live work in verify mode, noted for ``nbdurable verify`` (raise it).
+
+        Noted here as well as raised because the error may not reach the cell as
+        itself: an SDK wraps what its transport raises in an error of its own.
+        """
+        line = f"verify: {what}; nothing was run live"
+        with self.lock:
+            if line not in self.refused:
+                self.refused.append(line)
+        return LiveCallRefused(line)
 
     def claim(self, *, takeover: bool = False, verify: bool = True) -> lease.Holder | None:
         """Hold this run's lease before executing anything in it (see :mod:`lease`).
@@ -381,6 +400,8 @@ class Session:
                 "run": self.run_id,
                 # what `nbdurable run` prints for a step that ran instead of replaying
                 "reasons": dict(self.reasons),
+                # what verify mode refused to run live (`nbdurable verify`)
+                "refused": list(self.refused),
             }
 
 

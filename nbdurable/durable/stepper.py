@@ -201,6 +201,19 @@ class StepRunner:
                     f"step {label!r} runs again: {_not_replayable(rec)} "
                     f"({what_replays(httpsteps.wanted(http))})."
                 )
+        if self.session.verifying:
+            # Verify mode runs a body only where a record exists but cannot be
+            # restored (its sub-steps and HTTP must then all replay, checked at each).
+            replays_or_reruns = rec is not None and not force and (reason is None or state.pinned)
+            if not replays_or_reruns:
+                why = (
+                    "has no record"
+                    if rec is None
+                    else "is forced (--force)"
+                    if force
+                    else f"is invalidated: {reason}"
+                )
+                raise self.session.refuse(f"step {label!r} {why}")
         self.session.claim()
         if rec is not None and version_of(rec) != version:
             # The version about to run replaces the current one: keep that one first

@@ -177,6 +177,7 @@ class _Call:
         "callee",
         "ctx",
         "fn",
+        "miss",
         "printed",
         "returns",
         "scope",
@@ -245,7 +246,10 @@ class _Call:
         self.args_fp = keys.args_fingerprint(args, kwargs)
         self.callee = _callee_fingerprint(self.fn, self.where)
         self.args = _labelled(args, kwargs)
+        self.miss = "has no record"  # why lookup() found nothing usable (for verify mode)
         value = self.lookup()
+        if value is _ENOVAL and session.verifying:
+            raise session.refuse(f"{self.where} {self.miss}")
         if value is not _ENOVAL:
             if ctx is not None:
                 with ctx.lock:
@@ -333,6 +337,7 @@ class _Call:
                 found, raw = index.find(store, session.keys.subs_prefix(self.scope), store_key)
                 got = store.get_loaded(store_key, raw) if found else None
         except CorruptRecord as exc:
+            self.miss = f"has a record that cannot be used ({exc})"
             warn(f"{where}: its record cannot be used ({exc}); calling again.")
             return _ENOVAL
         if got is None:
@@ -344,6 +349,7 @@ class _Call:
         printed = header.get("printed")
         self.printed = printed if isinstance(printed, list) else []
         if not isinstance(recorded_fp, str) or not isinstance(duration, (int, float)):
+            self.miss = "has a malformed record"
             warn(f"{where}: its record is malformed (no args_fp or duration); calling again.")
             return _ENOVAL
         if recorded_fp != args_fp:
@@ -357,6 +363,7 @@ class _Call:
                     msg + "; clear the step, or configure(on_divergence='rerun'|'replay')"
                 )
             if mode != "replay":
+                self.miss = "was called with arguments other than those recorded"
                 self.remade("its arguments changed: the run diverged", msg, loud=mode == "warn")
                 return _ENOVAL
         # An edited function is not a divergence of the run but a new call: it is
@@ -373,6 +380,7 @@ class _Call:
             now = {k: v for k, v in self.callee.parts.items() if k not in volatile}
             what = first_change(old, now)
             why = f"its function {_fn_name(self.fn)} changed ({what or 'code'})"
+            self.miss = f"would call again: {why}"
             self.remade(why, f"{where}: {why}", loud=True)
             return _ENOVAL
         try:
@@ -381,6 +389,7 @@ class _Call:
             if mutated:  # (result, {argument: its state after the call})
                 value = self.put_back(value, mutated)
         except Exception as exc:
+            self.miss = f"has a recorded value that cannot be loaded ({exc!r})"
             warn(f"{where}: its recorded value cannot be loaded ({exc!r}); calling again.")
             return _ENOVAL
         tokens = usage.Tally.from_json(header.get("tokens"))

@@ -86,8 +86,11 @@ class _Run:
         env: Mapping[str, str],
         progress: Progress,
         startup_timeout: int,
+        verify: bool = False,
     ) -> None:
         from ..store import RunKeys, RunView
+
+        self.verify = verify
 
         self.nb = read_notebook(notebook)
         self.notebook = notebook
@@ -482,7 +485,9 @@ class _Run:
                 result.saved = {"steps": 0, "calls": 0, "seconds": 0.0}
                 self.store.close()
             result.add_savings()
-        if result.produced_results:
+        # Verify writes the executed notebook only where -o asks (its file is the record's).
+        writes = result.produced_results or (self.verify and result.status == "refused")
+        if writes and (not self.verify or result.output is not None):
             target = result.output or self.notebook
             write_atomic(self.nb_out, target)
             result.output = target
@@ -506,6 +511,7 @@ def run_notebook(
     progress: Progress | None = None,
     startup_timeout: int = 60,
     takeover: bool = False,
+    verify: bool = False,
 ) -> RunResult:
     """Execute ``notebook`` durably; restart its kernel up to ``retries`` times.
 
@@ -518,7 +524,9 @@ def run_notebook(
     ``NBDURABLE_STORE``, ``NBDURABLE_DIR`` or ``.nbdurable`` beside the
     notebook). ``env`` is added to the kernel's
     environment. ``takeover`` takes the run's lease even from a live holder
-    (another kernel recording into the same run). Bad input raises
+    (another kernel recording into the same run). ``verify`` runs replay-only
+    (``NBDURABLE_MODE=verify``, no retries: see ``nbdurable verify``) and writes
+    the executed notebook only to ``output``. Bad input raises
     :class:`UsageProblem`; everything else is in the returned
     :class:`RunResult` (see its ``exit_code``).
     """
@@ -528,6 +536,8 @@ def run_notebook(
         raise UsageProblem(f"timeout must be a positive number of seconds, got {timeout}")
     path = check_path(notebook)
     env = dict(env or {})
+    if verify:
+        env["NBDURABLE_MODE"] = "verify"
     if takeover:
         env["NBDURABLE_TAKEOVER"] = "1"
     if store is None and env.get("NBDURABLE_DIR"):
@@ -556,6 +566,7 @@ def run_notebook(
         env=env,
         progress=progress or Progress(),
         startup_timeout=startup_timeout,
+        verify=verify,
     )
     return run.run()
 

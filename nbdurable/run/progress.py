@@ -47,8 +47,13 @@ class ConsoleProgress(Progress):
     """One line per step on ``out``; a live bar on ``bar`` when it is a terminal."""
 
     def __init__(
-        self, out: IO[str] | None = None, bar: IO[str] | None = None, live: bool | None = None
+        self,
+        out: IO[str] | None = None,
+        bar: IO[str] | None = None,
+        live: bool | None = None,
+        command: str = "run",
     ) -> None:
+        self.command = command  # the header's: `nbdurable run` or `nbdurable verify`
         self.out = out or sys.stdout
         self.bar = bar or sys.stderr
         self.live = self.bar.isatty() if live is None else live
@@ -96,7 +101,9 @@ class ConsoleProgress(Progress):
         """Print the run's header line."""
         self._cells = cells
         where = f" in {result.store}" if result.store else ""
-        self._line(f"nbdurable run {result.notebook.name} (run {result.run_id!r}{where})")
+        self._line(
+            f"nbdurable {self.command} {result.notebook.name} (run {result.run_id!r}{where})"
+        )
 
     def attempt(self, number: int) -> None:
         """Announce a new kernel after a death."""

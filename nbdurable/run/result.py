@@ -13,6 +13,7 @@ EXIT_USAGE = 2
 EXIT_KERNEL_DIED = 3
 EXIT_LEASE_HELD = 4
 EXIT_TIMEOUT = 5
+EXIT_LIVE = 6
 EXIT_INTERRUPTED = 130
 
 #: Every exit code of ``nbdurable run``, as ``--help`` and docs/cli.md list them.
@@ -23,6 +24,7 @@ EXIT_CODES = (
     (EXIT_KERNEL_DIED, "the kernel died more than --retries times"),
     (EXIT_LEASE_HELD, "another live kernel records into this run (see --takeover)"),
     (EXIT_TIMEOUT, "a cell ran longer than --timeout"),
+    (EXIT_LIVE, "verify: a step or call would have run live"),
     (EXIT_INTERRUPTED, "interrupted (Ctrl-C, SIGTERM)"),
 )
 
@@ -95,12 +97,26 @@ class RunResult:
         return sum(a.outcome == "kernel died" for a in self.attempts)
 
     @property
+    def refused(self) -> list[str]:
+        """What verify mode refused to run live, one line each (every attempt's, in order)."""
+        lines: list[str] = []
+        for att in self.attempts:
+            said = (att.saved or {}).get("refused")
+            for line in said if isinstance(said, list) else ():
+                if isinstance(line, str) and line not in lines:
+                    lines.append(line)
+        return lines
+
+    @property
     def status(self) -> str:
         """One of ``ok``, ``cell error``, ``timed out``, ``lease held``, ``kernel died``,
-        ``interrupted``.
+        ``interrupted``, ``refused`` (verify mode met live work, even where a cell caught
+        the error).
         """
         if self.interrupted:
             return "interrupted"
+        if self.refused:
+            return "refused"
         if self.error is not None:
             return {"LeaseHeld": "lease held", "CellTimeoutError": "timed out"}.get(
                 self.error.ename, "cell error"
@@ -124,6 +140,7 @@ class RunResult:
             "lease held": EXIT_LEASE_HELD,
             "kernel died": EXIT_KERNEL_DIED,
             "interrupted": EXIT_INTERRUPTED,
+            "refused": EXIT_LIVE,
         }[self.status]
 
     def add_savings(self) -> None:
@@ -175,4 +192,5 @@ class RunResult:
             "cost_saved": saved.get("cost"),
             "attempts": [asdict(a) for a in self.attempts],
             "error": asdict(self.error) if self.error else None,
+            "refused": self.refused,
         }
