@@ -20,11 +20,14 @@ def _compile_nbdurable_for_children() -> None:
     any import without that setting would. Children keep the setting, so a
     module a test writes and rewrites within one second (same size, same
     mtime) is never loaded from stale bytecode. Files already compiled cost a
-    stat each; each file is written atomically, so xdist's workers, which
-    import this too, can do it at once.
+    stat each. Done by the process pytest was started as, before any xdist
+    worker (they import this file too) or child starts.
     """
     import compileall
+    import os
 
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        return
     compileall.compile_dir(Path(__file__).resolve().parent.parent / "nbdurable", quiet=1)
 
 

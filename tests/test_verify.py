@@ -48,18 +48,18 @@ def cells(base: str, *, topic: str = "cats", extra: list[str] | None = None) -> 
     ]
 
 
-def env() -> dict[str, str]:
+def env(**extra: str) -> dict[str, str]:
     out = {k: v for k, v in os.environ.items() if not k.startswith(("NBDURABLE_", "JPY_"))}
     out["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), out.get("PYTHONPATH")) if p)
-    return out
+    return {**out, **extra}
 
 
-def nbd(*args: object) -> subprocess.CompletedProcess[str]:
+def nbd(*args: object, **extra: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "nbdurable", *map(str, args)],
         capture_output=True,
         text=True,
-        env=env(),
+        env=env(**extra),
         timeout=300,
     )
 
@@ -173,3 +173,22 @@ def test_verify_mode_in_a_kernel_refuses_in_one_line(tmp_path):
         assert stream_text(nb.cells[index].outputs, "stderr") == (
             f"UsageError: verify: {what}; nothing was run live\n"
         )
+
+
+@pytest.mark.postgres
+def test_verify_on_the_team_store(tmp_path, pg_url):
+    """The same on PostgreSQL: verify passes with the server gone, and names an edit."""
+    nb = tmp_path / "agent.ipynb"
+    key = {"NBDURABLE_KEY": os.environ["NBDURABLE_KEY"]}
+    with LLMServer(log=tmp_path / "requests.jsonl", lifetime=600) as server:
+        base = server.openai_base_url
+        nbformat.write(make_notebook(cells(base)), nb)
+        assert nbd("run", "-q", nb, "--store", pg_url, **key).returncode == 0
+        sent = server.total
+    done = nbd("verify", "-q", nb, "--store", pg_url, **key)
+    assert done.returncode == 0, done.stdout + done.stderr
+    nbformat.write(make_notebook(cells(base, topic="dogs")), nb)
+    done = nbd("verify", "-q", nb, "--store", pg_url, **key)
+    assert done.returncode == 6, done.stdout + done.stderr
+    assert "verify: step 'ask' is invalidated: input 'topic' changed" in done.stderr
+    assert server.total == sent
