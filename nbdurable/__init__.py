@@ -22,6 +22,7 @@ from .errors import (
 )
 
 _LAZY = {
+    "compare": "durable.experiments",
     "configure": "config",
     "idempotency_key": "durable.substeps",
     "recorded": "durable.substeps",
@@ -56,6 +57,7 @@ __all__ = [
     "SettingError",
     "StoreError",
     "UsageProblem",
+    "compare",
     "configure",
     "idempotency_key",
     "panel",

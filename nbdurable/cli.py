@@ -174,6 +174,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     verify.set_defaults(func=cmd_verify)
 
+    diff = sub.add_parser(
+        "diff",
+        parents=[p["notebook"], p["store"], p["json"]],
+        help="compare two runs of a notebook step by step",
+        description="Compare two runs of NOTEBOOK (its own run, by the id `nbdurable ls` "
+        "shows, or named runs: `%%step run NAME`, `--run NAME`) step by step, from the "
+        "store alone: which steps differ and how (code, inputs, outputs as a text diff, "
+        "variables, sub-steps), with each run's time, calls and tokens. Exit 0 whether or "
+        "not they differ.",
+    )
+    diff.add_argument("run_a", metavar="RUN_A", help="the first run")
+    diff.add_argument("run_b", metavar="RUN_B", help="the second run")
+    diff.add_argument("--step", metavar="NAME", help="compare only this step")
+    diff.set_defaults(func=cmd_diff)
+
     status = sub.add_parser(
         "status",
         parents=[p["notebook"], p["run"], p["store"], p["json"]],
@@ -605,6 +620,48 @@ def cmd_verify(args: argparse.Namespace) -> int:
     elif result.status == "kernel died":
         print(f"nbdurable verify: failed: the kernel died; {unchanged}", file=sys.stderr)
     return result.exit_code
+
+
+def cmd_diff(args: argparse.Namespace) -> int:
+    """``nbdurable diff``."""
+    from . import rundiff as compare
+    from .text import plural
+
+    notebook = _notebook(args)
+    directory = _store_dir(args, notebook)
+    store = _open(directory, must_exist=False)
+    if store is None:
+        raise _usage(f"no store at {_shown(directory)}; run the notebook first")
+    with store:
+        compare.check_runs(store, args.run_a, args.run_b)
+        rows = compare.diff_runs(store, args.run_a, args.run_b, notebook, args.step)
+    if args.step is not None and not rows:
+        raise _usage(f"neither run recorded a step {args.step!r}")
+    if args.json:
+        _emit(compare.to_json(args.run_a, args.run_b, rows))
+        return 0
+    differ = [r for r in rows if r.verdict != "same"]
+    print(
+        f"A = {args.run_a!r}, B = {args.run_b!r}: {plural(len(rows), 'step')}, {len(differ)} differ"
+    )
+
+    def side(seconds: float, calls: int, tokens: int | None = None) -> str:
+        said = f"{seconds:.1f} s, {plural(int(calls), 'call')}"
+        return said if tokens is None else f"{said}, {plural(int(tokens), 'token')}"
+
+    for r in rows:
+        cell = f"cell {r.cell}" if r.cell is not None else "no cell"
+        times = f"A {side(r.a.seconds, r.a.calls)} · B {side(r.b.seconds, r.b.calls)}"
+        print(f"{'=' if r.verdict == 'same' else '≠'} {r.label} ({cell}): {r.verdict} · {times}")
+        for line in r.lines:
+            print(f"    {line}")
+    t = compare.totals(rows)
+    a, b = t["a"], t["b"]
+    print(
+        f"total: A {side(a['seconds'], a['calls'], a['tokens'])} · "
+        f"B {side(b['seconds'], b['calls'], b['tokens'])}"
+    )
+    return 0
 
 
 def _strip_ansi(text: str) -> str:

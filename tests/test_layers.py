@@ -38,6 +38,7 @@ SHARED = (
     "faults",
     "hush",
     "redact",
+    "rundiff",
     "states",
     "status",
     "text",
