@@ -174,6 +174,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     verify.set_defaults(func=cmd_verify)
 
+    fork = sub.add_parser(
+        "fork",
+        parents=[p["notebook"], p["run"], p["store"]],
+        help="a new run that shares a run's records before a step",
+        description="Make run NEW from the notebook's run (or --run NAME): the records of the "
+        "steps before STEP (every step without --from) are shared, so they replay in NEW with "
+        "no call made, and STEP and the steps after it run anew there. Saved values are not "
+        "copied; the parent is never written. Then `nbdurable run NOTEBOOK --run NEW`.",
+    )
+    fork.add_argument("new_run", metavar="NEW", help="the new run's name")
+    fork.add_argument("--from", dest="from_step", metavar="STEP", help="the first step to redo")
+    fork.set_defaults(func=cmd_fork)
+
     diff = sub.add_parser(
         "diff",
         parents=[p["notebook"], p["store"], p["json"]],
@@ -622,6 +635,17 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return result.exit_code
 
 
+def cmd_fork(args: argparse.Namespace) -> int:
+    """``nbdurable fork``."""
+    from . import commands
+
+    with _recorded_run(args) as (notebook, store, run_id, _):
+        done = commands.fork(store, run_id, args.new_run, notebook, args.from_step)
+    print(done.message)
+    print(f"next: nbdurable run {_shown(notebook)} --run {args.new_run}")
+    return 0
+
+
 def cmd_diff(args: argparse.Namespace) -> int:
     """``nbdurable diff``."""
     from . import rundiff as compare
@@ -786,9 +810,17 @@ def cmd_ls(args: argparse.Namespace) -> int:
         _emit({"store": _shown(directory), "runs": [r.to_json() for r in infos]})
         return 0
     print(f"store {_shown(directory)}: {len(infos)} run{'s' if len(infos) != 1 else ''}")
-    rows = [("run", "steps", "sub-steps", "pinned", "size", "last activity")]
+    rows = [("run", "steps", "sub-steps", "pinned", "size", "last activity", "forked from")]
     rows += [
-        (r.run, str(r.steps), str(r.substeps), str(r.pinned), human_size(r.size), _when(r.last))
+        (
+            r.run,
+            str(r.steps),
+            str(r.substeps),
+            str(r.pinned),
+            human_size(r.size),
+            _when(r.last),
+            r.parent or "-",
+        )
         for r in infos
     ]
     widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]

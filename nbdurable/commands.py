@@ -26,7 +26,7 @@ from .store.records import StepState
 class Done:
     """What a command did: ``message`` for the user; ``keys``, the steps it changed."""
 
-    action: str  # clear | clear-all | pin | unpin | takeover
+    action: str  # clear | clear-all | pin | unpin | takeover | fork
     message: str
     keys: tuple[str, ...] = ()
 
@@ -72,6 +72,51 @@ def pin_steps(
     for key in found:
         set_pin(store, run_id, key, pinned)
     return Done(action, f"{action}ned: {', '.join(label(k) for k in found)}", tuple(found))
+
+
+def fork(
+    store: Store,
+    run_id: str,
+    new_run: str,
+    notebook: Path | None = None,
+    from_step: str | None = None,
+) -> Done:
+    """A new run ``new_run`` that shares ``run_id``'s records of the steps before ``from_step``.
+
+    Those steps replay in the fork; ``from_step`` and every step after it (in
+    the notebook's order) have no record there, so the fork executes from it
+    on (see :func:`nbdurable.store.copy.fork_run`). ``from_step`` None: every
+    step is shared. The parent is never written.
+    """
+    from .identity.keys import validate_name
+    from .store.copy import fork_run
+
+    validate_name(new_run, "run name")
+    if new_run == run_id:
+        raise UsageProblem(f"run {run_id!r} cannot be forked into itself; give a new name")
+    infos = [i for i in step_infos(store, run_id, notebook) if i.key != RUN_SCOPE]
+    keep: set[str] | None = None
+    where = ""
+    if from_step is not None:
+        (key,) = resolve(store, run_id, [from_step], notebook, infos)
+        at = next(i for i in infos if i.key == key)
+        if at.position is None:
+            raise UsageProblem(
+                f"step {at.label!r} is in no cell of the notebook, so nothing comes before it; "
+                "fork without --from, or name a step of the notebook"
+            )
+        keep = {i.key for i in infos if i.position is not None and i.position < at.position}
+        where = f" from step {at.label!r}"
+    shared = [i.label for i in infos if (keep is None or i.key in keep) and i.recorded_at]
+    report = fork_run(store, run_id, new_run, keep)
+    said = ", ".join(repr(s) for s in shared) or "none"
+    return Done(
+        "fork",
+        f"forked run {run_id!r} into {new_run!r}{where}: the records of {len(shared)} "
+        f"step{'' if len(shared) == 1 else 's'} shared ({said}; {report.records} records, saved "
+        f"variables shared, not copied); the parent is unchanged",
+        tuple(sorted(keep or ())),
+    )
 
 
 def take_over(session: Any) -> Done:

@@ -678,16 +678,27 @@ OPTIONS = {
         st.just(["--json"]),
         UNKNOWN.map(list),
     ],
+    # A notebook that does not exist, as for `run`: it must fail before any kernel.
+    "verify": COMMON
+    + [_opt("--timeout", NUMBERS), _opt("--cwd", PATHS), _opt("-o", PATHS), st.just(["-q"])],
+    "diff": [
+        RUNS.map(lambda r: [r]),
+        _opt("--step", STEPS),
+        _opt("--store", PATHS),
+        st.just(["--json"]),
+        UNKNOWN.map(list),
+    ],
+    "fork": [*COMMON, RUNS.map(lambda r: [r]), _opt("--from", STEPS)],
     # Always with a bad value: `demo` with good arguments would start kernels.
     "demo": [_opt("--crash-at", NUMBERS), _opt("--dir", PATHS), UNKNOWN.map(list)],
 }
 BAD_LATENCY = st.sampled_from(["-1", "11", "nan", "inf", "x", "", "1e309", "10.000001"])
-MUTATING = {"clear", "pin", "unpin", "gc"}
+MUTATING = {"clear", "pin", "unpin", "gc", "fork"}
 
 
 def _argv(command: str) -> st.SearchStrategy[list[str]]:
     pieces = st.lists(st.one_of(*OPTIONS[command]), max_size=4)
-    if command == "run":  # a notebook that does not exist: the run must fail before any kernel
+    if command in ("run", "verify"):  # no such notebook: must fail before any kernel
         head = PATHS.map(lambda p: [p])
     elif command in ("ls", "gc"):
         head = st.just([])

@@ -17,7 +17,7 @@ from ..errors import UsageProblem
 from .keys import _shown, validate_name
 
 #: ``%step`` commands: never a step name.
-STEP_COMMANDS = ("list", "clear", "pin", "unpin", "run", "panel", "takeover")
+STEP_COMMANDS = ("list", "clear", "pin", "unpin", "run", "fork", "panel", "takeover")
 #: The options the line takes (``-f`` is ``--force``).
 OPTIONS = ("--force", "-f", "--http", "--inputs")
 #: A code cell's first line that makes it a step; group 1 is the rest of the line.

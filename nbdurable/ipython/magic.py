@@ -35,6 +35,8 @@ class StepMagics(Magics):
             %step clear NAME [NAME ...]  forget steps (and their sub-steps); --all: the run
             %step pin NAME | unpin NAME  replay a step even when invalidated / stop doing so
             %step run [NAME]             switch to a named run (no NAME: the notebook's own)
+            %step fork NEW [--from STEP] a new run sharing this one's records before STEP;
+                                         then record into it
             %step panel                  show the step panel
             %step takeover               take the run's lease from another (stuck) runner
         """
@@ -105,6 +107,8 @@ class StepMagics(Magics):
                 raise UsageProblem(f"%step run takes one NAME, got {len(rest)}")
             name = keys.validate_name(rest[0], "run name") if rest else None
             print(f"nbdurable run: {session.set_run(name)!r}")
+        elif cmd == "fork":
+            self._fork(session, rest)
         elif cmd == "takeover":
             _no_args(cmd, rest)
             self._done(session, commands.take_over(session))
@@ -116,6 +120,19 @@ class StepMagics(Magics):
         else:
             known = ", ".join(_SUBCOMMANDS)
             raise UsageProblem(f"%step: unknown command {keys._shown(cmd)}; commands: {known}")
+
+    @staticmethod
+    def _fork(session: Session, rest: list[str]) -> None:
+        """``%step fork NEW [--from STEP]``: fork this run, then record into the fork."""
+        usage = "usage: %step fork NEW [--from STEP]"
+        from_step = None
+        if len(rest) == 3 and rest[1] == "--from":
+            from_step = rest[2]
+        elif len(rest) != 1 or rest[0].startswith("-"):
+            raise UsageProblem(usage)
+        done = commands.fork(session.store, session.run_id, rest[0], session.notebook, from_step)
+        print(done.message)
+        print(f"nbdurable run: {session.set_run(rest[0])!r}")
 
     @staticmethod
     def _done(session: Session, done: commands.Done) -> None:

@@ -47,6 +47,8 @@ class RunInfo:
     keys: int = 0
     size: int = 0
     last: float | None = None
+    #: the run it was forked from (``nbdurable fork``, ``%step fork``); None: not a fork
+    parent: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-able dict."""
@@ -60,6 +62,7 @@ class _Run:
     hash: str
     keys: list[str] = field(default_factory=list)
     meta: dict[str, Any] | None = None
+    fork: dict[str, Any] | None = None  # see RunKeys.fork
     steps: dict[str, dict[str, Any] | None] = field(default_factory=dict)  # None: unreadable
     states: dict[str, dict[str, Any] | None] = field(default_factory=dict)
     subs: dict[str, list[str]] = field(default_factory=dict)  # scope -> keys
@@ -95,7 +98,9 @@ def _read_runs(store: Store) -> dict[str, _Run]:
         h = read_header(store, key)
         if h is None:
             run.unreadable.append(key)
-        if where.kind == "meta":
+        if where.kind == "fork":
+            run.fork = h
+        elif where.kind == "meta":
             run.meta = h
             if run.meta:
                 run.run_id = run.meta.get("run") or run.run_id
@@ -143,6 +148,7 @@ def list_runs(store: Store) -> list[RunInfo]:
                 keys=n,
                 size=size,
                 last=run.last,
+                parent=(run.fork or {}).get("parent"),
             )
         )
     return sorted(out, key=lambda r: -(r.last or 0))

@@ -5,6 +5,7 @@ Every key is a plain string, every value signed bytes (see :mod:`.codec`)::
     meta/format                      format version of the store
     r/<run>/meta                     run id, notebook, last activity
     r/<run>/lease                    who records into the run now (see nbdurable.durable.lease)
+    r/<run>/fork                     the run it was forked from, and when (nbdurable fork)
     r/<run>/s/<step key>             StepRecord header (JSON)
     r/<run>/t/<step key>             StepState (pinned / failed / stale)
     r/<run>/u/<step key>/<sub id>    SubRecord header + pickled value
@@ -69,6 +70,11 @@ class RunKeys:
     def lease(self) -> str:
         """The key of the run's lease."""
         return self.base + "lease"
+
+    @property
+    def fork(self) -> str:
+        """The key saying which run this one was forked from (written once, by the fork)."""
+        return self.base + "fork"
 
     @property
     def changed(self) -> str:
@@ -146,7 +152,7 @@ def parse(key: str) -> Parsed | None:
     parts = key.split("/", 3)
     if not key.startswith(RUNS) or len(parts) < 3:
         return None
-    if len(parts) == 3 and parts[2] in ("meta", "lease", "changed"):
+    if len(parts) == 3 and parts[2] in ("meta", "lease", "changed", "fork"):
         return Parsed(parts[1], parts[2])
     if len(parts) < 4 or parts[2] not in _KINDS:
         return Parsed(parts[1], "other")
