@@ -84,6 +84,21 @@ def _exit_codes() -> str:
     )
 
 
+def _live_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--live",
+        metavar="PATTERN",
+        action="append",
+        help="run the sub-steps whose ids match PATTERN (a glob, e.g. 'llm:*'; repeatable) "
+        "live while the rest replay, recorded into a fork of the run (see --into)",
+    )
+    parser.add_argument(
+        "--into",
+        metavar="NAME",
+        help="with --live: the fork to record into (default: RUN-live-DATE)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The full ``nbdurable`` argument parser."""
     p = _parents()
@@ -139,6 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="take the run's lease even if another live kernel holds it",
     )
+    _live_option(run)
     run.set_defaults(func=cmd_run)
 
     verify = sub.add_parser(
@@ -172,6 +188,7 @@ def build_parser() -> argparse.ArgumentParser:
     verify.add_argument(
         "--kernel", metavar="NAME", help="kernel spec to use (default: the notebook's)"
     )
+    _live_option(verify)
     verify.set_defaults(func=cmd_verify)
 
     fork = sub.add_parser(
@@ -510,6 +527,29 @@ def _when(t: float | None) -> str:
 # -- commands --------------------------------------------------------------------------
 
 
+def _live_fork(args: argparse.Namespace) -> dict[str, str]:
+    """With ``--live``: fork the run into ``--into`` and record there; the kernel's env."""
+    if args.into is not None and not args.live:
+        raise _usage("--into names the fork --live records into; give --live PATTERN too")
+    if not args.live:
+        return {}
+    import time
+
+    from . import commands
+    from .identity.keys import validate_name
+
+    patterns = [p.strip() for p in args.live]
+    if not all(patterns) or any("," in p for p in patterns):
+        raise _usage("--live takes one non-empty pattern at a time, without commas (repeat it)")
+    with _recorded_run(args) as (notebook, store, run_id, _):
+        new = args.into or f"{run_id}-live-{time.strftime('%Y%m%d-%H%M%S')}"
+        validate_name(new, "run name (--into)")
+        done = commands.fork(store, run_id, new, notebook)
+    print(done.message, file=sys.stderr)
+    args.run_name = new
+    return {"NBDURABLE_LIVE": ",".join(patterns)}
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     """``nbdurable run``."""
     from .run import ConsoleProgress, Progress, run_notebook
@@ -518,6 +558,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         from .identity.keys import validate_name
 
         validate_name(args.run_name, "run name")
+    live_env = _live_fork(args)
     quiet = args.quiet or args.json
     result = run_notebook(
         args.notebook,
@@ -530,6 +571,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         store=args.store,
         progress=Progress() if quiet else ConsoleProgress(),
         takeover=args.takeover,
+        env=live_env,
     )
     if args.json:
         _emit(result.to_json())
@@ -582,6 +624,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
         from .identity.keys import validate_name
 
         validate_name(args.run_name, "run name")
+    live_env = _live_fork(args)
     quiet = args.quiet or args.json
     result = run_notebook(
         args.notebook,
@@ -594,6 +637,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
         store=args.store,
         progress=Progress() if quiet else ConsoleProgress(command="verify"),
         verify=True,
+        env=live_env,
     )
     if args.json:
         _emit(result.to_json())

@@ -47,6 +47,11 @@ class Settings:
       of a record, or a sub-step or HTTP request not in the record, stops the
       cell with :class:`~nbdurable.errors.LiveCallRefused` instead of running;
       see ``nbdurable verify``). ``NBDURABLE_MODE`` sets it for a kernel.
+    - ``live``: sub-step id patterns (``fnmatch`` globs, e.g. ``("llm:*",)``)
+      whose calls run live although recorded, while every other sub-step
+      replays: a step holding such a sub-step runs its body again (saying
+      so), its other sub-steps replaying. ``NBDURABLE_LIVE`` (comma-separated)
+      sets it for a kernel, as ``nbdurable run --live`` does. Default ``()``.
     - ``keep_versions``: how many versions (code and inputs) of each step keep
       their records, the current one included (default 10,
       ``store.versions.KEEP_VERSIONS``); a step set back
@@ -62,6 +67,7 @@ class Settings:
     http: bool = True
     keep_versions: int = KEEP_VERSIONS
     mode: str = "record"
+    live: tuple[str, ...] = ()
 
     def __repr__(self) -> str:
         # A store URL's password never shows: this repr is printed, and a step that
@@ -115,7 +121,22 @@ def _mode_from_env() -> str:
     return "verify"
 
 
-_settings = Settings(mode=_mode_from_env())
+def _live_from_env() -> tuple[str, ...]:
+    """``NBDURABLE_LIVE``: comma-separated sub-step id patterns (set by ``--live``)."""
+    return tuple(p.strip() for p in os.environ.get("NBDURABLE_LIVE", "").split(",") if p.strip())
+
+
+def is_live(sub_id: str) -> bool:
+    """Whether sub-step ``sub_id`` runs live although recorded (the ``live`` setting)."""
+    patterns = _settings.live
+    if not patterns:
+        return False
+    from fnmatch import fnmatchcase
+
+    return any(fnmatchcase(sub_id, p) for p in patterns)
+
+
+_settings = Settings(mode=_mode_from_env(), live=_live_from_env())
 
 
 def get() -> Settings:
@@ -153,6 +174,17 @@ def configure(**changes: object) -> Settings:
     size = changes.get("warn_size_mb", 1)
     if isinstance(size, bool) or not isinstance(size, (int, float)) or size <= 0:
         raise SettingError(f"warn_size_mb must be a positive number (got {size!r})")
+    if "live" in changes:
+        live = changes["live"]
+        if isinstance(live, str):
+            live = (live,)
+        if not isinstance(live, (list, tuple)) or not all(
+            isinstance(p, str) and p.strip() for p in live
+        ):
+            raise SettingError(
+                f"live must be a list of sub-step id patterns such as ['llm:*'] (got {live!r})"
+            )
+        changes["live"] = tuple(p.strip() for p in live)
     if changes.get("prices") is not None:
         changes["prices"] = _prices(changes["prices"])
     keep = changes.get("keep_versions", 1)

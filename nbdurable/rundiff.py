@@ -109,10 +109,23 @@ def _subs(store: Store, prefix: str) -> dict[str, tuple[Any, Any]]:
 
 
 def _vars(header: dict[str, Any]) -> dict[str, Any]:
+    """Variable name -> what tells its value: its own fingerprint, or None for one of the
+    step's shared pickle (whose fingerprint is the whole blob's: see ``_joint``).
+    """
+    out = {}
+    for v in header.get("variables") or ():
+        if isinstance(v, dict):
+            fp = v.get("content") or v.get("fp") or v.get("ref")
+            out[v.get("name")] = None if str(fp).startswith("blob:") else fp
+    return out
+
+
+def _joint(header: dict[str, Any]) -> set[str]:
+    """The blob digests of a step's shared variables (changes when any of them does)."""
     return {
-        v.get("name"): v.get("fp") or v.get("ref")
+        str(v.get("fp")).split("/", 1)[0]
         for v in header.get("variables") or ()
-        if isinstance(v, dict)
+        if isinstance(v, dict) and str(v.get("fp")).startswith("blob:")
     }
 
 
@@ -148,12 +161,20 @@ def step_lines(
         lines.append("outputs differ (not in their text: images, widgets or metadata)")
     vars_a, vars_b = _vars(ha), _vars(hb)
     made_a, made_b = ha.get("made") or {}, hb.get("made") or {}
+    told = False
     for name in sorted(set(vars_a) | set(vars_b)):
-        if vars_a.get(name) != vars_b.get(name):
-            if name not in vars_a or name not in vars_b:
-                lines.append(f"variable {name!r} only in {'B' if name not in vars_a else 'A'}")
-            else:
+        if name not in vars_a or name not in vars_b:
+            lines.append(f"variable {name!r} only in {'B' if name not in vars_a else 'A'}")
+            told = True
+        elif vars_a[name] is None or vars_b[name] is None:  # saved together: by their briefs
+            if made_a.get(name) != made_b.get(name):
                 lines.append(f"variable {name!r}: {_pair(made_a.get(name), made_b.get(name))}")
+                told = True
+        elif vars_a[name] != vars_b[name]:
+            lines.append(f"variable {name!r}: {_pair(made_a.get(name), made_b.get(name))}")
+            told = True
+    if not told and _joint(ha) != _joint(hb):
+        lines.append("saved variables differ (their short forms are alike)")
     for sub_id in sorted(set(subs_a) | set(subs_b)):
         got_a, got_b = subs_a.get(sub_id), subs_b.get(sub_id)
         if got_a == got_b:

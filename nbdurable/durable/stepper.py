@@ -188,7 +188,14 @@ class StepRunner:
                 rec, state, source_fp=source_fp, inputs=inputs, declared=declared
             )
         )
-        if rec is not None and not force and (reason is None or state.pinned):
+        live = self._live_subs(key) if rec is not None else []
+        if live:
+            shown = ", ".join(repr(s) for s in live[:3]) + (", ..." if len(live) > 3 else "")
+            warn(
+                f"step {label!r} runs again: its sub-steps {shown} run live "
+                f"(live={list(config.get().live)}); its other sub-steps replay."
+            )
+        if rec is not None and not force and not live and (reason is None or state.pinned):
             replayed = self._replay(rec, label, reason, split) if rec.replayable else None
             if replayed is not None:
                 if reason is None:
@@ -205,7 +212,10 @@ class StepRunner:
             # Verify mode runs a body only where a record exists but cannot be
             # restored (its sub-steps and HTTP must then all replay, checked at each).
             replays_or_reruns = rec is not None and not force and (reason is None or state.pinned)
-            if not replays_or_reruns:
+            # With `live` set, what live calls return invalidates their readers: those run,
+            # each of their calls still answered from the record or matching `live`.
+            follows_live = rec is not None and not force and bool(config.get().live)
+            if not replays_or_reruns and not follows_live:
                 why = (
                     "has no record"
                     if rec is None
@@ -251,6 +261,14 @@ class StepRunner:
             procstate.replayable_reasons(rec.process if rec else None)
         )
         return self._start(plan)
+
+    def _live_subs(self, key: str) -> list[str]:
+        """The recorded sub-steps of step ``key`` that the ``live`` setting runs live."""
+        if not config.get().live:
+            return []
+        prefix = self.session.keys.subs_prefix(key)
+        ids = [k[len(prefix) :] for k in self.session.store.scan(prefix)]
+        return [i for i in ids if config.is_live(i)]
 
     def _confirm(self, rec: StepRecord, state: StepState) -> None:
         """Note that ``rec`` replayed against the upstream records this kernel made since it.

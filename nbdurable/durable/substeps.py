@@ -247,8 +247,9 @@ class _Call:
         self.callee = _callee_fingerprint(self.fn, self.where)
         self.args = _labelled(args, kwargs)
         self.miss = "has no record"  # why lookup() found nothing usable (for verify mode)
-        value = self.lookup()
-        if value is _ENOVAL and session.verifying:
+        live = config.is_live(self.sub_id)  # runs live although recorded (`--live`)
+        value = _ENOVAL if live else self.lookup()
+        if value is _ENOVAL and session.verifying and not live:
             raise session.refuse(f"{self.where} {self.miss}")
         if value is not _ENOVAL:
             if ctx is not None:
