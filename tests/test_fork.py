@@ -111,12 +111,18 @@ def test_step_fork_in_a_kernel_switches_to_the_fork(tmp_path):
         "%step fork bold --from styled",
         "STYLE = 'bold'",
         *cells("bold")[2:],
+        "%step list",
+        "import nbdurable\nprint(nbdurable.panel().text().splitlines()[0])",
         "%step fork bold",
         "%step fork",
     ]
     out = run_notebook(make_notebook([SETUP, *later]), cwd=tmp_path, env=env, allow_errors=True)
     said = stream_text(out.cells[1].outputs)
     assert said.startswith("forked run 'exp.ipynb' into 'bold' from step 'styled'"), said
+    listed = stream_text(out.cells[-4].outputs)
+    assert listed.startswith("run 'bold' (forked from 'exp.ipynb') in "), listed
+    panel = stream_text(out.cells[-3].outputs)
+    assert panel.startswith("nbdurable run 'bold' (forked from 'exp.ipynb') in "), panel
     assert said.endswith("nbdurable run: 'bold'\n"), said
     assert calls(tmp_path)[made:] == [
         "write it in a bold voice",

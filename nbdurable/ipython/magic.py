@@ -11,6 +11,7 @@ from .. import commands, config, status
 from ..durable.session import Session, get_session
 from ..errors import LeaseHeld, StoreError, UsageProblem
 from ..identity import keys, stepline
+from ..store import RunView
 from ..text import one_line
 from . import cellstep
 from .host import session_for
@@ -81,7 +82,9 @@ class StepMagics(Magics):
             )
             with session.lock:
                 spared = session.saved.line(config.get().prices)
-            print(f"run {session.run_id!r} in {session.store.path} — {spared}")
+            parent = RunView(session.store, session.run_id).parent()
+            forked = f" (forked from {parent!r})" if parent else ""
+            print(f"run {session.run_id!r}{forked} in {session.store.path} — {spared}")
             if session.lost:
                 print(f"not recording: {session.lost}")
             print(status.format_table(infos) if infos else "no steps recorded yet")

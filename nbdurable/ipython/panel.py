@@ -114,6 +114,7 @@ class StepPanel(widgets.VBox):
         self.infos: list[StepInfo] = []
         self.rows: dict[str, StepRow] = {}
         self._run_id = ""
+        self._parent: tuple[str, str | None] = ("", None)  # (run id, the run it forks)
         # Pending changes, written by the event listener (guarded by _lock,
         # held only for a few dictionary operations).
         self._lock = threading.Lock()
@@ -350,8 +351,21 @@ class StepPanel(widgets.VBox):
             spared = self.session.saved.line(config.get().prices)
         return " · ".join(totals), spared
 
+    def _forked_from(self) -> str | None:
+        """The parent of the shown run, read once per run (a fork's lineage never changes)."""
+        if self._parent[0] != self._run_id:
+            self._parent = (self._run_id, RunView(self.session.store, self._run_id).parent())
+        return self._parent[1]
+
     def _show_header(self) -> None:
         totals, spared = self._summary()
+        parent = self._forked_from()
+        forked = (
+            f'<span class="nbd-parent" style="color:{_GREY}">forked from '
+            f"<code>{_e(parent)}</code></span> "
+            if parent
+            else ""
+        )
         path, nb = self.session.store.path, self.session.notebook
         grey = f"color:{_GREY}"
         lost = self.session.lost
@@ -363,7 +377,7 @@ class StepPanel(widgets.VBox):
         )
         value = (
             f'<div class="nbd-header" style="line-height:1.5">'
-            f"<b>nbdurable</b> run <code>{_e(self._run_id)}</code> "
+            f"<b>nbdurable</b> run <code>{_e(self._run_id)}</code> {forked}"
             f'<span style="{grey}" title="{_attr(str(path))}">in {_e(_place(path, nb))}</span><br>'
             f'<span class="nbd-totals">{totals}</span>'
             f' <span style="{grey}">— <span class="nbd-saved">{_e(spared)}</span></span>'
@@ -377,8 +391,10 @@ class StepPanel(widgets.VBox):
         totals, spared = self._summary()
         table = status.format_table(self.infos) if self.infos else "no steps recorded yet"
         lost = f"not recording: {self.session.lost}\n" if self.session.lost else ""
+        parent = self._forked_from()
+        forked = f" (forked from {parent!r})" if parent else ""
         return (
-            f"nbdurable run {self._run_id!r} in {self.session.store.path}\n"
+            f"nbdurable run {self._run_id!r}{forked} in {self.session.store.path}\n"
             f"{totals} — {spared}\n{lost}{table}"
         )
 

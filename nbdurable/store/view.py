@@ -43,6 +43,11 @@ class RunView:
         """The verified header of one of the run's keys; None if absent or unreadable."""
         return read_header(self.store, key)
 
+    def parent(self) -> str | None:
+        """The run this one was forked from (``nbdurable fork``); None if it is no fork."""
+        parent = (self.header(self.keys.fork) or {}).get("parent")
+        return parent if isinstance(parent, str) else None
+
     def record(self, step: str) -> StepRecord | None:
         """The step's record, None if absent.
 
