@@ -691,3 +691,28 @@ def test_a_save_refreshes_the_panel_in_a_real_kernel(tmp_path):
         finally:
             kc.stop_channels()
             km.shutdown_kernel(now=True)
+
+
+def test_the_compare_view_shows_how_a_fork_differs(session):
+    """Compare…: pick another run of the store, read its differences step by step."""
+    write_notebook(session.notebook, {"a": "x = 1", "b": "y = x + 1"})
+    session.steps.run_step("x = 1", name="a")
+    session.steps.run_step("y = x + 1", name="b")
+    commands.fork(session.store, RUN, "fork", session.notebook, "b")
+    session.set_run("fork")
+    session.user_ns["x"] = 5
+    session.steps.run_step("y = x + 1", name="b")  # x changed: b differs in the fork
+    session.set_run(RUN)
+    p = StepPanel(session)
+    try:
+        p.toggle_compare()
+        view = p.compare
+        assert view is not None and p.compare_button.description == "Close compare"
+        assert [o[1] for o in view.pick.options] == [None, "fork"]
+        view.pick.value = "fork"
+        assert view.lines == ["= a: same", "≠ b: differs"], view.lines
+        assert "input 'x': 1 / 5" in view.result.value, view.result.value
+        p.toggle_compare()
+        assert p.compare is None and p._compare_slot.children == ()
+    finally:
+        p.close()

@@ -154,6 +154,14 @@ class StepPanel(widgets.VBox):
             tooltip="Forget every record of this run",
             layout=widgets.Layout(width="8em", min_width="8em", margin="0 0 0 4px"),
         )
+        self.compare_button = widgets.Button(
+            description="Compare…",
+            icon="columns",
+            tooltip="Compare this run with another run of the store, step by step",
+            layout=widgets.Layout(width="8.5em", min_width="8.5em", margin="0 0 0 4px"),
+        )
+        self.compare: Any = None  # the open CompareView (see compareview.py), else None
+        self._compare_slot = widgets.VBox()
         self.confirm_text = widgets.HTML(layout=widgets.Layout(flex="1 1 16em", min_width="0"))
         self.confirm_button = widgets.Button(
             description="Confirm", button_style="danger", layout=_BUTTON
@@ -170,15 +178,16 @@ class StepPanel(widgets.VBox):
         self.rows_box = widgets.VBox()
         self.message = widgets.HTML()
         toolbar = widgets.HBox(
-            [self.header, self.refresh_button, self.clear_all_button],
+            [self.header, self.refresh_button, self.compare_button, self.clear_all_button],
             layout=widgets.Layout(align_items="flex-start", flex_flow="row wrap"),
         )
+        self.compare_button.on_click(lambda _b: self.toggle_compare())
         self.refresh_button.on_click(lambda _b: self.refresh())
         self.clear_all_button.on_click(lambda _b: self._ask_clear_all())
         self.confirm_button.on_click(lambda _b: self._confirmed())
         self.cancel_button.on_click(lambda _b: self._hide_confirm())
         super().__init__(
-            [toolbar, self._confirm_slot, self.rows_box, self.message],
+            [toolbar, self._compare_slot, self._confirm_slot, self.rows_box, self.message],
             layout=widgets.Layout(
                 border="1px solid var(--jp-border-color2, #e0e0e0)",
                 padding="6px 8px",
@@ -554,6 +563,21 @@ class StepPanel(widgets.VBox):
             if self._confirm_slot.children:
                 self._confirm_slot.children = ()
 
+    def toggle_compare(self) -> None:
+        """Open the compare view under the header (reading the store's runs), or close it."""
+        from .compareview import CompareView
+
+        with self._ui_lock:
+            if self.compare is not None:
+                self.compare.close()
+                self.compare = None
+                self._compare_slot.children = ()
+                self.compare_button.description = "Compare…"
+                return
+            self.compare = CompareView(self.session, self._run_id)
+            self._compare_slot.children = (self.compare,)
+            self.compare_button.description = "Close compare"
+
     def _say(self, text: str, error: bool = False) -> None:
         colour = "var(--jp-error-color1, #d32f2f)" if error else _GREY
         self.message.value = (
@@ -579,9 +603,13 @@ class StepPanel(widgets.VBox):
             timer.cancel()
         for row in self.rows.values():
             row.close()
+        if self.compare is not None:
+            self.compare.close()
         for w in (
             self.header,
             self.refresh_button,
+            self.compare_button,
+            self._compare_slot,
             self.clear_all_button,
             self.confirm_text,
             self.confirm_button,
