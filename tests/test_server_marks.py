@@ -98,3 +98,36 @@ def test_actions_act_on_the_store_as_the_cli_does(tmp_path):
     with pytest.raises(UsageProblem, match="nothing is recorded for b.ipynb yet"):
         nbformat.write(make_notebook(cells), tmp_path / "b.ipynb")
         act(tmp_path / "b.ipynb", "pin", "name:plan", tmp_path / "none")
+
+
+def test_the_side_panel_lists_runs_with_parents_and_compares_them(tmp_path):
+    """runs_of and compare_with: what the side panel's Runs section draws."""
+    from IPython.core.interactiveshell import InteractiveShell
+
+    from nbdurable import commands
+    from nbdurable.durable import session as engine
+    from nbdurable.errors import UsageProblem
+    from nbdurable.ipython.host import session_for
+    from nbdurable.server.marks import compare_with, runs_of
+
+    nb = tmp_path / "a.ipynb"
+    nbformat.write(make_notebook(["%load_ext nbdurable", "%%step plan\nx = 1"]), nb)
+    assert runs_of(nb) == {"run": "a.ipynb", "runs": []}
+    engine.reset_session()
+    try:
+        s = session_for(InteractiveShell.instance())
+        s.set_store(open_store(tmp_path / ".nbdurable"), "a.ipynb")
+        s.notebook = nb
+        s.steps.run_step("x = 1", name="plan")
+        commands.fork(s.store, "a.ipynb", "bold", nb)
+        s.set_run("bold")
+        s.steps.run_step("x = 1", name="plan", force=True)
+    finally:
+        engine.reset_session()
+    got = runs_of(nb)
+    assert {r["run"]: r["parent"] for r in got["runs"]} == {"a.ipynb": None, "bold": "a.ipynb"}
+    doc = compare_with(nb, "bold")
+    assert doc["a"] == "a.ipynb" and doc["b"] == "bold"
+    assert [(s["label"], s["verdict"]) for s in doc["steps"]] == [("plan", "same")]
+    with pytest.raises(UsageProblem, match="no run 'nope'"):
+        compare_with(nb, "nope")

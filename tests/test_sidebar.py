@@ -46,6 +46,7 @@ from test_cell_marks import (
     _wait_idle_kernel,
 )
 
+from nbdurable import commands
 from nbdurable.store import RunView, open_store
 
 pytestmark = pytest.mark.browser
@@ -224,6 +225,28 @@ def test_sidebar(app):
                 assert v.state("name:research").pinned
             row("name:research").get_by_role("button", name="Unpin").click()
             expect(row("name:research")).to_have_attribute("data-nbd-state", "replayed")
+
+            # Runs…: the store's runs, a fork named with its parent, and a comparison.
+            s, _v = view()
+            with s:
+                commands.fork(s, RUN_ID, "variant", root / NOTEBOOK, "extra")
+            side.get_by_role("button", name="Runs…").click()
+            variant = side.locator('.nbd-side-run-row[data-nbd-run="variant"]')
+            expect(variant).to_contain_text(f"forked from {RUN_ID}")
+            expect(side.locator(f'.nbd-side-run-row[data-nbd-run="{RUN_ID}"]')).to_contain_text(
+                "this notebook's run"
+            )
+            variant.get_by_role("button", name="Compare").click()
+            compared = side.locator(".nbd-side-compare")
+            expect(compared.locator(".nbd-side-compare-head")).to_contain_text(
+                f"A {RUN_ID} · B variant: "
+            )
+            # Steps from 'extra' on were not forked: only in A; the ones before are the same.
+            expect(compared.locator('[data-nbd-verdict="only in A"]').first).to_be_visible()
+            expect(compared.locator('[data-nbd-verdict="same"]').first).to_be_visible()
+            page.screenshot(path=str(ARTIFACTS / f"sidebar-{kind}-runs.png"))
+            side.get_by_role("button", name="Close runs").click()
+            expect(side.locator(".nbd-side-runs")).to_have_count(0)
 
             # Clear a step with sub-steps: it asks first; cancelled, nothing changes.
             row("name:research").get_by_role("button", name="Clear").click()

@@ -11,6 +11,11 @@
  * commands on the store (nbdurable.server.marks.act); Clear of a step with
  * sub-steps and Clear all ask first, since those calls would be made again.
  * What a button did is said under the header until the next one.
+ *
+ * **Runs…** lists the store's runs (GET ...?runs=1, asked only when opened:
+ * listing reads every run), each fork with the run it was forked from, and
+ * **Compare** beside another run shows this notebook's run beside it, step by
+ * step, as `nbdurable diff` says it (GET ...?compare=RUN).
  */
 
 import { Dialog, showDialog } from '@jupyterlab/apputils';
@@ -91,6 +96,32 @@ export async function postAction(
   return String(body.message ?? '');
 }
 
+/** ``GET nbdurable/api/steps?path=...&<query>`` for ``panel``'s notebook, as JSON. */
+export async function getJSON(panel: NotebookPanel, query: string): Promise<any> {
+  const settings = ServerConnection.makeSettings();
+  const path = encodeURIComponent(panel.context.localPath);
+  const url = URLExt.join(settings.baseUrl, 'nbdurable/api/steps') + `?path=${path}&${query}`;
+  const response = await ServerConnection.makeRequest(url, {}, settings);
+  let body: any = {};
+  try {
+    body = await response.json();
+  } catch {
+    // not our JSON: the server extension is not enabled
+  }
+  if (!response.ok) {
+    throw new Error(body.message ?? `HTTP ${response.status}`);
+  }
+  return body;
+}
+
+/** One run of the store, as the Runs section lists it. */
+export interface IRunRow {
+  run: string;
+  parent: string | null;
+  steps: number;
+  last: number | null;
+}
+
 /** Ask before a clear that makes calls again; true to go on. */
 export async function confirmClear(label: string | null, substeps: number): Promise<boolean> {
   if (label !== null && substeps === 0) {
@@ -133,8 +164,42 @@ export class StepsSidebar extends Widget {
     this._marks = panel ? this._marksOf(panel) : undefined;
     this._marks?.drawn.connect(this._draw, this);
     this._message = '';
+    this._runs = null;
+    this._compared = null;
     this._draw();
     this._marks?.refetch();
+  }
+
+  /** Open the Runs section (reading the store's runs), or close it. */
+  async toggleRuns(): Promise<void> {
+    const panel = this._panel;
+    if (this._runs !== null || panel === null) {
+      this._runs = null;
+      this._compared = null;
+      this._draw();
+      return;
+    }
+    try {
+      const body = await getJSON(panel, 'runs=1');
+      this._runs = (body.runs ?? []) as IRunRow[];
+    } catch (reason) {
+      this._message = `nbdurable: ${(reason as Error).message}`;
+      this._runs = null;
+    }
+    this._draw();
+  }
+
+  private async _compare(other: string): Promise<void> {
+    const panel = this._panel;
+    if (panel === null) {
+      return;
+    }
+    try {
+      this._compared = await getJSON(panel, `compare=${encodeURIComponent(other)}`);
+    } catch (reason) {
+      this._message = `nbdurable: ${(reason as Error).message}`;
+    }
+    this._draw();
   }
 
   protected onAfterShow(): void {
@@ -175,7 +240,9 @@ export class StepsSidebar extends Widget {
       drawn ? sideRows(drawn).map(r => [r.row, r.mark, r.cell]) : null,
       drawn?.reply?.run,
       drawn?.error,
-      this._message
+      this._message,
+      this._runs,
+      this._compared
     ]);
     if (key === this._drawnKey) {
       return;
@@ -204,11 +271,23 @@ export class StepsSidebar extends Widget {
         facts.appendChild(el('span', 'nbd-side-fact', `${seconds(saved)} of work recorded`));
       }
       head.appendChild(facts);
+      const tools = el('div', 'nbd-side-buttons');
+      const runs = button(
+        this._runs === null ? 'Runs…' : 'Close runs',
+        "The store's runs and forks; compare this run with one"
+      );
+      runs.classList.add('nbd-side-runs-button');
+      runs.onclick = () => void this.toggleRuns();
+      tools.appendChild(runs);
       if (rows.some(r => r.row.recorded_at || r.row.substeps)) {
         const all = button('Clear all…', 'Forget every record of this run (asks first)');
         all.classList.add('nbd-side-clear-all');
         all.onclick = () => void this._act('clear-all', null, null, 0);
-        head.appendChild(all);
+        tools.appendChild(all);
+      }
+      head.appendChild(tools);
+      if (this._runs !== null) {
+        head.appendChild(this._runsSection(drawn.reply.run));
       }
     }
     if (this._message) {
@@ -225,6 +304,56 @@ export class StepsSidebar extends Widget {
       list.appendChild(this._row(panel, r));
     }
     node.appendChild(list);
+  }
+
+  private _runsSection(current: string): HTMLElement {
+    const box = el('div', 'nbd-side-runs');
+    const runs = this._runs ?? [];
+    if (!runs.length) {
+      box.appendChild(el('div', 'nbd-side-empty', 'No run recorded in this store yet.'));
+    }
+    for (const r of runs) {
+      const line = el('div', 'nbd-side-run-row');
+      line.dataset.nbdRun = r.run;
+      line.appendChild(el('span', 'nbd-side-label', r.run));
+      const facts = [`${r.steps} step${r.steps === 1 ? '' : 's'}`];
+      if (r.parent) {
+        facts.unshift(`forked from ${r.parent}`);
+      }
+      if (r.run === current) {
+        facts.unshift("this notebook's run");
+      }
+      line.appendChild(el('span', 'nbd-side-fact', facts.join(' · ')));
+      if (r.run !== current) {
+        const cmp = button('Compare', `Compare run ${current} with run ${r.run}, step by step`);
+        cmp.classList.add('nbd-side-compare-button');
+        cmp.onclick = () => void this._compare(r.run);
+        line.appendChild(cmp);
+      }
+      box.appendChild(line);
+    }
+    const c = this._compared;
+    if (c !== null) {
+      const out = el('div', 'nbd-side-compare');
+      const differ = (c.differ ?? []).length;
+      out.appendChild(
+        el('div', 'nbd-side-compare-head', `A ${c.a} · B ${c.b}: ${differ} of ${c.steps.length} steps differ`)
+      );
+      for (const s of c.steps ?? []) {
+        const row = el(
+          'div',
+          'nbd-side-compare-step',
+          `${s.verdict === 'same' ? '=' : '≠'} ${s.label}: ${s.verdict}`
+        );
+        row.dataset.nbdVerdict = s.verdict;
+        out.appendChild(row);
+        if ((s.lines ?? []).length) {
+          out.appendChild(el('div', 'nbd-side-why', s.lines.join('\n')));
+        }
+      }
+      box.appendChild(out);
+    }
+    return box;
   }
 
   private _row(panel: NotebookPanel, r: ISideRow): HTMLElement {
@@ -288,6 +417,8 @@ export class StepsSidebar extends Widget {
   private _marks: CellMarks | undefined;
   private _message = '';
   private _drawnKey = '';
+  private _runs: IRunRow[] | null = null;
+  private _compared: any = null;
 }
 
 function el(tag: string, className: string, text?: string): HTMLElement {

@@ -5,7 +5,10 @@ Two endpoints, under ``<base url>/nbdurable/api/steps``:
 - ``GET ...?path=<notebook path>``: ``path`` is the notebook's path as the
   frontend knows it (relative to the server's root directory); the answer is
   :func:`nbdurable.server.marks.step_marks` as JSON (the cell marks and the
-  sidebar draw it).
+  sidebar draw it). With ``&runs=1``: the store's runs and their parents
+  (:func:`~nbdurable.server.marks.runs_of`); with ``&compare=RUN``: the
+  notebook's run beside ``RUN``, step by step
+  (:func:`~nbdurable.server.marks.compare_with`), for the side panel's Runs.
 - ``POST`` with the JSON body ``{"path": ..., "action": "pin" | "unpin" |
   "clear" | "clear-all", "key": <step key>}``: the sidebar's buttons and the
   cell menu's commands (:func:`nbdurable.server.marks.act`), answered with
@@ -74,7 +77,7 @@ def _handler_class() -> type:
 
     from ..errors import NbdurableError, UsageProblem
     from ..text import one_line
-    from .marks import act, step_marks
+    from .marks import act, compare_with, runs_of, step_marks
 
     class StepsHandler(APIHandler):
         """``GET /nbdurable/api/steps?path=...``: the marks' data; ``POST``: an action."""
@@ -84,8 +87,16 @@ def _handler_class() -> type:
             path = self._notebook(self.get_query_argument("path", ""))
             if path is None:
                 return None
+            other = self.get_query_argument("compare", None)
             try:
-                data = await asyncio.to_thread(step_marks, path)
+                if other is not None:
+                    data = await asyncio.to_thread(compare_with, path, other)
+                elif self.get_query_argument("runs", None):
+                    data = await asyncio.to_thread(runs_of, path)
+                else:
+                    data = await asyncio.to_thread(step_marks, path)
+            except UsageProblem as exc:
+                return self._fail(400, one_line(str(exc)))
             except NbdurableError as exc:
                 return self._fail(500, one_line(str(exc)))
             self._answer(data)

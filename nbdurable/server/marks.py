@@ -79,6 +79,46 @@ def step_marks(notebook: Path, store_dir: Path | None = None) -> dict[str, Any]:
     }
 
 
+def runs_of(notebook: Path, store_dir: Path | None = None) -> dict[str, Any]:
+    """The runs of the store ``notebook`` records to: the side panel's Runs list.
+
+    ``{"run": <the notebook's run>, "runs": [{"run", "parent", "steps", "last"}]}``,
+    most recently active first; ``parent`` is the run a fork was made from.
+    Listing reads every run's keys, so the side panel asks only when opened.
+    """
+    from ..store import admin
+
+    notebook = Path(notebook).absolute()
+    directory = store_dir if store_dir is not None else locate.store_dir(notebook)
+    run_id = locate.run_id_for(notebook, directory)
+    runs: list[dict[str, Any]] = []
+    if opener.exists(directory):
+        with open_store(directory) as store:
+            runs = [
+                {"run": r.run, "parent": r.parent, "steps": r.steps, "last": r.last}
+                for r in admin.list_runs(store)
+            ]
+    return {"run": run_id, "runs": runs}
+
+
+def compare_with(notebook: Path, other: str, store_dir: Path | None = None) -> dict[str, Any]:
+    """The notebook's run beside run ``other``: ``nbdurable diff``'s ``--json`` answer.
+
+    Raises :class:`UsageProblem` for a run the store does not hold.
+    """
+    from .. import rundiff
+
+    notebook = Path(notebook).absolute()
+    directory = store_dir if store_dir is not None else locate.store_dir(notebook)
+    run_id = locate.run_id_for(notebook, directory)
+    if not opener.exists(directory):
+        raise UsageProblem(f"no store at {directory} yet: nothing to compare")
+    with open_store(directory) as store:
+        rundiff.check_runs(store, run_id, other)
+        rows = rundiff.diff_runs(store, run_id, other, notebook)
+    return rundiff.to_json(run_id, other, rows)
+
+
 def act(
     notebook: Path, action: str, key: str | None = None, store_dir: Path | None = None
 ) -> dict[str, Any]:
