@@ -71,6 +71,16 @@ def store(tmp_path):
     s.close()
 
 
+@pytest.fixture(params=["disk", pytest.param("postgres", marks=pytest.mark.postgres)])
+def any_store(request, tmp_path):
+    """A fresh store on each engine: a directory, then a namespace of the test server."""
+    s = open_store(tmp_path / "store") if request.param == "disk" else None
+    if s is None:
+        s = open_store(request.getfixturevalue("pg_url"))
+    yield s
+    s.close()
+
+
 # -- the PostgreSQL server of the team-store tests ---------------------------------------
 
 PG_DEFAULT = "postgresql://postgres@127.0.0.1:5432/test"

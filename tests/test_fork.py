@@ -137,16 +137,6 @@ def test_step_fork_in_a_kernel_switches_to_the_fork(tmp_path):
     )
 
 
-@pytest.fixture(params=["disk", pytest.param("postgres", marks=pytest.mark.postgres)])
-def any_store(request, tmp_path):
-    if request.param == "disk":
-        s = open_store(tmp_path / "store")
-    else:
-        s = open_store(request.getfixturevalue("pg_url"))
-    yield s
-    s.close()
-
-
 def test_a_fork_holds_exactly_the_steps_asked_for_on_both_engines(any_store):
     store = any_store
     a = RunKeys("a")
@@ -180,3 +170,29 @@ def test_a_fork_holds_exactly_the_steps_asked_for_on_both_engines(any_store):
         fork_run(store, "a", "b", None)
     everything = fork_run(store, "a", "c", None)
     assert everything.records == 7  # all but the lease
+
+
+def test_removing_the_parent_keeps_what_the_fork_shares(any_store):
+    """The parent cleared and collected: the fork's record and its saved value stay."""
+    from nbdurable import commands
+    from nbdurable.store import admin
+
+    store = any_store
+    a, b = RunKeys("a"), RunKeys("b")
+    sha, _ = store.put_blob(b"y" * 200_000, [])
+    var = {"name": "v", "kind": "value", "ref": sha, "fp": "f"}
+    store.apply(
+        puts=[
+            (a.meta, {"run": "a", "last": 1.0}, b""),
+            (a.step("s1"), {"run": "a", "started": 1.0, "duration": 0, "variables": [var]}, b""),
+        ]
+    )
+    fork_run(store, "a", "b", None)
+    commands.clear_run(store, "a")
+    never_idle = 1e12  # no run is old enough: only unreferenced values go
+    admin.gc(store, older_than=never_idle)
+    assert store.get(b.step("s1")) is not None
+    assert store.get_blob(sha) is not None, "a value the fork refers to was removed"
+    commands.clear_run(store, "b")  # the control: unreferenced now, so it goes
+    admin.gc(store, older_than=never_idle)
+    assert store.get_blob(sha) is None

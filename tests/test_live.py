@@ -6,12 +6,13 @@ report from the answers. After a recorded run, ``nbdurable run --live
 'llm:*'`` forks the run and records into the fork: every ``llm:`` sub-step
 is sent again (the server counts exactly those), no search is made, the
 parent's records are untouched, and ``diff`` compares the two runs.
-``verify --live`` allows exactly those calls and nothing else.
+``verify --live`` allows exactly those calls and nothing else. On both engines.
 """
 
 from __future__ import annotations
 
 import json
+import os
 
 import nbformat
 import pytest
@@ -41,29 +42,43 @@ def cells(base: str) -> list[str]:
     ]
 
 
-def test_live_reruns_exactly_the_matching_sub_steps_in_a_fork(tmp_path):
+@pytest.fixture(params=["disk", pytest.param("postgres", marks=pytest.mark.postgres)])
+def where(request, tmp_path) -> tuple[list[str], dict[str, str], object]:
+    """``(--store arguments, extra environment, the store to read)`` of each engine."""
+    if request.param == "disk":
+        return [], {}, tmp_path / ".nbdurable"
+    url = request.getfixturevalue("pg_url")
+    return ["--store", url], {"NBDURABLE_KEY": os.environ["NBDURABLE_KEY"]}, url
+
+
+def test_live_reruns_exactly_the_matching_sub_steps_in_a_fork(tmp_path, where):
+    store_args, env, store = where
     nb = tmp_path / "agent.ipynb"
+
+    def cli(*args: object):
+        return nbd(*args, *store_args, **env)
+
     with LLMServer(log=tmp_path / "requests.jsonl", lifetime=600) as server:
         nbformat.write(make_notebook(cells(server.openai_base_url)), nb)
-        assert nbd("run", "-q", nb).returncode == 0
+        assert cli("run", "-q", nb).returncode == 0
         assert server.total == 3
-        parent = records(tmp_path / ".nbdurable", "agent.ipynb")
+        parent = records(store, "agent.ipynb")
 
-        done = nbd("run", nb, "--live", "llm:*", "--into", "remodel")
+        done = cli("run", nb, "--live", "llm:*", "--into", "remodel")
         assert done.returncode == 0, done.stdout + done.stderr
         assert server.total == 6, "exactly the three llm sub-steps were sent again"
         assert (tmp_path / "searches.log").read_text().split() == ["q0", "q1", "q2"]
         assert done.stderr.startswith("forked run 'agent.ipynb' into 'remodel'"), done.stderr
         assert "(run 'remodel'" in done.stdout, done.stdout
-        assert records(tmp_path / ".nbdurable", "agent.ipynb") == parent
+        assert records(store, "agent.ipynb") == parent
 
-        doc = json.loads(nbd("diff", nb, "agent.ipynb", "remodel", "--json").stdout)
+        doc = json.loads(cli("diff", nb, "agent.ipynb", "remodel", "--json").stdout)
         research = next(s for s in doc["steps"] if s["label"] == "research")
         changed = [ln for ln in research["lines"] if ln.startswith("sub-step")]
         assert changed == [f"sub-step 'llm:{i}': returned another result" for i in range(3)]
 
         # verify --live: the llm calls may run (three more), nothing else may
-        done = nbd("verify", "-q", nb, "--run", "remodel", "--live", "llm:*", "--into", "again")
+        done = cli("verify", "-q", nb, "--run", "remodel", "--live", "llm:*", "--into", "again")
         assert done.returncode == 0, done.stdout + done.stderr
         assert server.total == 9
         assert (tmp_path / "searches.log").read_text().split() == ["q0", "q1", "q2"]

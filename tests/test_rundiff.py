@@ -106,3 +106,46 @@ def test_compare_in_a_kernel_is_a_table(two_runs):
     assert stream_text(out.cells[1].outputs) == (
         "DataFrame ['same', 'differs', 'same'] ['plan', 'styled', 'research']\n"
     )
+
+
+def test_diff_reads_the_records_alike_on_both_engines(any_store):
+    """At the store level, on either engine: same, differs (and what), only in one run."""
+    from nbdurable import rundiff
+    from nbdurable.store import RunKeys
+
+    store = any_store
+    a, b = RunKeys("a"), RunKeys("b")
+
+    def step(rk, key, *, inputs, seen, out):
+        header = {
+            "run": rk.run_id,
+            "key": key,
+            "source_fp": "src",
+            "inputs": inputs,
+            "seen": seen,
+            "outputs": [{"output_type": "stream", "name": "stdout", "text": out}],
+            "variables": [],
+            "duration": 1.0,
+            "substeps": 1,
+        }
+        return (rk.step(key), header, b"")
+
+    store.apply(
+        puts=[
+            step(a, "name:one", inputs={"x": "1"}, seen={"x": "1"}, out="hi\n"),
+            step(b, "name:one", inputs={"x": "1"}, seen={"x": "1"}, out="hi\n"),
+            step(a, "name:two", inputs={"x": "1"}, seen={"x": "1"}, out="one\n"),
+            step(b, "name:two", inputs={"x": "2"}, seen={"x": "2"}, out="two\n"),
+            (a.sub("name:two", "q"), {"id": "q", "args_fp": "p"}, b"r1"),
+            (b.sub("name:two", "q"), {"id": "q", "args_fp": "p"}, b"r2"),
+            step(a, "name:three", inputs={}, seen={}, out=""),
+        ]
+    )
+    rows = {r.key: r for r in rundiff.diff_runs(store, "a", "b")}
+    assert rows["name:one"].verdict == "same" and rows["name:one"].lines == []
+    assert rows["name:three"].verdict == "only in A"
+    two = rows["name:two"]
+    assert two.verdict == "differs"
+    assert "input 'x': 1 / 2" in two.lines
+    assert "sub-step 'q': returned another result" in two.lines
+    assert "  -one" in two.lines and "  +two" in two.lines

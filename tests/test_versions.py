@@ -23,15 +23,6 @@ RK = RunKeys(RUN)
 KEY = "name:plan"
 
 
-@pytest.fixture(params=["directory", "postgresql"])
-def any_store(request, tmp_path):
-    """A fresh store of each engine."""
-    pg = request.param == "postgresql"
-    s = open_store(request.getfixturevalue("pg_url") if pg else tmp_path / "store")
-    yield s
-    s.close()
-
-
 def put_version(
     store: Store, topic: str, started: float, subs: dict[str, bytes], blob: str = ""
 ) -> str:
