@@ -84,6 +84,29 @@ def _exit_codes() -> str:
     )
 
 
+def _kernel_options(parser: argparse.ArgumentParser, written: str) -> None:
+    """The options of a command that executes the notebook (``run``, ``verify``)."""
+    parser.add_argument(
+        "-o",
+        "--output",
+        metavar="OUT.ipynb",
+        type=Path,
+        help=f"write the executed notebook here (default: {written})",
+    )
+    parser.add_argument(
+        "--timeout", metavar="S", type=_seconds, help="per-cell timeout in seconds (default: none)"
+    )
+    parser.add_argument(
+        "--cwd",
+        metavar="DIR",
+        type=Path,
+        help="the kernel's working directory (default: the notebook's directory)",
+    )
+    parser.add_argument(
+        "--kernel", metavar="NAME", help="kernel spec to use (default: the notebook's)"
+    )
+
+
 def _live_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--live",
@@ -123,31 +146,13 @@ def build_parser() -> argparse.ArgumentParser:
         "a cell raised or timed out).",
         epilog=_exit_codes(),
     )
-    run.add_argument(
-        "-o",
-        "--output",
-        metavar="OUT.ipynb",
-        type=Path,
-        help="write the executed notebook here (default: in place)",
-    )
+    _kernel_options(run, written="in place")
     run.add_argument(
         "--retries",
         metavar="N",
         type=_count,
         default=3,
         help="kernel deaths to survive (default: 3)",
-    )
-    run.add_argument(
-        "--timeout", metavar="S", type=_seconds, help="per-cell timeout in seconds (default: none)"
-    )
-    run.add_argument(
-        "--cwd",
-        metavar="DIR",
-        type=Path,
-        help="the kernel's working directory (default: the notebook's directory)",
-    )
-    run.add_argument(
-        "--kernel", metavar="NAME", help="kernel spec to use (default: the notebook's)"
     )
     run.add_argument(
         "--takeover",
@@ -169,25 +174,7 @@ def build_parser() -> argparse.ArgumentParser:
         "written (-o writes the executed copy).",
         epilog=_exit_codes(),
     )
-    verify.add_argument(
-        "-o",
-        "--output",
-        metavar="OUT.ipynb",
-        type=Path,
-        help="write the executed notebook here (default: not written)",
-    )
-    verify.add_argument(
-        "--timeout", metavar="S", type=_seconds, help="per-cell timeout in seconds (default: none)"
-    )
-    verify.add_argument(
-        "--cwd",
-        metavar="DIR",
-        type=Path,
-        help="the kernel's working directory (default: the notebook's directory)",
-    )
-    verify.add_argument(
-        "--kernel", metavar="NAME", help="kernel spec to use (default: the notebook's)"
-    )
+    _kernel_options(verify, written="not written")
     _live_option(verify)
     verify.set_defaults(func=cmd_verify)
 

@@ -13,7 +13,9 @@ difference is one short line:
 - ``outputs``: a unified diff of their text (at most :data:`DIFF_LINES` lines;
   outputs are recorded redacted, so no secret shows);
 - ``variable 'plan'``: its briefs, ``dict of 3`` / ``dict of 4`` (a value is
-  never loaded: big ones are compared by fingerprint, shown by type/shape);
+  never loaded: big ones are compared by fingerprint, shown by type/shape; the
+  variables a step saved in one pickle, by their briefs, or, when those are alike,
+  one line saying their saved values differ);
 - ``sub-step 'q:3'``: only in one run, other arguments, or another result.
 
 Each run's time, calls and tokens are given per step and in total, so "this
@@ -90,22 +92,12 @@ def _text(outputs: Any) -> str:
 
 def _subs(store: Store, prefix: str) -> dict[str, tuple[Any, Any]]:
     """Sub-step id -> (arguments' fingerprint, digest of the recorded result)."""
-    import hashlib
+    from .store.admin import substep_rows
 
-    from .errors import CorruptRecord
-
-    out: dict[str, tuple[Any, Any]] = {}
-    for key in store.scan(prefix):
-        try:
-            got = store.get(key)
-        except CorruptRecord:
-            out[key[len(prefix) :]] = ("unreadable", "unreadable")
-            continue
-        if got is not None:
-            header, body = got
-            sub_id = str(header.get("id", key[len(prefix) :]))
-            out[sub_id] = (header.get("args_fp"), hashlib.sha256(body).hexdigest())
-    return out
+    return {
+        str(row["id"]): (row.get("args_fp"), row.get("sha256", row.get("error")))
+        for row in substep_rows(store, prefix, False)
+    }
 
 
 def _vars(header: dict[str, Any]) -> dict[str, Any]:

@@ -18,7 +18,7 @@ import json
 import nbformat
 import pytest
 from kernel_util import make_notebook, run_notebook, stream_text
-from test_verify import nbd
+from test_run_exits import nbd
 
 from nbdurable.store import RUN_SCOPE, RunKeys, open_store
 from nbdurable.store.copy import fork_run

@@ -19,7 +19,7 @@ import pytest
 from kernel_util import make_notebook
 from llm_server import LLMServer
 from test_fork import records
-from test_verify import nbd
+from test_run_exits import nbd
 
 pytestmark = pytest.mark.kernel
 

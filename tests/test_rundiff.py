@@ -15,7 +15,7 @@ import json
 import nbformat
 import pytest
 from kernel_util import make_notebook, run_notebook, stream_text
-from test_verify import nbd
+from test_run_exits import nbd
 
 pytestmark = pytest.mark.kernel
 

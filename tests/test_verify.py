@@ -18,13 +18,12 @@ hold. ``configure(mode="verify")`` in a kernel refuses the same way.
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 import nbformat
 import pytest
-from kernel_util import REPO_ROOT, make_notebook, run_notebook, stream_text
+from kernel_util import make_notebook, run_notebook, stream_text
 from llm_server import LLMServer, read_log
+from test_run_exits import nbd
 
 pytestmark = pytest.mark.kernel
 
@@ -46,22 +45,6 @@ def cells(base: str, *, topic: str = "cats", extra: list[str] | None = None) -> 
         f"q = 'plain'\nplain = step('plain-call', client.chat.completions.create, {ask})",
         *(extra or []),
     ]
-
-
-def env(**extra: str) -> dict[str, str]:
-    out = {k: v for k, v in os.environ.items() if not k.startswith(("NBDURABLE_", "JPY_"))}
-    out["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), out.get("PYTHONPATH")) if p)
-    return {**out, **extra}
-
-
-def nbd(*args: object, **extra: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "nbdurable", *map(str, args)],
-        capture_output=True,
-        text=True,
-        env=env(**extra),
-        timeout=300,
-    )
 
 
 @pytest.fixture(scope="module")

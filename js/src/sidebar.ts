@@ -77,12 +77,18 @@ export async function postAction(
   action: 'pin' | 'unpin' | 'clear' | 'clear-all',
   key: string | null
 ): Promise<string> {
-  const settings = ServerConnection.makeSettings();
-  const url = URLExt.join(settings.baseUrl, 'nbdurable/api/steps');
   const init = {
     method: 'POST',
     body: JSON.stringify({ path: panel.context.localPath, action, key })
   };
+  const body = await request('', init);
+  return String(body.message ?? '');
+}
+
+/** The endpoint's JSON answer to ``init`` at ``nbdurable/api/steps<query>``; throws its message. */
+async function request(query: string, init: RequestInit): Promise<any> {
+  const settings = ServerConnection.makeSettings();
+  const url = URLExt.join(settings.baseUrl, 'nbdurable/api/steps') + query;
   const response = await ServerConnection.makeRequest(url, init, settings);
   let body: any = {};
   try {
@@ -93,25 +99,13 @@ export async function postAction(
   if (!response.ok) {
     throw new Error(body.message ?? `HTTP ${response.status}`);
   }
-  return String(body.message ?? '');
+  return body;
 }
 
 /** ``GET nbdurable/api/steps?path=...&<query>`` for ``panel``'s notebook, as JSON. */
 export async function getJSON(panel: NotebookPanel, query: string): Promise<any> {
-  const settings = ServerConnection.makeSettings();
   const path = encodeURIComponent(panel.context.localPath);
-  const url = URLExt.join(settings.baseUrl, 'nbdurable/api/steps') + `?path=${path}&${query}`;
-  const response = await ServerConnection.makeRequest(url, {}, settings);
-  let body: any = {};
-  try {
-    body = await response.json();
-  } catch {
-    // not our JSON: the server extension is not enabled
-  }
-  if (!response.ok) {
-    throw new Error(body.message ?? `HTTP ${response.status}`);
-  }
-  return body;
+  return request(`?path=${path}&${query}`, {});
 }
 
 /** One run of the store, as the Runs section lists it. */

@@ -195,7 +195,9 @@ class StepRunner:
                 f"step {label!r} runs again: its sub-steps {shown} run live "
                 f"(live={list(config.get().live)}); its other sub-steps replay."
             )
-        if rec is not None and not force and not live and (reason is None or state.pinned):
+        # A record that may answer this run: valid (or pinned), and not forced.
+        usable = rec is not None and not force and (reason is None or state.pinned)
+        if usable and not live:
             replayed = self._replay(rec, label, reason, split) if rec.replayable else None
             if replayed is not None:
                 if reason is None:
@@ -211,11 +213,10 @@ class StepRunner:
         if self.session.verifying:
             # Verify mode runs a body only where a record exists but cannot be
             # restored (its sub-steps and HTTP must then all replay, checked at each).
-            replays_or_reruns = rec is not None and not force and (reason is None or state.pinned)
             # With `live` set, what live calls return invalidates their readers: those run,
             # each of their calls still answered from the record or matching `live`.
             follows_live = rec is not None and not force and bool(config.get().live)
-            if not replays_or_reruns and not follows_live:
+            if not usable and not follows_live:
                 why = (
                     "has no record"
                     if rec is None

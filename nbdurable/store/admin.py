@@ -236,7 +236,7 @@ def export_run(
             if with_values:
                 step["source"] = rec["source"]
                 step["output_data"] = rec["outputs"]
-        step["substeps"] = _substeps(store, rk.subs_prefix(info.key), with_values)
+        step["substeps"] = substep_rows(store, rk.subs_prefix(info.key), with_values)
         steps.append(step)
     meta = read_header(store, rk.meta) or {}
     return {
@@ -303,7 +303,11 @@ def _variable(store: Store, var: dict[str, Any], with_values: bool) -> dict[str,
     return out
 
 
-def _substeps(store: Store, prefix: str, with_values: bool) -> list[dict[str, Any]]:
+def substep_rows(store: Store, prefix: str, with_values: bool) -> list[dict[str, Any]]:
+    """The sub-steps under ``prefix`` in call order: id, function, arguments' fingerprint,
+    timings, size, type and the SHA-256 of the recorded result (with its value when
+    ``with_values``); one that fails its check is ``{"id", "error"}``.
+    """
     subs = []
     for key in store.scan(prefix):
         try:
