@@ -49,7 +49,7 @@ import cloudpickle
 
 from ..hush import hush
 from ..identity import keys, localcode
-from . import sharing
+from . import libfix, sharing
 
 PROTOCOL = 5
 
@@ -681,6 +681,10 @@ class _Pickler(cloudpickle.Pickler):
                 return getattr, got
         if t.__module__.startswith("torch") and getattr(obj, "grad", None) is not None:
             reduced = _tensor_with_grad(obj)
+            if reduced is not None:
+                return reduced
+        if t not in _PLAIN_CONTAINERS:
+            reduced = libfix.reduce(obj)
             if reduced is not None:
                 return reduced
         lazy = localcode.lazy_names(t)

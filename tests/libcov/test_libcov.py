@@ -96,10 +96,6 @@ _GRID = (
     "step reran: input changed: the seaborn {what}'s fingerprint (its Figure, axes, artists) "
     "differs once the make step's record restored it in a new kernel"
 )
-_PLOTLY = (
-    "replay differs: plotly objects unpickle through their constructor, which sets properties "
-    "in alphabetical order, so to_plotly_json()/to_json() key order differs from the live object"
-)
 _SHARED_INPLACE = (
     "replay differs: the change step's in-place change of the {what} is restored as a new "
     "object bound to the name, while the {holder} the make step recorded still holds the old "
@@ -122,16 +118,6 @@ FAILS_TODAY: dict[str, str] = {
     ),
     "mp_image": _FIG_TEXT.format(name="mp_image_fig", what="the Figure"),
     "mp_legend": _FIG_TEXT.format(name="mp_legend_ax", what="the Axes"),
-    # plotly
-    "pl_figure": _PLOTLY,
-    "pl_scatter": _PLOTLY,
-    "pl_layout": _PLOTLY,
-    "pl_subplots": _PLOTLY,
-    "pl_express": _PLOTLY,
-    "pl_bar": _PLOTLY,
-    "pl_annotation": _PLOTLY,
-    "pl_template": _PLOTLY,
-    "pl_heatmap": _PLOTLY,
     # seaborn
     "sb_facet": _GRID.format(what="FacetGrid"),
     "sb_joint": _GRID.format(what="JointGrid"),
