@@ -640,3 +640,27 @@ def test_a_library_object_restored_otherwise_than_recorded_is_unchanged_for_its_
     # A change after the restore is still a change for the steps reading it.
     assert not replayed(first, 4)
     assert stream_text(outputs_of(again, 4)) == "4\n"
+
+
+def test_a_step_that_wrote_to_an_in_memory_sqlite_database_runs_again_on_replay(tmp_path):
+    # The OpenAI Agents SDK's SQLiteSession and LlamaIndex's Memory keep their rows in
+    # an in-memory SQLite database the plain cells made. Replayed, the steps that
+    # added to it left it empty and the next cell printed [] without a word.
+    cells = [
+        HEAD,
+        "import sqlite3\nsession = sqlite3.connect(':memory:')\n"
+        "session.execute('create table items (text)')\n"
+        "def add(text):\n    session.execute('insert into items values (?)', (text,))\n"
+        "def items():\n    return session.execute('select text from items').fetchall()",
+        "%%step add\nadd('my name is Ann')\nprint('added')",
+        "%%step count\nn = len(items())\nprint(n)",
+        "print(items())",
+    ]
+    book = Notebook(tmp_path)
+    first = book.run(cells)
+    assert "in-memory SQLite database" in said(first, 2), said(first, 2)
+    again = book.run(cells)
+    assert not replayed(again, 2)
+    assert "in-memory SQLite database" in said(again, 2), said(again, 2)
+    assert replayed(again, 3)  # a step that only read it replays
+    assert stream_text(outputs_of(again, 4)) == "[('my name is Ann',)]\n"

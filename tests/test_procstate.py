@@ -574,3 +574,43 @@ def test_a_step_importing_numpy_and_pandas_records_only_its_changes():
         "pandas": {"display.max_rows": 9},
     }
     assert second == "[]"
+
+
+# -- in-memory SQLite databases (procstate.sqlite) --------------------------------------
+
+
+def test_a_write_to_an_in_memory_sqlite_database_makes_the_step_unreplayable(tmp_path):
+    # An agent framework's session (the Agents SDK's SQLiteSession, LlamaIndex's Memory)
+    # keeps its rows there: no attribute changes, and a replay left the session empty.
+    import sqlite3
+
+    procstate.watch_sqlite()
+    memory = sqlite3.connect(":memory:")
+    memory.execute("create table t (x)")
+    on_disk = sqlite3.connect(tmp_path / "db.sqlite")
+    on_disk.execute("create table t (x)")
+
+    before = procstate.snapshot()
+    on_disk.execute("insert into t values (1)")  # a file's rows stay written
+    memory.execute("select count(*) from t").fetchall()  # a read changes nothing
+    assert procstate.replayable_reasons(procstate.delta(before, procstate.snapshot())) == []
+
+    before = procstate.snapshot()
+    memory.execute("insert into t values (1)")
+    reasons = procstate.replayable_reasons(procstate.delta(before, procstate.snapshot()))
+    assert reasons == [
+        "it wrote to an in-memory SQLite database, whose rows a replay cannot restore"
+    ]
+
+    # A database the step made and let go of leaves nothing behind.
+    before = procstate.snapshot()
+    scratch = sqlite3.connect(":memory:")
+    scratch.execute("create table s (x)")
+    scratch.close()
+    del scratch
+    import gc
+
+    gc.collect()
+    assert procstate.replayable_reasons(procstate.delta(before, procstate.snapshot())) == []
+    memory.close()
+    on_disk.close()

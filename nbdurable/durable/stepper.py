@@ -75,6 +75,7 @@ class StepRunner:
         self.process_known: dict[str, frozenset[str]] = {}
         envreads.install(lambda: session.current)  # environment reads of a running step
         fileio.install(lambda: session.current)  # files a running step reads and writes
+        procstate.watch_sqlite()  # writes to in-memory SQLite databases (process state)
 
     def forget(self) -> None:
         """Forget what this kernel produced (the run changed)."""

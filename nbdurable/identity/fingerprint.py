@@ -25,7 +25,7 @@ import uuid
 from typing import Any, NamedTuple
 
 from ..hush import hush
-from . import localcode
+from . import localcode, reduction
 
 # The rules' version: increment when a kind of value gets a new encoding, and list it.
 # Records may store it, so a changed fingerprint can be told apart from a rule change.
@@ -670,7 +670,7 @@ def _reduced(h: _Hasher, v: Any, local: bool = False) -> None:
             return
     try:
         with hush():  # the object's own code: a warning or log line of it is not the cell's
-            reduced = v.__reduce_ex__(4)
+            reduced = reduction.reduce_ex(v, 4)
     except Exception:  # TypeError "cannot pickle", or a broken __reduce__
         _type_only(h, v)
         return

@@ -51,7 +51,10 @@ secret (see :mod:`nbdurable.redact`): it is never written.
 A thread of the user's code that the step started and left running (its
 target a notebook or local-module function) cannot be started again by a
 replay: it is an ``unreplayable`` reason too. A library's own threads (pool
-workers, a client's) are not counted.
+workers, a client's) are not counted. So is a write to an in-memory SQLite
+database still open when the step ends (an agent framework's session or
+memory): its rows are not Python state a record can hold (see
+:mod:`.sqlite`; :func:`watch_sqlite` starts watching).
 
 Not tracked: other modules' state not named above (a library's internal
 cache, a logging configuration), attributes of classes and objects held by
@@ -63,6 +66,7 @@ literal name counts).
 from .core import Snapshot, apply, delta, describe_filter, prepare, replayable_reasons, snapshot
 from .modules import assigned_attributes, is_user_module, updated_in_place
 from .plain import MAX_VALUE_CHARS, NotPlain, decode, encode
+from .sqlite import install as watch_sqlite
 
 __all__ = [
     "MAX_VALUE_CHARS",
@@ -78,5 +82,6 @@ __all__ = [
     "prepare",
     "replayable_reasons",
     "snapshot",
+    "watch_sqlite",
     "updated_in_place",
 ]

@@ -13,11 +13,12 @@ import threading
 import types
 import warnings
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .. import redact
 from ..identity import localcode
+from . import sqlite
 from .modules import (
     apply_module,
     check_fresh,
@@ -50,6 +51,8 @@ class Snapshot:
     decimal: dict[str, Any] | None = None  # None: decimal not imported
     #: the threads alive (see :func:`_threads_left`)
     threads: tuple[threading.Thread, ...] = ()
+    #: writes so far per in-memory SQLite connection alive (see :mod:`.sqlite`)
+    sqlite: dict[int, int] = field(default_factory=dict)
 
 
 def snapshot(
@@ -92,6 +95,7 @@ def snapshot(
         recursionlimit=sys.getrecursionlimit(),
         decimal=_decimal_context(),
         threads=tuple(threading.enumerate()),
+        sqlite=sqlite.counts(),
     )
 
 
@@ -233,6 +237,8 @@ def delta(
     left = _threads_left(before, after)
     if left:
         why.append(f"it left {_said_threads(left)} running, which a replay cannot start again")
+    if sqlite.written(before.sqlite, after.sqlite):
+        why.append("it wrote to an in-memory SQLite database, whose rows a replay cannot restore")
     if secrets:
         for part in [k for k in out if k != "env"]:
             text = json.dumps(out[part], ensure_ascii=False)

@@ -48,7 +48,7 @@ from typing import Any, NamedTuple
 import cloudpickle
 
 from ..hush import hush
-from ..identity import keys, localcode
+from ..identity import keys, localcode, reduction
 from . import libfix, sharing
 
 PROTOCOL = 5
@@ -692,7 +692,32 @@ class _Pickler(cloudpickle.Pickler):
             reduced = _without_lazy(obj, t, lazy)
             if reduced is not None:
                 return reduced
+        if (
+            t not in _PLAIN_CONTAINERS
+            and not isinstance(obj, type)
+            and t not in copyreg.dispatch_table
+            and reduction.guarded(t)
+        ):
+            # A library's __getstate__ may take from the live object what it cannot
+            # pickle (LlamaIndex): reduced here, it is given back (see reduction).
+            return _library_reduce(obj)
         return super().reducer_override(obj)
+
+
+def _library_reduce(obj: Any) -> Any:
+    """``obj``'s reduction, refused when its own pickling leaves something out.
+
+    LlamaIndex's components drop from their state what they cannot pickle (a
+    ``Memory``'s ``sql_store``, an LLM's clients): a copy without them is not
+    the object the step left, and a replay must be exact or not happen, so
+    the value cannot be saved (the step's body runs again on replay, saying so).
+    """
+    reduced, taken = reduction.reduce_noting(obj, PROTOCOL)
+    if taken:
+        raise pickle.PicklingError(
+            f"its own pickling leaves out {', '.join(taken[:4])} (it cannot pickle them)"
+        )
+    return reduced
 
 
 def _without_lazy(obj: Any, t: type, lazy: frozenset[str]) -> tuple | None:
@@ -709,7 +734,7 @@ def _without_lazy(obj: Any, t: type, lazy: frozenset[str]) -> tuple | None:
         return None
     if localcode.is_local_module_name(t.__module__):
         return None
-    reduced = obj.__reduce_ex__(PROTOCOL)
+    reduced = _library_reduce(obj)
     if type(reduced) is not tuple or len(reduced) < 3:
         return None
     return (reduced[0], reduced[1], localcode.without_lazy(t, reduced[2]), *reduced[3:])
@@ -724,7 +749,7 @@ def _in_place_reduce(obj: Any, name: str) -> tuple | None:
     if str(getattr(t, "__module__", "")).partition(".")[0] in ("numpy", "pandas"):
         return None
     try:
-        reduced = obj.__reduce_ex__(PROTOCOL)
+        reduced = _library_reduce(obj)
     except Exception:  # cannot be pickled: the normal path says why
         return None
     if (

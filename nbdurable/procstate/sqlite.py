@@ -1,0 +1,129 @@
+"""Writes to in-memory SQLite databases: process state no replay can restore.
+
+Agent frameworks keep sessions and memories in SQLite databases that live in
+the process (``":memory:"``): the OpenAI Agents SDK's ``SQLiteSession``,
+LlamaIndex's ``Memory`` (through SQLAlchemy and aiosqlite, on a thread of
+its own), LangGraph's ``SqliteSaver`` over ``sqlite3.connect(":memory:")``.
+A step that writes there changes no Python attribute nbdurable can see, and
+the rows cannot be pickled with the step: replayed as it was recorded, the
+step would leave the notebook with an empty session — a difference nobody
+is told of. So a step that wrote to an in-memory database still open when
+it ends cannot be replayed: its body runs again on replay (its sub-steps and
+HTTP requests still replay), with one line saying why, and rebuilds the rows
+in the database the plain cells made again.
+
+How writes are seen: from ``%load_ext nbdurable`` on, ``sqlite3.connect`` (and
+``sqlite3.dbapi2.connect``, which SQLAlchemy calls) is wrapped, and an in-
+memory connection it opens gets a trace callback that counts the statements
+which may write (``INSERT``, ``UPDATE``, ``DELETE``, ``REPLACE``, ``CREATE``,
+``DROP``, ``ALTER``, ``WITH`` ...). :func:`counts` is the per-connection count
+of the connections still alive; :func:`written` compares two. Reads are free.
+Not seen: connections opened before ``%load_ext nbdurable`` or through a
+``connect`` bound before it, and a connection whose trace callback the user's
+code replaced. (The audit hook's ``sqlite3.connect/handle`` event comes too
+early to set a callback: the connection is not initialized yet.) A database in
+a file is the file's: what a step wrote there stays written, and a replay need
+not write it.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import weakref
+from typing import Any
+
+_installed = False
+
+
+class _Entry:
+    """One watched connection: held only by its trace callback, so it dies with it.
+
+    (A ``sqlite3.Connection`` takes no weak reference; its callback is freed
+    with it, and this with the callback.)
+    """
+
+    __slots__ = ("writes", "database", "__weakref__")
+
+    def __init__(self, database: str) -> None:
+        self.writes = 0
+        self.database = database
+
+
+#: id(entry) -> weak reference to the entry of a connection alive
+_entries: dict[int, weakref.ref] = {}
+
+_WRITES = re.compile(
+    r"\s*(?:insert|update|delete|replace|create|drop|alter|with|upsert)\b", re.IGNORECASE
+)
+
+
+def install() -> None:
+    """Watch in-memory SQLite connections opened from now on (once per process)."""
+    global _installed
+    if _installed:
+        return
+    _installed = True
+    import sqlite3
+    import sqlite3.dbapi2
+
+    original = sqlite3.dbapi2.connect
+
+    @functools.wraps(original)
+    def connect(database: Any, *args: Any, **kwargs: Any) -> Any:
+        conn = original(database, *args, **kwargs)
+        if _in_memory(database):
+            _watch(conn, database)
+        return conn
+
+    connect.__nbdurable_original__ = original  # type: ignore[attr-defined]
+    # Both names: SQLAlchemy's driver calls `sqlite3.dbapi2.connect`, aiosqlite and
+    # most libraries `sqlite3.connect` (a name bound by `from sqlite3 import
+    # connect` before the extension loaded is not seen).
+    sqlite3.connect = sqlite3.dbapi2.connect = connect
+
+
+def _in_memory(database: Any) -> bool:
+    if isinstance(database, bytes):
+        database = database.decode("utf-8", "replace")
+    if not isinstance(database, str):
+        return False
+    return database in ("", ":memory:") or (
+        database.startswith("file:") and ("mode=memory" in database or ":memory:" in database)
+    )
+
+
+def _watch(conn: Any, database: Any) -> None:
+    entry = _Entry(str(database) or ":memory:")
+    key = id(entry)
+
+    def traced(statement: str) -> None:
+        if _WRITES.match(statement):
+            entry.writes += 1
+
+    try:
+        conn.set_trace_callback(traced)
+    except Exception:  # a connection that refuses it: not seen, as before
+        return
+    _entries[key] = weakref.ref(entry, lambda _ref, key=key: _entries.pop(key, None))
+
+
+def counts() -> dict[int, int]:
+    """Writes so far, per in-memory connection still alive."""
+    out = {}
+    for key, ref in list(_entries.items()):
+        entry = ref()
+        if entry is not None:
+            out[key] = entry.writes
+    return out
+
+
+def written(before: dict[int, int], after: dict[int, int]) -> list[str]:
+    """The databases of connections alive at ``after`` written to since ``before``."""
+    out = []
+    for key, n in after.items():
+        if n > before.get(key, 0):
+            entry = _entries.get(key)
+            found = entry() if entry is not None else None
+            out.append(found.database if found is not None else ":memory:")
+    return out
