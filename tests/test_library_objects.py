@@ -664,3 +664,41 @@ def test_a_step_that_wrote_to_an_in_memory_sqlite_database_runs_again_on_replay(
     assert "in-memory SQLite database" in said(again, 2), said(again, 2)
     assert replayed(again, 3)  # a step that only read it replays
     assert stream_text(outputs_of(again, 4)) == "[('my name is Ann',)]\n"
+
+
+@pytest.mark.parametrize("where", ["file", "memory"])
+def test_a_langgraph_sqlite_checkpointer_is_followed(tmp_path, where):
+    # LangGraph's SqliteSaver, made in a plain cell over the notebook's connection.
+    # Its file keeps what a step wrote: the steps replay (before: the saver holds a
+    # lock and sets `is_setup` on first use, so it "changed" and could not be saved,
+    # and turn 1 ran again on replay, writing its messages into the file a second
+    # time: 6 messages where a plain run has 4). In memory, the rows are gone with
+    # the kernel: the steps that wrote them run again, saying so, and rebuild them.
+    pytest.importorskip("langgraph.checkpoint.sqlite")
+    database = "cp.sqlite" if where == "file" else ":memory:"
+    cells = [
+        HEAD,
+        "import sqlite3\nfrom langgraph.checkpoint.sqlite import SqliteSaver\n"
+        "from langgraph.graph import START, MessagesState, StateGraph\n"
+        f"conn = sqlite3.connect({database!r}, check_same_thread=False)\n"
+        "saver = SqliteSaver(conn)\n"
+        "def node(s):\n    return {'messages': [('ai', f'n={len(s[\"messages\"])}')]}\n"
+        "g = StateGraph(MessagesState)\ng.add_node('n', node)\ng.add_edge(START, 'n')\n"
+        "app = g.compile(checkpointer=saver)\ncfg = {'configurable': {'thread_id': 't1'}}",
+        "%%step turn1\nout1 = app.invoke({'messages': [('user', 'hi')]}, cfg)\n"
+        "print(len(out1['messages']))",
+        "%%step turn2\nout2 = app.invoke({'messages': [('user', 'again')]}, cfg)\n"
+        "print(len(out2['messages']))",
+        "print(len(app.get_state(cfg).values['messages']))",
+    ]
+    book = Notebook(tmp_path)
+    book.run(cells)
+    again = book.run(cells)
+    assert stream_text(outputs_of(again, 2)) == "2\n"
+    assert stream_text(outputs_of(again, 3)) == "4\n"
+    assert stream_text(outputs_of(again, 4)) == "4\n", "as a plain run leaves it"
+    if where == "file":
+        assert replayed(again, 2) and replayed(again, 3), said(again, 2)
+    else:
+        assert not replayed(again, 2) and not replayed(again, 3)
+        assert "in-memory SQLite database" in said(again, 2), said(again, 2)

@@ -338,3 +338,55 @@ def test_a_literal_key_in_one_value_keeps_only_that_one_out(store):
     kinds = {v.name: v.kind for v in saved.variables}
     assert kinds == {"cfg": "unsaved", "a": "shared", "b": "shared"}
     assert saved.secrets == ["cfg (a literal openai key)"]
+
+
+class _Checkpointer:
+    """A library's SQLite checkpointer: a connection, a lock, a flag set on first use."""
+
+    def __init__(self, conn) -> None:
+        import threading
+
+        self.conn, self.lock, self.local, self.is_setup = conn, threading.Lock(), None, False
+        self.local = threading.local()
+
+
+def test_what_a_failed_pass_failed_on_is_referenced_when_it_lives_elsewhere(store, tmp_path):
+    # The connection cannot be pickled and is not in the failed pass's memo; it is the
+    # plain cell's `conn`, so the checkpointer is saved with a reference to it.
+    # Before: "cannot pickle 'sqlite3.Connection'", and the step's body ran again on
+    # replay, writing its rows into the checkpointer's file a second time.
+    import sqlite3
+
+    conn = sqlite3.connect(tmp_path / "cp.sqlite")
+    saver = _Checkpointer(conn)
+    saver.is_setup = True
+    saved = save(store, {"conn": conn, "saver": saver}, ["saver"])
+    fresh_conn = sqlite3.connect(tmp_path / "cp.sqlite")
+    got = load(store, saved, {"conn": fresh_conn})["saver"]
+    assert got.conn is fresh_conn and got.is_setup
+    conn.close()
+    fresh_conn.close()
+
+
+def test_locks_inside_an_object_are_made_anew_and_a_lock_alone_is_not_saved():
+    import threading
+
+    saver = _Checkpointer(None)
+    saver.rlock = threading.RLock()
+    saver.held = threading.Lock()
+    saver.held.acquire()
+    got = values.loads(values.dumps(saver))
+    assert type(got.lock) is type(saver.lock) and got.lock is not saver.lock
+    assert not got.lock.locked() and got.held.locked()
+    assert type(got.rlock) is type(saver.rlock) and type(got.local) is threading.local
+    # What cannot be made anew as it was is not saved.
+    saver.local.conn = "per-thread"
+    with pytest.raises(values.Unsaveable, match="threading.local holding values"):
+        values.dumps(saver)
+    del saver.local.conn
+    with saver.rlock:
+        with pytest.raises(values.Unsaveable, match="re-entrant lock that is held"):
+            values.dumps(saver)
+    # A variable holding a lock coordinates the notebook's threads: not saved.
+    with pytest.raises(values.Unsaveable, match="cannot pickle '_thread.lock'"):
+        values.dumps(threading.Lock())

@@ -170,6 +170,7 @@ def dumps(value: Any) -> bytes:
 def _dump(value: Any, keep: Any) -> tuple[bytes, bool, bool]:
     buffer = io.BytesIO()
     pickler = _Pickler(buffer, protocol=PROTOCOL, buffer_callback=keep)
+    pickler.top = value
     pickler.dump(value)
     return buffer.getvalue(), pickler.plain, pickler.notebook
 
@@ -188,6 +189,35 @@ def dumps_parts(value: Any) -> tuple[bytes, list[memoryview]]:
 #: Exactly these types (and str, bytes, int, float, bool, None, which the
 #: pickler writes without asking) make a value *plain data*.
 _PLAIN_CONTAINERS = frozenset((list, dict, tuple, set, frozenset, bytearray))
+
+#: The process's synchronization inside an object: a lock, a re-entrant lock or a
+#: thread-local store an object holds (a SQLite checkpointer's lock, a session's
+#: per-thread connections) is written as a new one, as the object's constructor makes it
+#: (a lock held stays held; a re-entrant lock held, or a thread-local holding values in
+#: this thread, cannot be saved). Without this, such an object could not be saved at all,
+#: and a step that only used it (a checkpointer's first write sets its `is_setup`) ran
+#: its body again on replay, writing its rows to the checkpointer's file a second time.
+#: A variable that is itself a lock is the notebook's own coordination of threads a
+#: replay does not start again: not saved (see _Pickler.top).
+_SYNC = frozenset((type(threading.Lock()), type(threading.RLock()), threading.local))
+
+
+def _sync_reduce(obj: Any, t: type) -> tuple:
+    if t is threading.local:
+        if vars(obj):
+            raise pickle.PicklingError("a threading.local holding values in this thread")
+        return threading.local, ()
+    if t is type(threading.Lock()):
+        return (_held_lock, ()) if obj.locked() else (threading.Lock, ())
+    if obj._is_owned():  # an RLock held: by whom and how often is not ours to remake
+        raise pickle.PicklingError("a re-entrant lock that is held")
+    return threading.RLock, ()
+
+
+def _held_lock() -> Any:
+    lock = threading.Lock()
+    lock.acquire()
+    return lock
 
 
 class Pickled(NamedTuple):
@@ -285,6 +315,7 @@ def dump_values(
         so_far = True  # every part before this one is plain data
         for i, item in enumerate(items):
             pickler.plain, pickler.notebook = True, False
+            pickler.top = item
             n = len(buffers)
             try:
                 pickler.dump(item)
@@ -326,6 +357,11 @@ def dump_values(
                 return joint
         del last[:]
         held = set(pickler.memo.copy())
+        if failed is not None and pickler.asked is not None:
+            # What a failed pass failed on is not in its memo, and may live
+            # elsewhere itself: a SQLite checkpointer's connection, made in a
+            # plain cell and bound to a name there, is written as a reference.
+            held.add(id(pickler.asked))
         del pickler
         found = {k: v for k, v in find_refs(held).items() if k not in refs}
         del held
@@ -639,6 +675,8 @@ class _Pickler(cloudpickle.Pickler):
     #: id -> (path, object) of objects written as references (see sharing)
     refs: dict[int, tuple[sharing.Path, Any]] | None = None
     ref_fp: Any = None  # (path, object) -> the fingerprint a reference carries, or None
+    asked: Any = None  # see reducer_override
+    top: Any = None  # the value being dumped (see _SYNC)
 
     def reference(self, got: tuple[sharing.Path, Any], obj: Any) -> tuple | None:
         """The persistent id of ``obj``, found as ``got`` in ``refs`` (None: an id reused)."""
@@ -648,6 +686,7 @@ class _Pickler(cloudpickle.Pickler):
         return (sharing.TAG, got[0], self.ref_fp(*got) if self.ref_fp else None)
 
     def reducer_override(self, obj: Any) -> Any:
+        self.asked = obj  # the last object asked about: the one a failed pass failed on
         reduced = sharing.reduce_array(obj) if self.refs is not None else None
         if reduced is None and self.in_place:
             name = self.in_place.get(id(obj))
@@ -675,6 +714,8 @@ class _Pickler(cloudpickle.Pickler):
                 return reduced
         if isinstance(obj, BaseException):
             return _reduce_exception(obj)
+        if t in _SYNC and obj is not self.top:
+            return _sync_reduce(obj, t)
         if t is object:
             got = _module_sentinel(obj)
             if got is not None:
