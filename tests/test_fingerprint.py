@@ -13,6 +13,7 @@ import collections
 import dataclasses
 import enum
 import functools
+import gc
 import importlib
 import json
 import operator
@@ -26,6 +27,7 @@ import sys
 import textwrap
 import threading
 import tracemalloc
+import weakref
 import zoneinfo
 
 import numpy as np
@@ -358,6 +360,37 @@ def test_a_cut_short_library_object_hides_nothing_elsewhere():
 
         assert fingerprint(value(1)) != fingerprint(value(2))
         assert fingerprint_info(value(1)).type_only == ("somelib.holder.Holder", "socket.socket")
+
+
+def test_a_weak_reference_is_by_type_alive_or_not_never_its_referent():
+    # A live weak proxy handed pickle its referent's state, a dead one nothing: a value
+    # holding one changed its fingerprint when the collector freed the referent, and
+    # two proxies compared their referents. Weak references and proxies are their type.
+    class Node:
+        def __call__(self):
+            return 1
+
+    one, two, gone = Box(1), Box(2), Box(3)
+    call_one, call_gone = Node(), Node()
+    held = {
+        "ref": (weakref.ref(one), weakref.ref(two), weakref.ref(gone)),
+        "proxy": (weakref.proxy(one), weakref.proxy(two), weakref.proxy(gone)),
+        "callable proxy": (
+            weakref.proxy(call_one),
+            weakref.proxy(call_one),
+            weakref.proxy(call_gone),
+        ),
+        "keyed": (weakref.KeyedRef(one, None, "k"), weakref.KeyedRef(two, None, "k")) * 2,
+    }
+    del gone, call_gone
+    gc.collect()
+    for kind, (live, other, dead, *_) in held.items():
+        assert fingerprint(Box(live)) == fingerprint(Box(other)) == fingerprint(Box(dead)), kind
+        assert fingerprint_info(Box(live)).type_only == fingerprint_info(Box(dead)).type_only
+        assert len(fingerprint_info(Box(live)).type_only) == 1, kind
+        # what holds it keeps its own state
+        assert fingerprint([live, 1]) != fingerprint([live, 2]), kind
+    assert fingerprint(Box(held["proxy"][0])) != fingerprint(Box(held["ref"][0]))
 
 
 def test_kernel_machinery_is_by_type():
@@ -766,7 +799,7 @@ def test_fingerprints_are_the_same_in_every_process():
 
 
 def test_version_and_unchanged_encodings():
-    assert FINGERPRINT_VERSION == 3
+    assert FINGERPRINT_VERSION == 4
     # Kinds whose encoding did not change keep their 0.1.0 fingerprints, so upgrading
     # does not invalidate steps fed plain data. Values computed by nbdurable 0.1.0.
     assert fingerprint([1, "a", (2.5, None), b"x"]) == "c8955574d9b3628a65e1c96de72aa623"

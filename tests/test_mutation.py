@@ -59,3 +59,62 @@ def test_a_module_used_by_a_step_is_not_recorded_as_its_output(shell):
     got = session.store.get(session.keys.step("name:nap"))
     names = [v["name"] for v in got[0]["variables"]]
     assert names == ["t"], names
+
+
+AGENT = (
+    "import threading\n"
+    "class Agent:\n"
+    "    def __init__(self):\n"
+    "        self.lock = threading.Lock()  # so the agent cannot be saved\n"
+    "        self.factor = 2\n"
+    "    def run(self, x):\n"
+    "        return x * self.factor\n"
+)
+
+
+# `agent` cannot be saved: the step that binds it says so (its one line)
+@pytest.mark.filterwarnings("ignore::nbdurable.NbdurableWarning")
+def test_a_method_call_that_changes_nothing_leaves_the_object_where_it_came_from(shell):
+    # `agent` cannot be saved; `ask` calls its method and changes nothing, so it is
+    # left out of ask's record. It must also stay the object `make` made (its
+    # origin), as on replay, where ask's record does not mention it: otherwise
+    # `read` compared `agent` one way when recorded and another when replayed,
+    # and ran again in every fresh kernel ("input 'agent' changed").
+    cells = [
+        AGENT,
+        "%%step make\nagent = Agent()",
+        "%%step ask\nr = agent.run(2)",
+        "%%step read\ns = agent.run(3)",
+    ]
+    for cell in cells:
+        assert shell.run_cell(cell).success
+    session = engine.get_session()
+    read = session.store.get(session.keys.step("name:read"))[0]
+    assert read["input_from"] == {"agent": "name:make"}
+
+    _fresh_kernel(shell)
+    for cell in cells:
+        assert shell.run_cell(cell).success
+    status = {k: v[0] for k, v in engine.get_session().status.items()}
+    # make's agent cannot be saved: its body runs again (its one line); the rest replay
+    assert status == {"name:make": "recorded", "name:ask": "replayed", "name:read": "replayed"}
+    assert shell.user_ns["s"] == 6
+
+
+# `agent` cannot be saved: the step that binds it says so (its one line)
+@pytest.mark.filterwarnings("ignore::nbdurable.NbdurableWarning")
+def test_a_method_call_that_changes_the_object_still_counts(shell):
+    cells = [
+        AGENT,
+        "%%step make\nagent = Agent()",
+        "%%step tune\nagent.factor = 5",
+        "%%step read\ns = agent.run(3)",
+    ]
+    for cell in cells:
+        assert shell.run_cell(cell).success
+    session = engine.get_session()
+    read = session.store.get(session.keys.step("name:read"))[0]
+    assert read["input_from"] == {"agent": "name:tune"}
+    shell.run_cell("%%step tune\nagent.factor = 7")
+    assert shell.run_cell("%%step read\ns = agent.run(3)").success
+    assert shell.user_ns["s"] == 21, "read used the changed agent"

@@ -54,17 +54,21 @@ class Saved:
     pending: dict[str, bytes] = field(default_factory=dict)
     unsaved_names: list[str] = field(default_factory=list)  # the names of ``unsaved``
 
-    def drop_unsaved(self, names: set[str]) -> None:
-        """Leave out of the record the variables of ``names`` that could not be saved."""
+    def drop_unsaved(self, names: set[str]) -> set[str]:
+        """Leave out of the record the variables of ``names`` that could not be saved.
+
+        Returns the names left out: the step did not produce them.
+        """
         gone = {n for n in self.unsaved_names if n in names}
         if not gone:
-            return
+            return gone
         self.variables = [v for v in self.variables if not (v.kind == "unsaved" and v.name in gone)]
         kept = [
             (u, n) for u, n in zip(self.unsaved, self.unsaved_names, strict=True) if n not in gone
         ]
         self.unsaved = [u for u, _ in kept]
         self.unsaved_names = [n for _, n in kept]
+        return gone
 
     def unsaved_beyond(self, known: frozenset[str]) -> list[str]:
         """The ``unsaved`` entries of names not in ``known``."""

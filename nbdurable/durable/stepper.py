@@ -645,7 +645,11 @@ class StepRunner:
             )
             # A method called on an object that cannot be saved (a model client) is
             # not by itself a change: left out when nothing of it that can be seen changed.
-            saved.drop_unsaved(untouched(plan, before, ns, ctx.attrs))
+            # Not produced by this step either: it keeps its producer and origin, as on a
+            # replay of this record, which does not mention it (else a reader of it
+            # compared it one way when recorded and another when replayed).
+            dropped = saved.drop_unsaved(untouched(plan, before, ns, ctx.attrs))
+            changed = [n for n in changed if n not in dropped]
             shown = _result_record(result, saved, ns, outputs, plan.inputs)
             if shown is None and result is not None and _has_result(outputs):
                 extra = recording.save_variables(

@@ -22,6 +22,7 @@ import struct
 import sys
 import types
 import uuid
+import weakref
 from typing import Any, NamedTuple
 
 from ..hush import hush
@@ -48,7 +49,10 @@ from . import localcode, reduction
 #    objects random (version 4) UUIDs (trace and run ids a library stamps on what it
 #    does) are one token, and inside any object's state a list of classes is compared
 #    as a set (``list(set_of_classes)``: classes hash by address, so its order differed).
-FINGERPRINT_VERSION = 3
+# 4: weak proxies by type only, as weak references already were: a live proxy handed
+#    pickle its referent's state, a dead one nothing, so a value holding one changed
+#    its fingerprint when the collector freed the referent.
+FINGERPRINT_VERSION = 4
 _STREAM_HEADER = b"1"  # change only with every encoding at once
 
 _LEN = struct.Struct("<Q")
@@ -743,6 +747,13 @@ def _other(h: _Hasher, v: Any) -> None:
 
 
 _RESOLVED: dict[type, Any] = {}
+# Weak references and proxies, by type only whether their referent is alive or not: a
+# weak reference is no part of its holder's state (pickle refuses it), and a proxy
+# forwards __reduce_ex__ to its referent while it lives. Not a token with the holder
+# described: what holds weak references is a registry whose entries come and go with
+# the collector, and is keyed by id() as often as not (a workflow runtime's caches),
+# which no two processes share.
+_WEAK = (weakref.ReferenceType, weakref.ProxyType, weakref.CallableProxyType)
 # The kernel's own machinery, by type: a notebook function that calls get_ipython()
 # reads the shell, whose state is the whole session (and sockets in the end).
 _MACHINERY = frozenset({"IPython", "ipykernel", "jupyter_client", "zmq", "tornado"})
@@ -756,6 +767,8 @@ def _resolve(t: type) -> Any:
     if hook is not None:
         return functools.partial(_custom, hook=hook)
     if module in _MACHINERY:
+        return _type_only
+    if issubclass(t, _WEAK):
         return _type_only
     special = _BY_NAME.get(f"{getattr(t, '__module__', '')}.{getattr(t, '__qualname__', '')}")
     if special is not None:
@@ -990,8 +1003,9 @@ def fingerprint(value: object, *, read_globals: bool = True) -> str:
       object's state a list of classes is compared as a set (listed from a
       set, its order follows the classes' addresses).
     * By type only, the named fallback (:func:`_type_only`): what cannot be
-      pickled (sockets, locks, open files, generators, connections) and any
-      library object holding one (a client). :func:`fingerprint_info` lists them.
+      pickled (sockets, locks, open files, generators, connections), weak
+      references and weak proxies (never their referent, alive or not), and
+      any library object holding one (a client). :func:`fingerprint_info` lists them.
 
     A container reachable from itself hashes a back-reference where it
     recurs, so cycles (mutually recursive functions too) end. The walk uses

@@ -252,15 +252,7 @@ SPECS = [
 ]
 
 #: (notebook, check) -> why it fails today. Strict: remove an entry when its check passes.
-FAILS_TODAY: dict[tuple[str, str], str] = {
-    ("li_agent", "replay"): (
-        "step 'chat_history' reran: input 'agent' changed. Not found yet: with a plain cell "
-        "after each step printing the agent's fingerprint, it is the same after every step in "
-        "both runs and the replay passes, so what differs is state the agent's workflow runtime "
-        "settles between cells (its pending runs, held by weak references, which make the "
-        "runtime comparable by type only while they last)"
-    ),
-}
+FAILS_TODAY: dict[tuple[str, str], str] = {}
 
 BY_NAME = {s.name: s for s in SPECS}
 assert set(CI_SET) <= {s.name for s in SPECS}, "CI_SET names an unknown notebook"
