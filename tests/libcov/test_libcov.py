@@ -137,12 +137,6 @@ FAILS_TODAY: dict[str, str] = {
     "sb_joint": _GRID.format(what="JointGrid"),
     "sb_pair": _GRID.format(what="PairGrid"),
     "sb_cluster": _GRID.format(what="ClusterGrid"),
-    # torch
-    "th_sequential": (
-        "step reran: 'cannot restore its process state (No module named "
-        "'torch.ops._inductor_test')': the step's process-state change names a module torch "
-        "makes on the fly, which a fresh kernel cannot import"
-    ),
     # pandas
     "pd_groupby": _SHARED_INPLACE.format(what="DataFrame", holder="groupby"),
     "pd_rolling": _SHARED_INPLACE.format(what="Series", holder="rolling"),
