@@ -20,17 +20,17 @@ def _fp(value, _name):
     return keys.fingerprint(value)
 
 
-def save(store: Store, ns: dict, names: list[str], checked=()) -> recording.Saved:
+def save(store: Store, ns: dict, names: list[str], checked=(), in_place=()) -> recording.Saved:
     others = [n for n in ns if n not in names]
     saved = recording.save_variables(
-        store, ns, names, set(), _fp, {}, others=others, checked=checked
+        store, ns, names, set(), _fp, {}, others=others, checked=checked, in_place=in_place
     )
     store.apply(puts=[], blobs=saved.pending)
     return saved
 
 
-def load(store: Store, saved: recording.Saved, ns: dict) -> dict:
-    restored, _pure = recording.load_variables(store, saved.variables, ns)
+def load(store: Store, saved: recording.Saved, ns: dict, live=None) -> dict:
+    restored, _pure = recording.load_variables(store, saved.variables, ns, live)
     return restored
 
 
@@ -182,6 +182,33 @@ def test_an_aliased_dataframe_loads_as_one(store):
     saved = save(store, {"df": df, "train": df}, ["df", "train"])
     got = load(store, saved, {})
     assert got["train"] is got["df"]
+
+
+def _frame_and_series():
+    df = pd.DataFrame({"k": ["a", "b", "a"], "v": [1, 2, 3]})
+    s = pd.Series([1.0, 2.0, 3.0, 4.0], name="s")
+    return {"df": df, "g": df.groupby("k"), "s": s, "r": s.rolling(2)}
+
+
+def test_a_frame_changed_in_place_is_restored_into_the_live_one(store):
+    # `g = df.groupby(..)` in one step, `df["v"] *= 10` in the next: in a plain run
+    # g.obj is df, so g sums the changed column. Loaded as a new frame bound to
+    # `df`, the replay left g (restored by the first step) on the old one.
+    ns = _frame_and_series()
+    ns["df"]["v"] *= 10
+    ns["s"][0] = 10.0
+    saved = save(store, ns, ["df", "s"], in_place=["df", "s"])
+    fresh = _frame_and_series()  # the first step's replay, in a fresh kernel
+    live = sharing.LiveTargets({"df": fresh["df"], "s": fresh["s"]})
+    got = load(store, saved, fresh, live)
+    assert got["df"] is fresh["df"] is fresh["g"].obj
+    assert got["s"] is fresh["s"] is fresh["r"].obj
+    pd.testing.assert_frame_equal(fresh["g"].sum(), ns["g"].sum())
+    pd.testing.assert_series_equal(fresh["r"].mean(), ns["r"].mean())
+    assert fresh["s"].name == "s" and fresh["df"].flags.allows_duplicate_labels
+    # An abandoned replay gives them back what they held.
+    live.undo()
+    assert fresh["df"]["v"].tolist() == [1, 2, 3] and fresh["s"][0] == 1.0
 
 
 def test_one_unpicklable_value_does_not_lose_the_others(store):

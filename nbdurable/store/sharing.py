@@ -38,7 +38,9 @@ an object is pickled as "the live object of this name, emptied, then given
 this state" (:func:`in_place`): on replay the object the plain cells made
 again receives the recorded state, and every holder sees it. Only objects
 pickle rebuilds the default way (``cls.__new__`` then their state), of the
-same class as the live one; anything else loads as a new object, as before.
+same class as the live one (a pandas DataFrame or Series is one: its state is
+its block manager, and a groupby made from it then reads the recorded data);
+anything else loads as a new object, as before.
 What a replay filled is put back (:class:`LiveTargets`) if the replay is
 abandoned, so a body that runs again starts from what the plain cells made.
 

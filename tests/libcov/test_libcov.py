@@ -100,11 +100,6 @@ _PLOTLY = (
     "replay differs: plotly objects unpickle through their constructor, which sets properties "
     "in alphabetical order, so to_plotly_json()/to_json() key order differs from the live object"
 )
-_SHARED_INPLACE = (
-    "replay differs: the change step's in-place change of the {what} is restored as a new "
-    "object bound to the name, while the {holder} the make step recorded still holds the old "
-    "one ({holder}.obj is not the {what})"
-)
 
 #: case -> why it fails today. Strict: remove an entry when its case passes.
 FAILS_TODAY: dict[str, str] = {
@@ -137,9 +132,6 @@ FAILS_TODAY: dict[str, str] = {
     "sb_joint": _GRID.format(what="JointGrid"),
     "sb_pair": _GRID.format(what="PairGrid"),
     "sb_cluster": _GRID.format(what="ClusterGrid"),
-    # pandas
-    "pd_groupby": _SHARED_INPLACE.format(what="DataFrame", holder="groupby"),
-    "pd_rolling": _SHARED_INPLACE.format(what="Series", holder="rolling"),
     # polars
     "po_sqlcontext": (
         "replay differs: the SQLContext cannot be saved (its make step reruns), and "
