@@ -365,3 +365,64 @@ def test_a_literal_key_in_one_value_keeps_only_that_one_out(store):
     kinds = {v.name: v.kind for v in saved.variables}
     assert kinds == {"cfg": "unsaved", "a": "shared", "b": "shared"}
     assert saved.secrets == ["cfg (a literal openai key)"]
+
+
+def test_a_view_of_an_array_in_an_ordered_dict_refers_to_it(store):
+    # OrderedDict, defaultdict and Counter are walked as dicts (a torch
+    # state_dict() is an OrderedDict): an array inside one is found.
+    import collections
+
+    od = collections.OrderedDict(a=np.zeros(4))
+    ns = {"od": od, "mid": od["a"][1:3]}
+    saved = save(store, ns, ["mid"])
+    fresh = {"od": collections.OrderedDict(a=np.zeros(4))}
+    mid = load(store, saved, fresh)["mid"]
+    assert mid.base is fresh["od"]["a"]
+
+
+def _linear(torch, seed):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.ReLU(), torch.nn.Linear(2, 1))
+
+
+def test_a_state_dict_loads_on_the_memory_of_the_live_model(store):
+    # `sd = model.state_dict()`: tensors on the parameters' own memory, which a
+    # later optimizer.step() changes. Loaded as copies, sd kept the old weights.
+    torch = pytest.importorskip("torch")
+    model = _linear(torch, 0)
+    saved = save(store, {"model": model, "sd": model.state_dict()}, ["sd"], checked=["model"])
+    fresh = {"model": _linear(torch, 0)}  # the step that made it, replayed
+    sd = load(store, saved, fresh)["sd"]
+    live = fresh["model"]
+    assert sd["2.bias"].data_ptr() == live[2].bias.data_ptr()
+    with torch.no_grad():
+        live[0].weight.mul_(2)
+    assert torch.equal(sd["0.weight"], live[0].weight)
+
+
+def test_tensors_sharing_memory_within_a_step_load_sharing_it(store):
+    torch = pytest.importorskip("torch")
+    model = _linear(torch, 1)
+    model(torch.ones(1, 3)).sum().backward()  # a gradient: written with its tensor
+    flat = torch.arange(6.0)
+    ns = {"both": (model, model.state_dict()), "flat": flat, "part": flat[2:4].view(2, 1)}
+    saved = save(store, ns, ["both", "flat", "part"])
+    blob = store.get_blob(saved.variables[0].ref)
+    assert blob.buffers, "the storages' memory is out of band"
+    got = load(store, saved, {})
+    m, sd = got["both"]
+    assert isinstance(m[0].weight, torch.nn.Parameter) and m[0].weight.requires_grad
+    assert torch.equal(m[0].weight.grad, model[0].weight.grad)
+    assert sd["0.weight"].data_ptr() == m[0].weight.data_ptr()
+    assert torch.equal(sd["0.weight"], model[0].weight)
+    got["part"][0, 0] = 100
+    assert got["flat"].tolist() == [0, 1, 100, 3, 4, 5]
+
+
+def test_a_storage_the_namespace_holds_changed_since_refuses_the_replay(store):
+    torch = pytest.importorskip("torch")
+    w = torch.zeros(4)
+    saved = save(store, {"w": w, "head": w[:2]}, ["head"])
+    with pytest.raises(recording.LoadFailed) as err:
+        load(store, saved, {"w": torch.ones(4)})
+    assert "w.untyped_storage() is not the object it was" in str(err.value.cause)

@@ -762,6 +762,8 @@ def _resolve(t: type) -> Any:
         return special
     if module == "torch" and _is_tensor(t):
         return _tensor
+    if module == "torch" and name == "UntypedStorage":
+        return _storage
     if issubclass(t, type):
         return _class
     if issubclass(t, enum.Enum):
@@ -816,6 +818,19 @@ def _tensor(h: _Hasher, v: Any) -> None:
     h.put(b"tensor", _qual(type(v)), str(v.dtype), *map(str, v.shape), str(v.requires_grad))
     h.raw(data)
     h.push(v.grad, _instance_dict(v) or None)
+
+
+def _storage(h: _Hasher, v: Any) -> None:
+    # A tensor's memory, which tensors of a step's values may share with the
+    # namespace's (see nbdurable.store.sharing): by its bytes, as a tensor.
+    try:
+        torch = sys.modules["torch"]
+        data = torch.empty(0, dtype=torch.uint8, device=v.device).set_(v).cpu().numpy()
+    except Exception:  # a storage with no bytes to read (meta)
+        _reduced(h, v)
+        return
+    h.put(b"storage", str(v.device))
+    h.raw(data)
 
 
 #: Library classes whose own pickling has side effects, by qualified name.

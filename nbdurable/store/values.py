@@ -648,7 +648,11 @@ class _Pickler(cloudpickle.Pickler):
         return (sharing.TAG, got[0], self.ref_fp(*got) if self.ref_fp else None)
 
     def reducer_override(self, obj: Any) -> Any:
-        reduced = sharing.reduce_array(obj) if self.refs is not None else None
+        reduced = None
+        if self.refs is not None:  # values pickled together: views and storages kept
+            reduced = sharing.reduce_array(obj)
+            if reduced is None and type(obj).__module__.startswith("torch"):
+                reduced = sharing.reduce_tensor(obj) or sharing.reduce_storage(obj)
         if reduced is None and self.in_place:
             name = self.in_place.get(id(obj))
             reduced = _in_place_reduce(obj, name) if name is not None else None
