@@ -48,6 +48,8 @@ from . import localcode
 #    objects random (version 4) UUIDs (trace and run ids a library stamps on what it
 #    does) are one token, and inside any object's state a list of classes is compared
 #    as a set (``list(set_of_classes)``: classes hash by address, so its order differed).
+#    Later, with no bump: a torch ``UntypedStorage`` by its bytes. Its pickle (torch.save's)
+#    was keyed by its memory address, so no fingerprint of one ever matched another.
 FINGERPRINT_VERSION = 3
 _STREAM_HEADER = b"1"  # change only with every encoding at once
 
