@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+import pytest
 
 from nbdurable.durable import changes
 
@@ -92,3 +93,17 @@ def test_a_dataframe_column_added_or_written_is_seen():
         df.loc[3, "x"] = 99.0
 
     assert changed_by(ns, write) == ["df"]
+
+
+def test_a_tensor_written_through_another_tensor_on_its_memory_is_seen():
+    # `sd = model.state_dict()` holds tensors on the parameters' memory: training the
+    # model changes sd, which must then be recorded with the training step.
+    torch = pytest.importorskip("torch")
+    model = torch.nn.Linear(3, 1)
+    ns = {"model": model, "sd": model.state_dict(), "other": {"w": torch.zeros(3)}}
+
+    def train():
+        with torch.no_grad():
+            model.weight.add_(1.0)
+
+    assert changed_by(ns, train) == ["model", "sd"]

@@ -702,3 +702,36 @@ def test_a_langgraph_sqlite_checkpointer_is_followed(tmp_path, where):
     else:
         assert not replayed(again, 2) and not replayed(again, 3)
         assert "in-memory SQLite database" in said(again, 2), said(again, 2)
+
+
+def test_a_state_dict_keeps_sharing_the_model_parameters_after_a_replay(tmp_path):
+    # `sd = model.state_dict()` holds tensors on the parameters' memory: training
+    # the model afterwards changes sd too. Replayed, sd's tensors were copies, so
+    # after the same training it still showed the weights of before.
+    pytest.importorskip("torch")
+    probe = (
+        "w = model.weight.detach()\n"
+        "print(torch.equal(sd['weight'], w), sd['weight'].data_ptr() == w.data_ptr(),\n"
+        "      torch.equal(both[1]['bias'], both[0].bias.detach()),\n"
+        "      both[1]['bias'].data_ptr() == both[0].bias.data_ptr())"
+    )
+    cells = [
+        f"{HEAD}\nimport torch",
+        "%%step make\ntorch.manual_seed(0)\nmodel = torch.nn.Linear(3, 1)\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.1)",
+        "%%step snap\nsd = model.state_dict()",
+        # made and snapshot in one step: shared within the step's own values
+        "%%step pair\ntorch.manual_seed(1)\nm2 = torch.nn.Linear(3, 1)\n"
+        "both = (m2, m2.state_dict())",
+        "%%step train\nopt.zero_grad()\nmodel(torch.ones(2, 3)).pow(2).sum().backward()\n"
+        "opt.step()",
+        "opt.zero_grad()\nmodel(torch.ones(2, 3)).pow(2).sum().backward()\nopt.step()\n"
+        "with torch.no_grad():\n    both[0].bias += 1",
+        probe,
+    ]
+    book = Notebook(tmp_path)
+    first = book.run(cells)
+    assert stream_text(outputs_of(first, 6)) == "True True True True\n"
+    again = book.run(cells)
+    assert all(replayed(again, i) for i in (1, 2, 3, 4)), [said(again, i) for i in (1, 2, 3, 4)]
+    assert stream_text(outputs_of(again, 6)) == "True True True True\n"

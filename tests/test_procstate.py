@@ -519,6 +519,34 @@ def test_plain_data_set_on_a_library_module_is_replayed(monkeypatch):
     assert mod.NBD_FLAG == 5
 
 
+def test_modules_made_on_the_fly_are_not_user_state(monkeypatch):
+    # torch.ops is a module object torch makes itself, with __file__ "_ops.py" (relative,
+    # no import spec); it grows a namespace module per name code touches
+    # (torch.ops._inductor_test), which no fresh kernel can import.
+    ops = type(sys)("nbd_fake_ops")
+    ops.__file__ = "_ops.py"
+    monkeypatch.setitem(sys.modules, "nbd_fake_ops", ops)
+    assert not procstate.is_user_module("nbd_fake_ops", ops)
+    before = procstate.snapshot()
+    ops._made_on_the_fly = type(sys)("nbd_fake_ops._made_on_the_fly")
+    d = procstate.delta(before, procstate.snapshot())
+    assert "modules" not in d
+    assert procstate.replayable_reasons(d) == []
+
+
+def test_a_user_module_bound_to_a_module_made_on_the_fly_is_not_replayable(
+    saved, tmp_path, monkeypatch
+):
+    mod = _user_module(tmp_path, monkeypatch, "nbd_helpers_dyn", HELPERS)
+    before = procstate.snapshot()
+    monkeypatch.setattr(mod, "SUB", type(sys)("nbd_nowhere"), raising=False)
+    monkeypatch.setattr(mod, "JSON", json, raising=False)
+    d = procstate.delta(before, procstate.snapshot())
+    assert d["modules"]["nbd_helpers_dyn"]["import"] == {"JSON": "json"}
+    (reason,) = procstate.replayable_reasons(d)
+    assert "SUB is a module that cannot be imported" in reason
+
+
 def test_library_and_own_modules_are_not_user_modules():
     assert not procstate.is_user_module("json", json)
     assert not procstate.is_user_module("numpy", np)

@@ -20,17 +20,17 @@ def _fp(value, _name):
     return keys.fingerprint(value)
 
 
-def save(store: Store, ns: dict, names: list[str], checked=()) -> recording.Saved:
+def save(store: Store, ns: dict, names: list[str], checked=(), in_place=()) -> recording.Saved:
     others = [n for n in ns if n not in names]
     saved = recording.save_variables(
-        store, ns, names, set(), _fp, {}, others=others, checked=checked
+        store, ns, names, set(), _fp, {}, others=others, checked=checked, in_place=in_place
     )
     store.apply(puts=[], blobs=saved.pending)
     return saved
 
 
-def load(store: Store, saved: recording.Saved, ns: dict) -> dict:
-    restored, _pure = recording.load_variables(store, saved.variables, ns)
+def load(store: Store, saved: recording.Saved, ns: dict, live=None) -> dict:
+    restored, _pure = recording.load_variables(store, saved.variables, ns, live)
     return restored
 
 
@@ -182,6 +182,33 @@ def test_an_aliased_dataframe_loads_as_one(store):
     saved = save(store, {"df": df, "train": df}, ["df", "train"])
     got = load(store, saved, {})
     assert got["train"] is got["df"]
+
+
+def _frame_and_series():
+    df = pd.DataFrame({"k": ["a", "b", "a"], "v": [1, 2, 3]})
+    s = pd.Series([1.0, 2.0, 3.0, 4.0], name="s")
+    return {"df": df, "g": df.groupby("k"), "s": s, "r": s.rolling(2)}
+
+
+def test_a_frame_changed_in_place_is_restored_into_the_live_one(store):
+    # `g = df.groupby(..)` in one step, `df["v"] *= 10` in the next: in a plain run
+    # g.obj is df, so g sums the changed column. Loaded as a new frame bound to
+    # `df`, the replay left g (restored by the first step) on the old one.
+    ns = _frame_and_series()
+    ns["df"]["v"] *= 10
+    ns["s"][0] = 10.0
+    saved = save(store, ns, ["df", "s"], in_place=["df", "s"])
+    fresh = _frame_and_series()  # the first step's replay, in a fresh kernel
+    live = sharing.LiveTargets({"df": fresh["df"], "s": fresh["s"]})
+    got = load(store, saved, fresh, live)
+    assert got["df"] is fresh["df"] is fresh["g"].obj
+    assert got["s"] is fresh["s"] is fresh["r"].obj
+    pd.testing.assert_frame_equal(fresh["g"].sum(), ns["g"].sum())
+    pd.testing.assert_series_equal(fresh["r"].mean(), ns["r"].mean())
+    assert fresh["s"].name == "s" and fresh["df"].flags.allows_duplicate_labels
+    # An abandoned replay gives them back what they held.
+    live.undo()
+    assert fresh["df"]["v"].tolist() == [1, 2, 3] and fresh["s"][0] == 1.0
 
 
 def test_one_unpicklable_value_does_not_lose_the_others(store):
@@ -390,3 +417,64 @@ def test_locks_inside_an_object_are_made_anew_and_a_lock_alone_is_not_saved():
     # A variable holding a lock coordinates the notebook's threads: not saved.
     with pytest.raises(values.Unsaveable, match="cannot pickle '_thread.lock'"):
         values.dumps(threading.Lock())
+
+
+def test_a_view_of_an_array_in_an_ordered_dict_refers_to_it(store):
+    # OrderedDict, defaultdict and Counter are walked as dicts (a torch
+    # state_dict() is an OrderedDict): an array inside one is found.
+    import collections
+
+    od = collections.OrderedDict(a=np.zeros(4))
+    ns = {"od": od, "mid": od["a"][1:3]}
+    saved = save(store, ns, ["mid"])
+    fresh = {"od": collections.OrderedDict(a=np.zeros(4))}
+    mid = load(store, saved, fresh)["mid"]
+    assert mid.base is fresh["od"]["a"]
+
+
+def _linear(torch, seed):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.ReLU(), torch.nn.Linear(2, 1))
+
+
+def test_a_state_dict_loads_on_the_memory_of_the_live_model(store):
+    # `sd = model.state_dict()`: tensors on the parameters' own memory, which a
+    # later optimizer.step() changes. Loaded as copies, sd kept the old weights.
+    torch = pytest.importorskip("torch")
+    model = _linear(torch, 0)
+    saved = save(store, {"model": model, "sd": model.state_dict()}, ["sd"], checked=["model"])
+    fresh = {"model": _linear(torch, 0)}  # the step that made it, replayed
+    sd = load(store, saved, fresh)["sd"]
+    live = fresh["model"]
+    assert sd["2.bias"].data_ptr() == live[2].bias.data_ptr()
+    with torch.no_grad():
+        live[0].weight.mul_(2)
+    assert torch.equal(sd["0.weight"], live[0].weight)
+
+
+def test_tensors_sharing_memory_within_a_step_load_sharing_it(store):
+    torch = pytest.importorskip("torch")
+    model = _linear(torch, 1)
+    model(torch.ones(1, 3)).sum().backward()  # a gradient: written with its tensor
+    flat = torch.arange(6.0)
+    ns = {"both": (model, model.state_dict()), "flat": flat, "part": flat[2:4].view(2, 1)}
+    saved = save(store, ns, ["both", "flat", "part"])
+    blob = store.get_blob(saved.variables[0].ref)
+    assert blob.buffers, "the storages' memory is out of band"
+    got = load(store, saved, {})
+    m, sd = got["both"]
+    assert isinstance(m[0].weight, torch.nn.Parameter) and m[0].weight.requires_grad
+    assert torch.equal(m[0].weight.grad, model[0].weight.grad)
+    assert sd["0.weight"].data_ptr() == m[0].weight.data_ptr()
+    assert torch.equal(sd["0.weight"], model[0].weight)
+    got["part"][0, 0] = 100
+    assert got["flat"].tolist() == [0, 1, 100, 3, 4, 5]
+
+
+def test_a_storage_the_namespace_holds_changed_since_refuses_the_replay(store):
+    torch = pytest.importorskip("torch")
+    w = torch.zeros(4)
+    saved = save(store, {"w": w, "head": w[:2]}, ["head"])
+    with pytest.raises(recording.LoadFailed) as err:
+        load(store, saved, {"w": torch.ones(4)})
+    assert "w.untyped_storage() is not the object it was" in str(err.value.cause)

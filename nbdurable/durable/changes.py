@@ -24,7 +24,8 @@ A token is what can be read without hashing data:
 * a numpy array: its data pointer, shape, strides and dtype, and a digest of
   all its bytes up to :data:`FULL_HASH_MAX`, of a sample of them above
   (evenly spaced elements and both ends); a pandas DataFrame or Series:
-  the tokens of its arrays and the ids of its axes. A large array is never
+  the tokens of its arrays and the ids of its axes; a torch tensor on the
+  CPU: its window and its storage's memory, as an array's. A large array is never
   hashed whole here: a write to it that the sample misses is seen only when
   the step names the array (its inputs are fingerprinted whole by the plan);
 * an instance of a library class (not the notebook's, not a local
@@ -126,6 +127,10 @@ def _token_and_children(obj: Any) -> tuple[Any, Iterable[Any]]:
         return id(obj), ()
     if mod == "pandas":
         return _pandas_token(obj), ()
+    if mod == "torch":
+        storage = sharing.storage_of(obj)
+        if storage is not None:
+            return _tensor_token(obj, storage), ()
     if mod == "builtins":
         if t.__name__.endswith("iterator"):
             try:
@@ -169,6 +174,17 @@ def _user_code(t: type) -> bool:
         return localcode.is_local_module_name(t.__module__)
     except Exception:  # no source to look at
         return False
+
+
+def _tensor_token(t: Any, storage: Any) -> Any:
+    # Its window (offset, shape, strides, dtype) and its storage's memory as an
+    # array's: `sd = model.state_dict()` changes with the training that
+    # changes the parameters whose memory it shares.
+    try:
+        memory = _array_token(sharing.storage_bytes(storage))
+    except Exception:  # a storage numpy cannot view: seen by identity
+        memory = id(storage)
+    return (type(t), t.storage_offset(), tuple(t.shape), t.stride(), str(t.dtype), memory)
 
 
 def _pandas_token(obj: Any) -> Any:

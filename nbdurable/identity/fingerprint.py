@@ -49,6 +49,8 @@ from . import localcode, reduction
 #    objects random (version 4) UUIDs (trace and run ids a library stamps on what it
 #    does) are one token, and inside any object's state a list of classes is compared
 #    as a set (``list(set_of_classes)``: classes hash by address, so its order differed).
+#    Later, with no bump: a torch ``UntypedStorage`` by its bytes. Its pickle (torch.save's)
+#    was keyed by its memory address, so no fingerprint of one ever matched another.
 # 4: weak proxies by type only, as weak references already were: a live proxy handed
 #    pickle its referent's state, a dead one nothing, so a value holding one changed
 #    its fingerprint when the collector freed the referent.
@@ -775,6 +777,8 @@ def _resolve(t: type) -> Any:
         return special
     if module == "torch" and _is_tensor(t):
         return _tensor
+    if module == "torch" and name == "UntypedStorage":
+        return _storage
     if issubclass(t, type):
         return _class
     if issubclass(t, enum.Enum):
@@ -829,6 +833,19 @@ def _tensor(h: _Hasher, v: Any) -> None:
     h.put(b"tensor", _qual(type(v)), str(v.dtype), *map(str, v.shape), str(v.requires_grad))
     h.raw(data)
     h.push(v.grad, _instance_dict(v) or None)
+
+
+def _storage(h: _Hasher, v: Any) -> None:
+    # A tensor's memory, which tensors of a step's values may share with the
+    # namespace's (see nbdurable.store.sharing): by its bytes, as a tensor.
+    try:
+        torch = sys.modules["torch"]
+        data = torch.empty(0, dtype=torch.uint8, device=v.device).set_(v).cpu().numpy()
+    except Exception:  # a storage with no bytes to read (meta)
+        _reduced(h, v)
+        return
+    h.put(b"storage", str(v.device))
+    h.raw(data)
 
 
 #: Library classes whose own pickling has side effects, by qualified name.

@@ -53,13 +53,22 @@ _user: dict[str, tuple[Any, bool]] = {}  # module name -> (the module, is a user
 
 
 def is_user_module(name: str, module: Any) -> bool:
-    """True for a module of the user's own files: not the stdlib, site-packages or nbdurable."""
+    """True for a module of the user's own files: not the stdlib, site-packages or nbdurable.
+
+    Only a module imported from its file (one with an import spec and an
+    absolute ``__file__``) can be imported again by a replay: a module object
+    a library makes on the fly is not one, whatever ``__file__`` it sets
+    (torch's ``torch.ops`` says ``_ops.py`` and grows ``torch.ops.<name>``
+    namespaces as code touches them), and its attributes are the library's.
+    """
     known = _user.get(name)
     if known is not None and known[0] is module:  # asked around every step: kept
         return known[1]
     file = getattr(module, "__file__", None)
     mine = (
         isinstance(file, str)
+        and os.path.isabs(file)
+        and getattr(module, "__spec__", None) is not None
         and name != "__main__"
         and name.split(".")[0] != "nbdurable"
         and file.endswith(".py")
@@ -193,6 +202,9 @@ def modules_delta(before: Any, after: Any, out: dict, why: list[str]) -> None:
             entry.setdefault("del", []).append(attr)
             return
         if isinstance(value, types.ModuleType):  # `import pkg.sub` binds pkg.sub
+            if not importable(value):
+                why.append(f"module {mod} attribute {attr} is a module that cannot be imported")
+                return
             entry.setdefault("import", {})[attr] = value.__name__
             return
         try:
@@ -234,6 +246,18 @@ def modules_delta(before: Any, after: Any, out: dict, why: list[str]) -> None:
     changes = {m: c for m, c in changes.items() if c}
     if changes:
         out["modules"] = changes
+
+
+def importable(module: types.ModuleType) -> bool:
+    """True if importing ``module``'s name gives this module (it is in ``sys.modules``
+    and came from an import: a module object made on the fly cannot be imported again).
+    """
+    name = getattr(module, "__name__", None)
+    return (
+        isinstance(name, str)
+        and sys.modules.get(name) is module
+        and getattr(module, "__spec__", None) is not None
+    )
 
 
 def updated_in_place(process: Mapping[str, Any] | None) -> list[Any]:

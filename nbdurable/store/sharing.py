@@ -11,10 +11,11 @@ pickle persistent id naming where it lives::
 
 ``path`` is a variable name followed by steps: ``("i", 3)`` an index of a
 list or tuple, ``("k", key)`` a dict key (a string, number or None), ``("a",
-name)`` an instance attribute. On replay the path is followed in the live
-namespace; if it does not lead anywhere, or to an object whose fingerprint
-differs from the recorded one, the replay would not be exact, so it is
-refused (:class:`NotExact`) and the step's body runs again. The fingerprint
+name)`` an instance attribute, ``("s", None)`` a torch tensor's storage. On
+replay the path is followed in the live namespace; if it does not lead
+anywhere, or to an object whose fingerprint differs from the recorded one,
+the replay would not be exact, so it is refused (:class:`NotExact`) and the
+step's body runs again. The fingerprint
 is left out (None) when the path's variable is one of the step's inputs,
 whose fingerprints the plan already compared.
 
@@ -22,8 +23,8 @@ Which objects are references: those the step's pickle holds that are
 reachable (:func:`index`) from the variables the step did not change (the
 pickle is written first without references; only the objects in its memo
 are looked for, and only if one is found is it written again with
-references), through lists, tuples, dicts and
-instance attributes, within :data:`BUDGET` objects and :data:`DEPTH` steps;
+references), through lists, tuples, dicts (``OrderedDict``, ``defaultdict``
+and ``Counter`` too) and instance attributes, within :data:`BUDGET` objects and :data:`DEPTH` steps;
 classes, functions, arrays and DataFrames are leaves (referenced whole,
 never walked), and of an instance of a library class only its own
 attributes are looked at, not what lies below them. An object beyond those
@@ -38,7 +39,9 @@ an object is pickled as "the live object of this name, emptied, then given
 this state" (:func:`in_place`): on replay the object the plain cells made
 again receives the recorded state, and every holder sees it. Only objects
 pickle rebuilds the default way (``cls.__new__`` then their state), of the
-same class as the live one; anything else loads as a new object, as before.
+same class as the live one (a pandas DataFrame or Series is one: its state is
+its block manager, and a groupby made from it then reads the recorded data);
+anything else loads as a new object, as before.
 What a replay filled is put back (:class:`LiveTargets`) if the replay is
 abandoned, so a body that runs again starts from what the plain cells made.
 
@@ -47,10 +50,22 @@ numpy. An array's pickle is its memory (out of band, see
 view (``v = arr[:5]``) is pickled as "this window of that array": the array
 once, the view rebuilt on it, so writes through the view still reach the
 array after a replay and ``v.base is arr`` holds as in a plain run.
+
+torch. A tensor is a window on a storage that other tensors may share
+(``model.state_dict()`` and ``param.detach()`` hold the parameters' own
+memory; a later ``optimizer.step()`` changes them too). torch's pickle
+copies each tensor's storage, so a CPU tensor is pickled instead as "this
+window of that storage" (:func:`reduce_tensor`), the storage written once,
+its memory out of band. A storage is reached from a tensor of the namespace
+by the path step ``("s", None)`` (``t.untyped_storage()``), and a torch
+module's submodules, parameters and buffers are walked as its data: a
+step's ``sd = model.state_dict()`` loads as tensors on the storages of the
+live model's parameters.
 """
 
 from __future__ import annotations
 
+import collections
 import contextvars
 import pickle
 import sys
@@ -70,6 +85,8 @@ BUDGET = 200_000
 DEPTH = 64
 _ATOMS = (str, bytes, int, float, bool, complex, type(None))
 _KEYS = (str, int, float, bool, type(None))
+#: dicts by another type, walked as dicts (a torch ``state_dict()`` is an OrderedDict)
+_DICTS = frozenset((collections.OrderedDict, collections.defaultdict, collections.Counter))
 
 
 #: The namespace live notebook classes are looked up in while loading
@@ -137,6 +154,7 @@ def index(
             # kernel's whole object graph) is not walked, as changes.Tokens
             # does not walk it either.
             inside = not _library(obj, known)
+            parts = _torch_module_parts(obj)
             for step, child in _children(obj):
                 budget -= 1
                 if isinstance(child, (types.ModuleType, *_ATOMS)):
@@ -144,7 +162,7 @@ def index(
                 key = id(child)
                 if key in wanted and key not in found:
                     found[key] = (path + (step,), child)
-                if inside and key not in seen and _holds(child):
+                if (inside or step in parts) and key not in seen and _holds(child):
                     seen.add(key)
                     nxt.append((path + (step,), child))
             if budget <= 0:
@@ -159,7 +177,7 @@ def _library(obj: Any, known: dict[str, bool]) -> bool:
     ``known`` caches the answer by module name for one walk.
     """
     t = type(obj)
-    if t is list or t is tuple or t is dict:
+    if t is list or t is tuple or t is dict or t in _DICTS:
         return False
     mod = getattr(t, "__module__", None) or ""
     if mod not in known:
@@ -175,12 +193,30 @@ def _holds(obj: Any) -> bool:
     return any(not isinstance(c, _ATOMS) for _s, c in _children(obj))
 
 
+#: The attributes of a torch module that hold its submodules, parameters and buffers.
+_TORCH_PARTS = frozenset((("a", "_modules"), ("a", "_parameters"), ("a", "_buffers")))
+
+
+def _torch_module_parts(obj: Any) -> frozenset:
+    """The path steps below a library object that are walked all the same: a torch
+    module's submodules, parameters and buffers (the tensors whose storages a
+    step's ``state_dict()`` shares). Empty for anything else.
+    """
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(obj, torch.nn.Module):
+        return _TORCH_PARTS
+    return frozenset()
+
+
 def _children(obj: Any) -> Iterable[tuple[tuple[str, Any], Any]]:
     t = type(obj)
     if t is list or t is tuple:
         return ((("i", i), v) for i, v in enumerate(obj))
-    if t is dict:
+    if t is dict or t in _DICTS:
         return ((("k", k), v) for k, v in obj.items() if type(k) in _KEYS)
+    storage = storage_of(obj)
+    if storage is not None:
+        return ((("s", None), storage),)
     if isinstance(obj, type) or callable(obj) and not hasattr(obj, "__dict__"):
         return ()
     if isinstance(obj, (types.FunctionType, types.MethodType, types.BuiltinFunctionType)):
@@ -313,6 +349,10 @@ def resolve(ns: Mapping[str, Any], path: Path) -> Any:
         for kind, key in path[1:]:
             if kind == "a":
                 obj = vars(obj)[key]
+            elif kind == "s":
+                obj = storage_of(obj)
+                if obj is None:
+                    raise TypeError("not a tensor on the CPU")
             else:
                 obj = obj[key]
     except Exception as exc:
@@ -324,7 +364,10 @@ def describe(path: Path) -> str:
     """``reg['x'].items[0]`` for a path."""
     text = str(path[0])
     for kind, key in path[1:]:
-        text += f".{key}" if kind == "a" else f"[{key!r}]"
+        if kind == "s":
+            text += ".untyped_storage()"
+        else:
+            text += f".{key}" if kind == "a" else f"[{key!r}]"
     return text
 
 
@@ -420,3 +463,89 @@ def _view(
     if not w:
         view.flags.writeable = False
     return view
+
+
+# -- torch -------------------------------------------------------------------------------
+
+
+def storage_of(obj: Any) -> Any:
+    """The storage of a dense CPU torch tensor (exactly ``Tensor`` or ``Parameter``), or None.
+
+    torch gives back the same storage object for as long as its memory lives,
+    so it is found by identity like any object of the namespace.
+    """
+    torch = sys.modules.get("torch")
+    if torch is None or type(obj) not in (torch.Tensor, torch.nn.Parameter):
+        return None
+    try:
+        if obj.layout != torch.strided or obj.device.type != "cpu" or obj.is_quantized:
+            return None
+        return obj.untyped_storage()
+    except Exception:  # a tensor without storage (a functional or fake one)
+        return None
+
+
+def reduce_tensor(obj: Any) -> Any:
+    """A reduction for an exact dense CPU ``torch.Tensor`` on its storage object, or None.
+
+    torch's own reduction, with its storage argument (a ``TypedStorage``
+    made afresh for each tensor) replaced by the tensor's storage, which
+    the pickler then writes once (:func:`reduce_storage`) or as a reference.
+    A tensor torch reduces otherwise (a subclass, one with attributes of its
+    own, one with a graph) keeps torch's reduction.
+    """
+    torch = sys.modules.get("torch")
+    if torch is None or type(obj) is not torch.Tensor or not obj.is_leaf:
+        return None
+    if obj.grad is not None or storage_of(obj) is None:
+        return None  # a gradient: written with it (see values._tensor_with_grad)
+    try:
+        reduced = obj.__reduce_ex__(5)
+        fn, args = reduced[0], reduced[1]
+        if len(reduced) != 2 or fn is not torch._utils._rebuild_tensor_v2:
+            return None
+        typed = args[0]
+        if type(typed) is not torch.storage.TypedStorage:
+            return None
+        return _tensor, (typed._untyped_storage, typed.dtype, *args[1:])
+    except Exception:  # torch's own reduction says why, if anything
+        return None
+
+
+def _tensor(storage: Any, dtype: Any, *args: Any) -> Any:
+    import torch
+
+    typed = torch.storage.TypedStorage(wrap_storage=storage, dtype=dtype, _internal=True)
+    return torch._utils._rebuild_tensor_v2(typed, *args)
+
+
+def reduce_storage(obj: Any) -> Any:
+    """A reduction for a CPU ``torch.UntypedStorage``: its memory out of band, or None."""
+    torch = sys.modules.get("torch")
+    if torch is None or type(obj) is not torch.UntypedStorage or sys.modules.get("numpy") is None:
+        return None
+    try:
+        if obj.device.type != "cpu":
+            return None
+        return _storage, (pickle.PickleBuffer(storage_bytes(obj)),)
+    except Exception:  # torch's own reduction (torch.save's bytes)
+        return None
+
+
+def storage_bytes(storage: Any) -> Any:
+    """The memory of a CPU storage as a numpy uint8 array (no copy)."""
+    import torch
+
+    return torch.empty(0, dtype=torch.uint8).set_(storage).numpy()
+
+
+def _storage(buf: Any) -> Any:
+    import numpy as np
+    import torch
+
+    mem = memoryview(buf).cast("B")
+    # A storage of its own (resizable, as torch's own loads are), filled with the bytes.
+    out = torch.UntypedStorage(mem.nbytes)
+    if mem.nbytes:
+        storage_bytes(out)[:] = np.frombuffer(mem, np.uint8)
+    return out

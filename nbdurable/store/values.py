@@ -687,7 +687,11 @@ class _Pickler(cloudpickle.Pickler):
 
     def reducer_override(self, obj: Any) -> Any:
         self.asked = obj  # the last object asked about: the one a failed pass failed on
-        reduced = sharing.reduce_array(obj) if self.refs is not None else None
+        reduced = None
+        if self.refs is not None:  # values pickled together: views and storages kept
+            reduced = sharing.reduce_array(obj)
+            if reduced is None and type(obj).__module__.startswith("torch"):
+                reduced = sharing.reduce_tensor(obj) or sharing.reduce_storage(obj)
         if reduced is None and self.in_place:
             name = self.in_place.get(id(obj))
             reduced = _in_place_reduce(obj, name) if name is not None else None
@@ -784,10 +788,17 @@ def _without_lazy(obj: Any, t: type, lazy: frozenset[str]) -> tuple | None:
 def _in_place_reduce(obj: Any, name: str) -> tuple | None:
     """``obj``'s reduction as "the live ``name``, given this state" (see
     :func:`sharing.in_place`), or None for an object pickle does not rebuild the
-    default way (``cls.__new__`` and a state: arrays, frames, their own ``__reduce__``).
+    default way (``cls.__new__`` and a state: arrays, their own ``__reduce__``).
+
+    A pandas DataFrame or Series is one (its state is its block manager, its
+    flags, attrs and name, which ``__setstate__`` sets on the emptied object:
+    what a groupby, a rolling window or a Styler made from it holds then
+    reads the recorded data, as in a plain run); other numpy and pandas
+    objects (arrays, indexes) load as new ones.
     """
     t = type(obj)
-    if str(getattr(t, "__module__", "")).partition(".")[0] in ("numpy", "pandas"):
+    top = str(getattr(t, "__module__", "")).partition(".")[0]
+    if top == "numpy" or top == "pandas" and not _is_frame(t):
         return None
     try:
         reduced = _library_reduce(obj)
@@ -804,6 +815,12 @@ def _in_place_reduce(obj: Any, name: str) -> tuple | None:
     if not localcode.is_local_module_name(t.__module__):
         state = localcode.without_lazy(t, state)
     return (sharing.in_place, (name, t), state, *reduced[3:])
+
+
+def _is_frame(t: type) -> bool:
+    """True for pandas' DataFrame and Series (an ``NDFrame``), subclasses included."""
+    generic = sys.modules.get("pandas.core.generic")
+    return generic is not None and issubclass(t, generic.NDFrame)
 
 
 def _tensor_with_grad(t: Any) -> tuple | None:

@@ -96,11 +96,6 @@ _GRID = (
     "step reran: input changed: the seaborn {what}'s fingerprint (its Figure, axes, artists) "
     "differs once the make step's record restored it in a new kernel"
 )
-_SHARED_INPLACE = (
-    "replay differs: the change step's in-place change of the {what} is restored as a new "
-    "object bound to the name, while the {holder} the make step recorded still holds the old "
-    "one ({holder}.obj is not the {what})"
-)
 
 #: case -> why it fails today. Strict: remove an entry when its case passes.
 FAILS_TODAY: dict[str, str] = {
@@ -123,15 +118,6 @@ FAILS_TODAY: dict[str, str] = {
     "sb_joint": _GRID.format(what="JointGrid"),
     "sb_pair": _GRID.format(what="PairGrid"),
     "sb_cluster": _GRID.format(what="ClusterGrid"),
-    # torch
-    "th_sequential": (
-        "step reran: 'cannot restore its process state (No module named "
-        "'torch.ops._inductor_test')': the step's process-state change names a module torch "
-        "makes on the fly, which a fresh kernel cannot import"
-    ),
-    # pandas
-    "pd_groupby": _SHARED_INPLACE.format(what="DataFrame", holder="groupby"),
-    "pd_rolling": _SHARED_INPLACE.format(what="Series", holder="rolling"),
     # polars
     "po_sqlcontext": (
         "replay differs: the SQLContext cannot be saved (its make step reruns), and "
