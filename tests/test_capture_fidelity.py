@@ -34,14 +34,14 @@ log.propagate = False
 def work(i):  # run by worker processes
     print(f"worker {i}", flush=True)
     return i * i
-attempts = {"n": 0}
+attempts = {}
 def pre():
     print("pre-call")
     return 1
-def flaky():  # fails the first time: a transient error
-    print("trying", attempts["n"])
-    attempts["n"] += 1
-    if attempts["n"] < 2:
+def flaky(where):  # fails the first time: a transient error
+    n = attempts[where] = attempts.get(where, 0) + 1
+    print("trying", n - 1)
+    if n < 2:
         raise ConnectionError("transient")
     return "ok"
 """
@@ -61,7 +61,7 @@ STEP_IMPORT = {
 
 RETRIED = """\
     a = step("pre", pre)
-    r = step("flaky", flaky)
+    r = step("flaky", flaky, "{where}")
     print("result", r)
     """
 
@@ -187,8 +187,11 @@ STEPS = {
         time.sleep(1)  # see PLAIN_RACE
         """,
     # One step run twice, as a user runs a cell again after a transient error.
-    "retried@1": RETRIED,
-    "retried@2": RETRIED,
+    "retried@1": RETRIED.format(where="step"),
+    "retried@2": RETRIED.format(where="step"),
+    # The same calls in a plain cell (recorded in the run's scope), run again.
+    "plain:retried@1": RETRIED.format(where="cell"),
+    "plain:retried@2": RETRIED.format(where="cell"),
     "container": """\
         import ipywidgets
         ipywidgets.HBox([ipywidgets.Label("inside")])
@@ -302,7 +305,7 @@ def test_replay_equals_plain_run(runs, name):
         n
         for n in NAMES
         if n not in ("bar_auto", "bar_auto_leave", "bar_sub", "slider", "container", "ipympl")
-        and n not in ("fig_error", "retried@1", "timeit")
+        and n not in ("fig_error", "retried@1", "plain:retried@1", "timeit")
     ],
 )
 def test_the_recording_run_shows_what_a_plain_run_shows(runs, name):
@@ -498,3 +501,18 @@ def test_a_retried_step_shows_a_replayed_sub_steps_output_once_per_attempt(runs)
     # 0) with both calls replayed; the second replays the step whole.
     assert shown(cell(replayed, "retried@1")) == again
     assert replayed_outputs(runs, "retried@2") == again
+
+
+def test_sub_steps_in_a_plain_cell_show_what_they_printed_when_they_replay(runs):
+    """A plain cell run again after a transient error: the call that was recorded replays and
+    shows what it printed, once, as the plain run's second attempt (which called it again);
+    in a fresh kernel both calls replay, and the cell shows what that attempt showed."""
+    plain, recorded, replayed = runs
+    first = shown(cell(plain, "plain:retried@1", durable=False))
+    assert stream_text(first) == "pre-call\ntrying 0\n"
+    again = shown(cell(plain, "plain:retried@2", durable=False))
+    assert stream_text(again) == "pre-call\ntrying 1\nresult ok\n"
+    assert stream_text(shown(cell(recorded, "plain:retried@1"))) == stream_text(first)
+    assert shown(cell(recorded, "plain:retried@2")) == again
+    assert shown(cell(replayed, "plain:retried@1")) == again
+    assert shown(cell(replayed, "plain:retried@2")) == again
