@@ -366,7 +366,12 @@ class Session:
         self._cell_thread = threading.get_ident() if hooked else None
 
     def end_cell(self) -> None:
-        """The cell ended (a hook says so): stop recording what it shows."""
+        """The cell ended (a hook says so): stop recording what it shows.
+
+        Until the next cell starts, nothing is recorded (a widget's callback
+        calling a sub-step between cells has no cell to show in).
+        """
+        self._cell_thread = None
         cap, self._cell_capture = self._cell_capture, None
         if cap is not None:
             cap.__exit__(None, None, None)
