@@ -345,6 +345,41 @@ def test_widget_outputs_get_the_final_state_text(shell):
     assert cap.unfaithful == ["VBox widget"]
 
 
+def test_a_widget_closed_in_the_cell_is_not_recorded(shell):
+    """Closing a widget removes its views from the frontend: nothing is left to replay."""
+    import ipywidgets
+
+    slider = ipywidgets.IntSlider(value=1)
+    with Capture(shell) as cap:
+        print("before")
+        display(slider)
+        display(slider, display_id="again")
+        slider.value = 2
+        slider.close()
+        print("after")
+    assert cap.outputs == [stream("stdout", "before\n"), stream("stdout", "after\n")]
+    assert cap.unfaithful == []
+
+
+def test_a_span_shows_its_widgets_as_they_are_at_its_end(shell):
+    """What a sub-step displayed, taken when the call ends: a bar at its last value, a closed
+    widget not at all (the cell's own record is finished later, the same way)."""
+    import ipywidgets
+
+    kept, closed = ipywidgets.IntSlider(value=1), ipywidgets.IntSlider(value=1)
+    with Capture(shell) as cap:
+        mark = cap.mark()
+        display(kept)
+        display(closed)
+        kept.value = 3
+        closed.close()
+        span = cap.since(mark)
+        kept.value = 4
+    assert [o["data"]["text/plain"] for o in span] == ["IntSlider(value=3)"]
+    assert WIDGET_VIEW_MIME in span[0]["data"]
+    assert [o["data"]["text/plain"] for o in cap.outputs] == ["IntSlider(value=4)"]
+
+
 def test_a_capture_is_used_once(shell):
     cap = Capture(shell)
     with cap:

@@ -26,18 +26,47 @@ pytestmark = pytest.mark.kernel
 BAR = 'bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt}"'  # no rates: the same in every run
 
 SETUP = """\
-import logging, os, subprocess, sys, ctypes, time
+import logging, os, subprocess, sys, ctypes, threading, time
+from concurrent.futures import ProcessPoolExecutor
 log = logging.getLogger("fidelity")
 log.addHandler(logging.StreamHandler())  # holds the original sys.stderr object
 log.propagate = False
+def work(i):  # run by worker processes
+    print(f"worker {i}", flush=True)
+    return i * i
+attempts = {}
+def pre():
+    print("pre-call")
+    return 1
+def flaky(where):  # fails the first time: a transient error
+    n = attempts[where] = attempts.get(where, 0) + 1
+    print("trying", n - 1)
+    if n < 2:
+        raise ConnectionError("transient")
+    return "ok"
 """
+
+#: How the notebook gets ``step``: nbdurable's in the durable runs, a plain call in the plain one.
+STEP_IMPORT = {
+    True: "from nbdurable import step",
+    False: "def step(_id, fn, *args):\n    return fn(*args)",
+}
 
 # PLAIN_RACE: in a plain cell, ipykernel's pipe thread forwards fd output
 # asynchronously; on a busy machine it can miss the end of the cell, and the
-# plain run (the oracle) then lacks it. The fd cases wait a moment at their end
-# so that the oracle is complete; a step needs no such wait (it syncs the pipe).
+# plain run (the oracle) then lacks it, or shows it after what the cell printed
+# later. The fd cases wait a moment where the order must not depend on the
+# machine's load; a step records the order its own run showed, and needs no wait
+# at its end (it syncs the pipe).
 
-#: name -> step body. Each runs as `%%step name` in the durable runs.
+RETRIED = """\
+    a = step("pre", pre)
+    r = step("flaky", flaky, "{where}")
+    print("result", r)
+    """
+
+#: name -> step body. Each runs as `%%step name` in the durable runs (`name@n`: the
+#: n-th cell of step `name`), except `plain:...` cells, which run as they are.
 STEPS = {
     "fig_noshow": """\
         import matplotlib.pyplot as plt
@@ -108,6 +137,61 @@ STEPS = {
         print(Loud())
         Loud()
         """,
+    "capture_magic": """\
+        %%capture captured
+        print("hidden")
+        display("hidden display")
+        """,
+    # (a plain cell: what the step bound, as the next cell sees it)
+    "plain:captured": """\
+        print(repr(captured.stdout), len(captured.outputs))
+        captured.show()
+        """,
+    "timeit": """\
+        %timeit -n1 -r2 sum(range(10))
+        print("after")
+        """,
+    "bar_auto_leave": f"""\
+        from tqdm.auto import tqdm as auto_tqdm
+        for _ in auto_tqdm(range(3), {BAR}, leave=False):
+            pass
+        print("after the bar")
+        """,
+    "bar_sub": f"""\
+        from tqdm.auto import tqdm as auto_tqdm
+        def count_to(n):
+            for _ in auto_tqdm(range(n), {BAR}):
+                pass
+            return n
+        counted = step("count", count_to, 3)
+        unsaveable = threading.Lock()  # on replay the body runs again, its sub-step replays
+        """,
+    "pool": """\
+        with ProcessPoolExecutor(1) as pool:  # forked workers: their prints come through zmq
+            squares = list(pool.map(work, range(3)))
+        del pool  # cannot be saved
+        print("squares", squares)
+        time.sleep(1)  # see PLAIN_RACE
+        """,
+    "joblib": """\
+        from joblib import Parallel, delayed  # loky workers: their prints come through fd 1
+        cubes = Parallel(n_jobs=2)(delayed(work)(i) for i in [5])
+        time.sleep(1)  # see PLAIN_RACE (the worker's line before this cell's next one)
+        print("cubes", cubes)
+        time.sleep(1)  # see PLAIN_RACE
+        """,
+    "subprocess_crlf": """\
+        subprocess.run(["printf", "a\\r\\nb\\r\\n"])
+        time.sleep(0.3)  # (another stream message)
+        subprocess.run(["sh", "-c", "echo one; sleep 0.3; echo two"])
+        time.sleep(1)  # see PLAIN_RACE
+        """,
+    # One step run twice, as a user runs a cell again after a transient error.
+    "retried@1": RETRIED.format(where="step"),
+    "retried@2": RETRIED.format(where="step"),
+    # The same calls in a plain cell (recorded in the run's scope), run again.
+    "plain:retried@1": RETRIED.format(where="cell"),
+    "plain:retried@2": RETRIED.format(where="cell"),
     "container": """\
         import ipywidgets
         ipywidgets.HBox([ipywidgets.Label("inside")])
@@ -128,10 +212,11 @@ NAMES = list(STEPS)
 
 
 def step_cells(durable: bool) -> list[str]:
-    cells = [SETUP]
+    cells = [f"{SETUP}{STEP_IMPORT[durable]}\n"]
     for name, body in STEPS.items():
         body = textwrap.dedent(body)
-        cells.append(f"%%step {name}\n{body}" if durable else body)
+        plain = not durable or name.startswith("plain:")
+        cells.append(body if plain else f"%%step {name.split('@')[0]}\n{body}")
     if durable:
         cells.insert(0, "%load_ext nbdurable")
     return cells
@@ -192,9 +277,20 @@ def replay_matches_plain(runs, name: str) -> list[dict]:
     return expected
 
 
+def replayed_outputs(runs, name: str) -> list[dict]:
+    """What the replayed run's cell `name` shows, checking that its step replayed."""
+    _, _, replayed = runs
+    notes = [o for o in cell(replayed, name) if o.get("metadata", {}).get("nbdurable")]
+    assert len(notes) == 1, f"{name} did not replay: {cell(replayed, name)}"
+    return shown(cell(replayed, name))
+
+
 @pytest.mark.parametrize(
     "name",
-    ["fig_noshow", "fig_show", "fig_semicolon", "fig_last", "logged", "nested", "reentrant"],
+    [
+        *("fig_noshow", "fig_show", "fig_semicolon", "fig_last", "logged", "nested", "reentrant"),
+        *("pool", "joblib", "subprocess_crlf"),
+    ],
 )
 def test_replay_equals_plain_run(runs, name):
     expected = replay_matches_plain(runs, name)
@@ -203,9 +299,14 @@ def test_replay_equals_plain_run(runs, name):
 
 @pytest.mark.parametrize(
     # (widgets aside: their live views carry a fresh model id in every run;
-    # a traceback names different frames)
+    # a traceback names different frames; %timeit measures again)
     "name",
-    [n for n in NAMES if n not in ("bar_auto", "slider", "container", "ipympl", "fig_error")],
+    [
+        n
+        for n in NAMES
+        if n not in ("bar_auto", "bar_auto_leave", "bar_sub", "slider", "container", "ipympl")
+        and n not in ("fig_error", "retried@1", "plain:retried@1", "timeit")
+    ],
 )
 def test_the_recording_run_shows_what_a_plain_run_shows(runs, name):
     plain, recorded, _ = runs
@@ -314,3 +415,104 @@ def test_outputs_hold_no_sync_marker(runs):
         text = json.dumps([c.get("outputs", []) for c in nb.cells])
         assert json.dumps(MARKER)[1:-1] not in text
         assert "\\u0000" not in text
+
+
+def test_captured_output_stays_captured_and_the_variable_holds_it(runs):
+    plain, recorded, replayed = runs
+    for nb in (recorded, replayed):
+        assert shown(cell(nb, "capture_magic")) == [], "%%capture shows nothing"
+        got = shown(cell(nb, "plain:captured"))
+        assert got == shown(cell(plain, "plain:captured", durable=False))
+    assert stream_text(got) == "'hidden\\n' 1\nhidden\n"
+    assert got[-1]["data"] == {"text/plain": "'hidden display'"}
+
+
+_TIMING = re.compile(r"[\d.e+]+ (?:ns|\u03bcs|us|ms|s)\b")
+
+
+def timeit_lines(text: str) -> list[str]:
+    """%timeit's result line and what follows, its times replaced (a "slowest run took"
+    line before it comes and goes with the machine's load)."""
+    return _TIMING.sub("T", text).splitlines()[-2:]
+
+
+def test_timeit_replays_the_line_it_printed(runs):
+    """%timeit measures each time it runs; a replay shows what the recorded run measured."""
+    plain, recorded, _ = runs
+    expected = shown(cell(recorded, "timeit"))
+    assert replayed_outputs(runs, "timeit") == expected
+    line = stream_text(expected)
+    assert timeit_lines(line) == timeit_lines(stream_text(shown(cell(plain, "timeit", False))))
+    assert line.endswith(" per loop (mean \u00b1 std. dev. of 2 runs, 1 loop each)\nafter\n"), line
+
+
+def test_a_widget_closed_in_the_cell_replays_as_nothing(runs):
+    """A ``leave=False`` bar is closed at its end (``Widget.close()``: "all of the widget views
+    are automatically removed from the front-end"), so a replay shows nothing in its place.
+
+    (nbclient is no frontend here: it keeps the closed widget's view and state.)
+    """
+    plain, recorded, _ = runs
+    outs = normalize_outputs(cell(plain, "bar_auto_leave", durable=False))
+    assert [WIDGET_VIEW_MIME in o.get("data", {}) for o in outs] == [True, False], outs
+    expected = [{"output_type": "stream", "name": "stdout", "text": "after the bar\n"}]
+    assert replayed_outputs(runs, "bar_auto_leave") == expected
+    assert "NbdurableWarning" not in warnings_of(recorded, "bar_auto_leave")
+
+
+def test_a_sub_step_bar_replays_its_final_state(runs):
+    """A bar a sub-step showed, shown again when the sub-step replays in a body that runs again."""
+    _, _, replayed = runs
+    got = shown(cell(replayed, "bar_sub"))
+    warned = [o for o in got if o["output_type"] == "stream" and o["name"] == "stderr"]
+    assert len(warned) == 1 and "step 'bar_sub' runs again" in warned[0]["text"], got
+    assert [o for o in got if o not in warned] == [
+        {
+            "output_type": "display_data",
+            "data": {"text/plain": "100%|##########| 3/3"},
+            "metadata": {},
+        }
+    ]
+
+
+def test_worker_processes_output_in_order(runs):
+    expected = replay_matches_plain(runs, "pool")
+    assert stream_text(expected) == "worker 0\nworker 1\nworker 2\nsquares [0, 1, 4]\n"
+    assert stream_text(replay_matches_plain(runs, "joblib")) == "worker 5\ncubes [25]\n"
+
+
+def test_subprocess_line_ends_replay_as_printed(runs):
+    expected = replay_matches_plain(runs, "subprocess_crlf")
+    assert stream_text(expected) == "a\r\nb\r\none\ntwo\n"
+
+
+def test_a_retried_step_shows_a_replayed_sub_steps_output_once_per_attempt(runs):
+    """A cell run again after a transient error: its recorded sub-step shows what it printed
+    once, as the plain run's second attempt printed it (the call ran again there)."""
+    plain, recorded, replayed = runs
+    first = shown(cell(plain, "retried@1", durable=False))
+    assert stream_text(first) == "pre-call\ntrying 0\n"
+    assert [o.get("ename") for o in first if o["output_type"] == "error"] == ["ConnectionError"]
+    again = shown(cell(plain, "retried@2", durable=False))
+    assert stream_text(again) == "pre-call\ntrying 1\nresult ok\n"
+    assert stream_text(shown(cell(recorded, "retried@1"))) == stream_text(first)
+    assert shown(cell(recorded, "retried@2")) == again
+    # A fresh kernel: the first cell's body runs again (attempts, an input, is back to
+    # 0) with both calls replayed; the second replays the step whole.
+    assert shown(cell(replayed, "retried@1")) == again
+    assert replayed_outputs(runs, "retried@2") == again
+
+
+def test_sub_steps_in_a_plain_cell_show_what_they_printed_when_they_replay(runs):
+    """A plain cell run again after a transient error: the call that was recorded replays and
+    shows what it printed, once, as the plain run's second attempt (which called it again);
+    in a fresh kernel both calls replay, and the cell shows what that attempt showed."""
+    plain, recorded, replayed = runs
+    first = shown(cell(plain, "plain:retried@1", durable=False))
+    assert stream_text(first) == "pre-call\ntrying 0\n"
+    again = shown(cell(plain, "plain:retried@2", durable=False))
+    assert stream_text(again) == "pre-call\ntrying 1\nresult ok\n"
+    assert stream_text(shown(cell(recorded, "plain:retried@1"))) == stream_text(first)
+    assert shown(cell(recorded, "plain:retried@2")) == again
+    assert shown(cell(replayed, "plain:retried@1")) == again
+    assert shown(cell(replayed, "plain:retried@2")) == again

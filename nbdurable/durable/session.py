@@ -32,7 +32,7 @@ from . import host as hosts
 from . import lease
 from .cellkeys import CellKeys
 from .context import Savings, StepContext, SubIndex, say, warn
-from .host import Host, PlainHost
+from .host import Capture, Host, PlainHost
 from .stepper import StepRunner
 
 
@@ -71,6 +71,10 @@ class Session:
         #: per-cell hook resets it (plain Python), then each call reads its record
         #: (see :meth:`new_cell`).
         self.run_index: SubIndex | None = None
+        #: What the executing plain cell shows, recorded from its first sub-step on
+        #: (see :meth:`cell_capture`), and the thread that cell runs in.
+        self._cell_capture: Capture | None = None
+        self._cell_thread: int | None = None
         env_run = os.environ.get("NBDURABLE_RUN", "").strip()
         if env_run:  # set by `nbdurable run --run NAME`
             self._run_name = keys.validate_name(env_run, "run name (NBDURABLE_RUN)")
@@ -355,9 +359,43 @@ class Session:
         ``hooked=False`` (the extension unloaded): no hook marks cells any more,
         so each sub-step outside a step reads its own record.
         """
+        self.end_cell()
         with self.lock:
             self._cell_ordinals.clear()
         self.run_index = SubIndex() if hooked else None
+        self._cell_thread = threading.get_ident() if hooked else None
+
+    def end_cell(self) -> None:
+        """The cell ended (a hook says so): stop recording what it shows.
+
+        Until the next cell starts, nothing is recorded (a widget's callback
+        calling a sub-step between cells has no cell to show in).
+        """
+        self._cell_thread = None
+        cap, self._cell_capture = self._cell_capture, None
+        if cap is not None:
+            cap.__exit__(None, None, None)
+
+    def cell_capture(self) -> Capture | None:
+        """The capture of what the executing plain cell shows, started on first use.
+
+        A sub-step called in a plain cell records what it prints from it, as
+        one in a step does from the step's capture, so its replay shows the
+        same. Started by the cell's first sub-step (a cell without one pays
+        nothing) and ended by the hook that ends the cell; None where no hook
+        marks cells (plain Python), off the cell's thread, or where the host
+        has no capture.
+        """
+        if self.run_index is None or self._cell_thread != threading.get_ident():
+            return None
+        if self._cell_capture is None:
+            try:
+                cap = self.host.capture()
+                cap.__enter__()
+            except Exception:  # noqa: BLE001 - no capture: the call runs, unrecorded output
+                return None
+            self._cell_capture = cap
+        return self._cell_capture
 
     def next_ordinal(self, base: str) -> int:
         """How many ``@recorded`` calls with this ``base`` id the current cell made before."""

@@ -69,6 +69,7 @@ from ..store.layout import RUN_SCOPE
 from ..store.records import FORMAT_VERSION
 from . import recording
 from .context import SubIndex, current_sub, warn
+from .host import Capture
 from .session import Session, get_session
 
 T = TypeVar("T")
@@ -195,7 +196,7 @@ class _Call:
         self.scope = ctx.key if ctx is not None else RUN_SCOPE
         self.where = f"sub-step {sub_id!r}" + (f" of step {ctx.label!r}" if ctx else "")
         self.returns = ""
-        self.printed: list[dict[str, Any]] = []  # the call's outputs (see _in_step_thread)
+        self.printed: list[dict[str, Any]] = []  # the call's outputs (see _capture)
 
     def take_id(self) -> None:
         """Claim the id within the running step: each call of a step needs its own."""
@@ -218,18 +219,19 @@ class _Call:
         finally:
             current_sub.reset(token)
 
-    def _in_step_thread(self) -> bool:
-        """Inside a step, on the thread its body runs in: what the call prints is its own.
+    def _capture(self) -> Capture | None:
+        """Where what this call prints is recorded: its step's capture, or its plain cell's.
 
-        (A call in a worker thread prints among the other threads' output: its
-        span of the cell's outputs cannot be told apart, so none is kept.)
+        Only on the thread the step's body (or the cell) runs in: a call in a
+        worker thread prints among the other threads' output, its span of the
+        cell's outputs cannot be told apart, so none is kept.
         """
         ctx = self.ctx
-        return (
-            ctx is not None
-            and getattr(ctx.capture, "mark", None) is not None
-            and ctx.thread == threading.get_ident()
-        )
+        if ctx is None:
+            return self.session.cell_capture()
+        if getattr(ctx.capture, "mark", None) is not None and ctx.thread == threading.get_ident():
+            return ctx.capture
+        return None
 
     def forget(self) -> None:
         """Give the id back (the call raised: nothing was recorded)."""
@@ -256,7 +258,7 @@ class _Call:
                 with ctx.lock:
                     ctx.subs_replayed += 1
             events.emit("sub-replayed", session.run_id, self.scope, id=self.sub_id)
-            if self.printed and self._in_step_thread():
+            if self.printed and self._capture() is not None:
                 session.host.show(self.printed)  # what the call printed, as a plain run shows
             return _replayed(value, self.returns, self.fn)
         if ctx is None:
@@ -265,13 +267,14 @@ class _Call:
         # Arguments a call could change in place, fingerprinted before it (see save)
         self.before = {k: _arg_fp(v) for k, v in self.args.items() if not _immutable(v)}
         self.started, self.t0 = time.time(), time.perf_counter()
-        mark = ctx.capture.mark() if self._in_step_thread() else None
+        capture = self._capture()
+        mark = capture.mark() if capture is not None else None
         try:
             result = self.fn(*args, **kwargs)
         finally:
             current_sub.reset(token)
-        if mark is not None and ctx is not None:  # what the call printed, kept with its record
-            self.printed = ctx.capture.since(mark)
+        if capture is not None:  # what the call printed, kept with its record
+            self.printed = capture.since(mark)
         kind = awaitables.result_kind(result)
         if kind == "awaitable":  # a coroutine's body runs when it is awaited
             return self.finish(result)

@@ -12,8 +12,9 @@ active:
 
 * in a kernel, the stream messages ipykernel sends for this cell are
   recorded (:mod:`nbdurable.ipython.kernelio`): that includes logging handlers that
-  hold the original stream object and what is written to file descriptors
-  1 and 2 (subprocesses, C code), grouped exactly as the frontend got it;
+  hold the original stream object, what is written to file descriptors
+  1 and 2 (subprocesses, C code) and what forked workers print, grouped
+  exactly as the frontend got it;
 * elsewhere (a terminal shell, tests) ``sys.stdout`` / ``sys.stderr`` are
   replaced by tees that write through to the previous stream object and
   record the text;
@@ -210,13 +211,17 @@ class Capture:
         try:
             # What fd 1/2 got before the end is still in ipykernel's pipe.
             late = [tap.stream.name for tap in self._taps if not tap.sync_fd()]
+            for tap in self._taps:
+                tap.sync_children()
             if exc_type is None:
                 # After an error a plain cell shows the traceback first, then
                 # the figures; the kernel's own hook still does that.
                 kernelio.flush_figures(self.shell)
             for tap in self._taps:
                 tap.flush()
-            self.unfaithful = [f"{name} widget" for name in self._widgets.finish()]
+            widgets = self._widgets.finish()
+            self._drop(widgets.closed)
+            self.unfaithful = [f"{name} widget" for name in widgets.unfaithful]
             self.unfaithful += [
                 f"{name} output that the kernel had not forwarded from its file "
                 f"descriptor within {kernelio.THREAD_DEADLINE:g} s"
@@ -258,9 +263,21 @@ class Capture:
                 last = outs[count - 1]
                 if last["output_type"] == "stream" and len(last["text"]) > tail:
                     span.insert(0, {**last, "text": last["text"][tail:]})
-            return span
+        # A widget the call displayed, as it looks at the call's end (closed: not at all).
+        return [o for o in map(self._widgets.current, span) if o is not None]
 
     # -- recording --------------------------------------------------------------
+
+    def _drop(self, dropped: list[dict[str, Any]]) -> None:
+        """Remove these outputs (the very dicts) from :attr:`outputs`."""
+        if not dropped:
+            return
+        gone = {id(o) for o in dropped}
+        with self._lock:
+            outs = self.outputs
+            pending = outs[self._pending_clear] if self._pending_clear is not None else None
+            outs[:] = [o for o in outs if id(o) not in gone]
+            self._pending_clear = next((i for i, o in enumerate(outs) if o is pending), None)
 
     def _append(self, output: dict[str, Any]) -> None:
         """Record one output (compacting as described in the class docstring)."""

@@ -13,6 +13,14 @@ cell). Three kinds of writers reach the same buffer:
   thread writes what comes out of it into the stream (``os.system``,
   subprocesses, C code, ``os.write(1, ...)``).
 
+A fourth kind never reaches the stream: a *forked* child (a
+``multiprocessing`` or ``ProcessPoolExecutor`` worker on Linux) inherits the
+``OutStream`` without its IO thread, and sends its stream messages, already
+made, through a zmq pipe that the kernel's IO thread forwards to the frontend
+as they are (``IOPubThread._handle_pipe_msg``). While a tap is active, that
+pipe's handler is wrapped: a forwarded ``stream`` message is recorded like
+the kernel's own, in the IO thread, in the order the frontend gets it.
+
 A :class:`StreamTap` therefore records the *messages* the stream sends,
 through ``OutStream.register_hook`` in the IO thread, and only those whose
 parent is the request that was executing when the tap started (what the
@@ -21,10 +29,11 @@ frontend got it, so ``print(); print(file=sys.stderr); print()`` records the
 two stdout lines together, as a plain cell shows them.
 
 The watcher thread is asynchronous: text written to fd 1 just before the cell
-ends may still be in the pipe. :meth:`StreamTap.sync_fd` writes a marker
-through the descriptor and waits (with a deadline) until the watcher has
-forwarded it; the marker itself is cut out before the stream sees it. The
-watcher also copies each chunk it reads, as raw bytes, to the kernel's own
+ends may still be in the pipe (and a forked child's message in the zmq pipe,
+which :meth:`StreamTap.sync_children` forwards). :meth:`StreamTap.sync_fd`
+writes a marker through the descriptor and waits (with a deadline) until the
+watcher has forwarded it; the marker itself is cut out before the stream sees
+it. The watcher also copies each chunk it reads, as raw bytes, to the kernel's own
 terminal (the server's console, nbconvert's log): for a chunk holding the
 marker, that copy goes to a pipe of ours instead, and what it held besides
 the marker is passed on to the terminal, so the marker's control bytes never
@@ -38,6 +47,7 @@ part of the recorded outputs, in the place a plain cell shows them.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import select
 import threading
@@ -67,6 +77,7 @@ MARKER = "\x00\x06\x15\x06\x15\x00"
 #: hold its write end for a moment after a tap ended.
 _ECHO_PIPES: dict[int, tuple[int, int]] = {}
 _ECHO_PIPES_LOCK = threading.Lock()
+_CHILD_PIPES_LOCK = threading.Lock()
 
 
 def _echo_pipe(stream: Any) -> tuple[int, int] | None:
@@ -136,6 +147,12 @@ class StreamTap:
         if not _in_io_thread(stream, lambda: stream.register_hook(self._hook)):
             raise RuntimeError("ipykernel's IO thread did not answer")
         self._active = True
+        children = _ChildPipe.of(stream)
+        if children is not None:
+            _in_io_thread(stream, lambda: children.listen(self._child_message))
+            self._stack.callback(
+                _in_io_thread, stream, lambda: children.unlisten(self._child_message)
+            )
         watcher = self._watcher()
         if watcher is not None:
             own = vars(stream)
@@ -168,21 +185,44 @@ class StreamTap:
     # -- what the frontend gets --------------------------------------------------
 
     def _hook(self, msg: dict[str, Any]) -> dict[str, Any]:
-        if not self._active:
-            return msg
-        header = msg.get("parent_header") or {}
+        self._record(msg.get("parent_header"), msg.get("content"))
+        return msg
+
+    def _record(self, parent_header: Any, content: Any) -> None:
+        """Record a stream message's text if it belongs to this cell (in the IO thread)."""
+        if not self._active or not isinstance(content, dict):
+            return
+        header = parent_header if isinstance(parent_header, dict) else {}
         if self._parent is not None and header.get("msg_id") != self._parent:
-            return msg
-        content = msg.get("content") or {}
+            return
         text = content.get("text")
         if isinstance(text, str) and text and not self._skip():
             self._on_text(content.get("name") or self.stream.name, text)
-        return msg
+
+    def _child_message(self, msg: dict[str, Any]) -> None:
+        """A message a forked child sent through the kernel: this stream's are recorded."""
+        content = msg.get("content")
+        if (
+            (msg.get("header") or {}).get("msg_type") == "stream"
+            and isinstance(content, dict)
+            and content.get("name") == self.stream.name
+        ):
+            self._record(msg.get("parent_header"), content)
 
     def flush(self) -> None:
         """Send what the stream buffered now, and wait until it was sent (and recorded)."""
         with contextlib.suppress(Exception):  # a closed stream has nothing to send
             self.stream.flush()
+
+    def sync_children(self) -> None:
+        """Forward (and record) what forked children sent that the kernel has not yet.
+
+        A worker's message is in the kernel's pipe before the worker returns
+        its result, but the IO thread forwards it when its loop next looks.
+        """
+        children = _ChildPipe.of(self.stream)
+        if children is not None:
+            _in_io_thread(self.stream, children.drain)
 
     # -- file descriptors ---------------------------------------------------------
 
@@ -304,6 +344,93 @@ class StreamTap:
             return False
         self._echo_arrived(THREAD_DEADLINE)
         return True
+
+
+class _ChildPipe:
+    """The kernel's pipe for forked children's messages, its handler wrapped while listened to.
+
+    One per ``IOPubThread`` (stdout and stderr share it). Every method runs in
+    the IO thread, which owns the pipe's socket and its handler.
+    """
+
+    _all: dict[int, _ChildPipe] = {}
+
+    def __init__(self, pub: Any, pipe: Any) -> None:
+        self.pub = pub
+        self.pipe = pipe  # a ZMQStream
+        self.listeners: list[Callable[[dict[str, Any]], None]] = []
+        self.previous: Callable[[list[bytes]], Any] | None = None  # the kernel's handler
+
+    @classmethod
+    def of(cls, stream: Any) -> _ChildPipe | None:
+        """The child pipe of `stream`'s IO thread, None if the kernel forwards none."""
+        pub = getattr(stream, "pub_thread", None)
+        pipe = getattr(pub, "_pipe_in", None)
+        if (
+            not getattr(pub, "_pipe_flag", False)
+            or not isinstance(getattr(pub, "_pipe_uuid", None), bytes)
+            or not callable(getattr(pipe, "on_recv", None))
+            or not callable(getattr(pub, "_handle_pipe_msg", None))
+        ):
+            return None
+        with _CHILD_PIPES_LOCK:
+            found = cls._all.get(id(pub))
+            if found is None or found.pub is not pub:
+                found = cls._all[id(pub)] = cls(pub, pipe)
+            return found
+
+    def listen(self, listener: Callable[[dict[str, Any]], None]) -> None:
+        if self.previous is None:
+            self.previous = getattr(self.pipe, "_recv_callback", None) or self.pub._handle_pipe_msg
+            self.pipe.on_recv(self.forward)
+        self.listeners.append(listener)
+
+    def unlisten(self, listener: Callable[[dict[str, Any]], None]) -> None:
+        with contextlib.suppress(ValueError):
+            self.listeners.remove(listener)
+        if not self.listeners and self.previous is not None:
+            previous, self.previous = self.previous, None
+            self.pipe.on_recv(previous)
+
+    def forward(self, frames: list[bytes]) -> None:
+        """The wrapped handler: the kernel forwards the message, then listeners see it."""
+        previous = self.previous or self.pub._handle_pipe_msg
+        previous(frames)
+        # The kernel drops a message without its pipe's key (see _handle_pipe_msg).
+        if not frames or frames[0] != self.pub._pipe_uuid or not self.listeners:
+            return
+        msg = _parse(frames[1:])
+        if msg is not None:
+            for listener in list(self.listeners):
+                listener(msg)
+
+    def drain(self) -> None:
+        """Handle every message the pipe holds now (the stream finds it empty after)."""
+        socket = getattr(self.pipe, "socket", None)
+        if socket is None or self.previous is None:
+            return
+        import zmq
+
+        for _ in range(100_000):  # a bound: a child writing forever must not hold the cell
+            try:
+                frames = socket.recv_multipart(zmq.NOBLOCK)
+            except zmq.ZMQError:  # EAGAIN: empty (or closed)
+                return
+            self.forward(frames)
+
+
+def _parse(frames: list[bytes]) -> dict[str, Any] | None:
+    """A serialized Jupyter message's header, parent header and content (unverified)."""
+    try:
+        at = frames.index(b"<IDS|MSG>")
+        header, parent, _metadata, content = frames[at + 2 : at + 6]
+        return {
+            "header": json.loads(header),
+            "parent_header": json.loads(parent),
+            "content": json.loads(content),
+        }
+    except (ValueError, TypeError):  # not a message as ipykernel packs it (JSON)
+        return None
 
 
 def _identity(fd: int) -> tuple[int, int] | None:

@@ -219,6 +219,7 @@ def _pre_run_cell(info: object = None) -> None:
 def _post_run_cell(result: object = None) -> None:
     if _cell is not None:
         _cell.close(result)
-    # What the cell unbound is not kept alive by nbdurable (see recording.Origins).
     session = get_session()
+    session.end_cell()  # what a plain cell's sub-steps printed is recorded up to here
+    # What the cell unbound is not kept alive by nbdurable (see recording.Origins).
     session.steps.origins.prune(session.user_ns)

@@ -11,6 +11,12 @@ too late). :meth:`WidgetWatch.finish` writes the last rendering into the
 recorded outputs, so a replay shows the final state, as a finished
 ``tqdm.tqdm`` text bar does.
 
+A widget closed before the end of the cell (a ``tqdm.auto`` bar made with
+``leave=False``, ``widget.close()``) is gone from the frontend: its view is
+removed, the cell shows nothing in its place. :meth:`WidgetWatch.finish`
+names its outputs so the caller drops them, and a replay shows nothing there
+either.
+
 Some widgets have no text that says what they show (an ``ipympl`` figure,
 a container, an ``Output`` area, a custom widget); their replay cannot be
 faithful. :meth:`WidgetWatch.finish` names them, so the caller can say so
@@ -22,7 +28,7 @@ from __future__ import annotations
 import sys
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 #: Mime type of a live widget view (the same as ``capture.WIDGET_VIEW_MIME``).
 VIEW_MIME = "application/vnd.jupyter.widget-view+json"
@@ -94,6 +100,20 @@ def _descendants(widget: Any, widget_type: type) -> list[Any]:
     return list(seen.values())
 
 
+def is_closed(widget: Any) -> bool:
+    """Whether `widget` was closed: its model is gone from the frontend with its views."""
+    return getattr(widget, "comm", True) is None
+
+
+class Finished(NamedTuple):
+    """What :meth:`WidgetWatch.finish` found."""
+
+    #: class names of the widgets whose replay cannot be faithful
+    unfaithful: list[str]
+    #: the outputs of widgets closed during the cell: the frontend shows none of them
+    closed: list[dict[str, Any]]
+
+
 class _Tracked:
     def __init__(self, widget: Any) -> None:
         self.widget = widget
@@ -151,12 +171,30 @@ class WidgetWatch:
                 entry.latest = fallbacks
         return True
 
-    def finish(self) -> list[str]:
-        """Write each widget's last rendering into its outputs; stop watching.
+    def current(self, output: dict[str, Any]) -> dict[str, Any] | None:
+        """`output` as its widget looks now (None if it was closed); other outputs as they are.
 
-        Returns the widget class names whose replay cannot be faithful.
+        For the outputs a sub-step recorded: its call has ended, the cell has not.
         """
+        model_id = model_id_of(output.get("data"))
+        with self._lock:
+            entry = self._tracked.get(model_id) if model_id is not None else None
+        if entry is None:
+            return output
+        if is_closed(entry.widget):
+            return None
+        self._refresh(entry)
+        with self._lock:
+            latest = entry.latest
+        if latest is None:
+            return output
+        data = output.get("data") or {}
+        return {**output, "data": {**{k: v for k, v in data.items() if k == VIEW_MIME}, **latest}}
+
+    def finish(self) -> Finished:
+        """Write each widget's last rendering into its outputs; stop watching."""
         unfaithful: list[str] = []
+        closed: list[dict[str, Any]] = []
         with self._lock:
             tracked, self._tracked = self._tracked, {}
             lost, self._lost = self._lost, []
@@ -166,6 +204,9 @@ class WidgetWatch:
                     item.unobserve(handler)
                 except Exception:  # a closed widget has no observers left
                     pass
+            if is_closed(entry.widget):
+                closed += entry.outputs
+                continue
             self._refresh(entry)
             if entry.latest is not None:
                 for output in entry.outputs:
@@ -177,4 +218,4 @@ class WidgetWatch:
             if not has_own_text(entry.widget):
                 unfaithful.append(type(entry.widget).__name__)
         unfaithful += ["closed widget"] * bool(lost)
-        return sorted(set(unfaithful))
+        return Finished(sorted(set(unfaithful)), closed)
