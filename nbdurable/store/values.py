@@ -648,6 +648,8 @@ class _Pickler(cloudpickle.Pickler):
         return (sharing.TAG, got[0], self.ref_fp(*got) if self.ref_fp else None)
 
     def reducer_override(self, obj: Any) -> Any:
+        if type(obj) is types.CodeType:
+            return _code_reduce(obj)
         reduced = sharing.reduce_array(obj) if self.refs is not None else None
         if reduced is None and self.in_place:
             name = self.in_place.get(id(obj))
@@ -803,11 +805,36 @@ class _ClassCopier(cloudpickle.Pickler):
     """cloudpickle, but a class with ``__slots__`` is rebuilt with them (see below)."""
 
     def reducer_override(self, obj: Any) -> Any:
+        if type(obj) is types.CodeType:
+            return _code_reduce(obj)
         if isinstance(obj, type) and "__slots__" in vars(obj):
             reduced = _slots_class_reduce(obj)
             if reduced is not None:
                 return reduced
         return super().reducer_override(obj)
+
+
+def _code_reduce(code: types.CodeType) -> Any:
+    """A code object as cloudpickle writes it, keeping the file name of a library's code.
+
+    cloudpickle writes every code object's file as ``<dynamic-code>`` (a cell's
+    file name changes with each kernel). A library's function is pickled by
+    value when ``functools.wraps`` gave it the notebook's ``__module__``
+    (dataclasses' ``__repr__`` wrapper, a library decorator on a notebook
+    function): without its file it would load as notebook code, whose
+    fingerprint also reads its globals, and differ from the object it was
+    saved as. A library file's name is the same in every kernel of this
+    environment, so it is kept; any other code is written as before.
+    """
+    filename = code.co_filename
+    if filename.startswith("<") or not localcode.is_library_file(filename):
+        return NotImplemented  # cloudpickle's own reduction
+    return _code_at, (code.replace(co_filename="<dynamic-code>"), filename)
+
+
+def _code_at(code: types.CodeType, filename: str) -> types.CodeType:
+    """A code object loaded by cloudpickle, given back the file name it had (see _code_reduce)."""
+    return code.replace(co_filename=filename)
 
 
 def _class_copy(cls: type) -> bytes:
@@ -997,6 +1024,14 @@ def _adopt_function(
                 cell.cell_contents = new_inner
         elif isinstance(inner, type):
             _adopt_class(inner, ns, memo, known)
+    wrapped = fn.__dict__.get("__wrapped__")
+    if isinstance(wrapped, types.FunctionType):
+        # The function a wrapper calls is also its __wrapped__ (functools.wraps): both
+        # must name the one adopted function, as they named one function when saved
+        # (a fingerprint tells a shared function from two equal ones).
+        new_wrapped = _adopt_function(wrapped, ns, memo, known)
+        if new_wrapped is not wrapped:
+            fn.__wrapped__ = new_wrapped
     if fn.__globals__ is ns or fn.__globals__.get("__name__") != "__main__":
         return fn
     if any(k not in known and not k.startswith("__") for k in fn.__globals__):

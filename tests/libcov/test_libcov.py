@@ -152,11 +152,6 @@ FAILS_TODAY: dict[str, str] = {
         "register() changes only its native state, which nbdurable cannot see: the change "
         "step replays as unchanged and the table is gone (relation 't' was not found)"
     ),
-    # dataclasses and attrs
-    "dc_in_step": (
-        "step reran: input changed: an instance of a dataclass defined in the step itself "
-        "fingerprints differently once the step's record restored it in a new kernel"
-    ),
     # llama-index-core
     "li_splitter": (
         "step reran: 'cannot restore its variables': unpickling the splitter's tiktoken "

@@ -1,0 +1,38 @@
+"""Saved variables load back as the objects they were (nbdurable.store.values), in-process.
+
+What a kernel would restore, checked without one: pickled with nbdurable's
+pickler, loaded back, compared with the object that was saved (its
+fingerprint, or what its library reads of it).
+"""
+
+from __future__ import annotations
+
+import reprlib
+import types
+
+from nbdurable.identity import localcode
+from nbdurable.identity.fingerprint import fingerprint
+from nbdurable.store import values
+
+
+def _notebook_function(source: str, name: str) -> types.FunctionType:
+    """A function as a notebook cell defines it: its globals are ``__main__``'s."""
+    ns: dict = {"__name__": "__main__"}
+    exec(compile(source, "<cell-1>", "exec"), ns)
+    return ns[name]
+
+
+def test_a_library_wrapper_of_a_notebook_function_stays_library_code():
+    # reprlib's guard (as dataclasses' __repr__) copies the notebook function's
+    # __module__ onto its wrapper, so the wrapper is pickled by value; cloudpickle
+    # wrote its code's file as <dynamic-code>, and the loaded wrapper was taken for
+    # notebook code, whose fingerprint also reads its globals (reprlib's _thread).
+    user = _notebook_function("def show(self):\n    return 'x'\n", "show")
+    wrapper = reprlib.recursive_repr()(user)
+    assert wrapper.__module__ == "__main__"
+    loaded = values.loads(values.dumps(wrapper))
+    assert loaded.__code__.co_filename == wrapper.__code__.co_filename
+    assert not localcode.is_local_function(loaded)
+    assert fingerprint(loaded) == fingerprint(wrapper)
+    # The notebook's own code keeps cloudpickle's file name.
+    assert values.loads(values.dumps(user)).__code__.co_filename == "<dynamic-code>"
