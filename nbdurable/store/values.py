@@ -685,15 +685,14 @@ class _Pickler(cloudpickle.Pickler):
             reduced = _tensor_with_grad(obj)
             if reduced is not None:
                 return reduced
-        lazy = localcode.lazy_names(t)
-        if lazy:
-            reduced = _without_lazy(obj, t, lazy)
+        if localcode.lazy_names(t):
+            reduced = _without_lazy(obj, t)
             if reduced is not None:
                 return reduced
         return super().reducer_override(obj)
 
 
-def _without_lazy(obj: Any, t: type, lazy: frozenset[str]) -> tuple | None:
+def _without_lazy(obj: Any, t: type) -> tuple | None:
     """A library object's reduction without the parts it built on first use.
 
     A LangChain model's ``_client`` (a ``functools.cached_property``) holds an
@@ -702,15 +701,9 @@ def _without_lazy(obj: Any, t: type, lazy: frozenset[str]) -> tuple | None:
     as a plain run's model did once. None: nothing to leave out (a notebook
     class's own cached properties are its data, kept).
     """
-    attrs = getattr(obj, "__dict__", None)
-    if type(attrs) is not dict or lazy.isdisjoint(attrs):
-        return None
     if localcode.is_local_module_name(t.__module__):
         return None
-    reduced = obj.__reduce_ex__(PROTOCOL)
-    if type(reduced) is not tuple or len(reduced) < 3:
-        return None
-    return (reduced[0], reduced[1], localcode.without_lazy(t, reduced[2]), *reduced[3:])
+    return localcode.reduce_without_lazy(obj, PROTOCOL)
 
 
 def _in_place_reduce(obj: Any, name: str) -> tuple | None:

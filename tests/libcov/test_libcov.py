@@ -108,12 +108,6 @@ _SHARED_INPLACE = (
 
 #: case -> why it fails today. Strict: remove an entry when its case passes.
 FAILS_TODAY: dict[str, str] = {
-    # statsmodels
-    "sm_arima": (
-        "step reran: 'series_arima is not the object it was': ARIMA's fit fills a cache "
-        "(DatetimeArray._cache) inside the plain cell's Series, part of its pickled state, so "
-        "the recorded reference to it no longer matches the fresh series on replay"
-    ),
     # matplotlib
     "mp_pyplot": (
         "replay differs: the change step reruns (input 'mp_pyplot_ax' changed: the pyplot "
