@@ -10,6 +10,8 @@ from __future__ import annotations
 import reprlib
 import types
 
+import pytest
+
 from nbdurable.identity import localcode
 from nbdurable.identity.fingerprint import fingerprint
 from nbdurable.store import values
@@ -36,3 +38,26 @@ def test_a_library_wrapper_of_a_notebook_function_stays_library_code():
     assert fingerprint(loaded) == fingerprint(wrapper)
     # The notebook's own code keeps cloudpickle's file name.
     assert values.loads(values.dumps(user)).__code__.co_filename == "<dynamic-code>"
+
+
+def test_a_pydantic_model_loads_with_the_fields_it_was_given():
+    # LlamaIndex's __setstate__ calls __init__(**fields), which marks every field set:
+    # model_dump(exclude_unset=True) of the loaded object then differs.
+    pydantic = pytest.importorskip("pydantic")
+
+    class Store(pydantic.BaseModel):
+        store: dict = {}
+        name: str = "s"
+
+        def __setstate__(self, state):
+            self.__init__(**state["__dict__"])
+
+    made = Store()
+    made.store["k"] = 1
+    assert made.model_fields_set == set()
+    loaded = values.loads(values.dumps(made))
+    assert loaded.store == {"k": 1}
+    assert loaded.model_fields_set == set()
+    assert loaded.model_dump(exclude_unset=True) == made.model_dump(exclude_unset=True)
+    given = Store(name="t")
+    assert values.loads(values.dumps(given)).model_fields_set == {"name"}

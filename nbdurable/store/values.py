@@ -654,10 +654,10 @@ class _Pickler(cloudpickle.Pickler):
         if reduced is None and self.in_place:
             name = self.in_place.get(id(obj))
             reduced = _in_place_reduce(obj, name) if name is not None else None
+        t = type(obj)
         if reduced is not None:
             self.plain = False
-            return reduced
-        t = type(obj)
+            return _with_fields_set(reduced) if _restores_fields_set(t) else reduced
         if t not in _PLAIN_CONTAINERS:
             self.plain = False
             if t.__module__ == "__main__" or (
@@ -688,8 +688,53 @@ class _Pickler(cloudpickle.Pickler):
         if localcode.lazy_names(t):
             reduced = _without_lazy(obj, t)
             if reduced is not None:
-                return reduced
+                return _with_fields_set(reduced) if _restores_fields_set(t) else reduced
+        if _restores_fields_set(t):
+            return _with_fields_set(obj.__reduce_ex__(PROTOCOL))
         return super().reducer_override(obj)
+
+
+def _restores_fields_set(t: type) -> bool:
+    """True for a pydantic model whose own ``__setstate__`` replaces pydantic's.
+
+    pydantic's ``__setstate__`` restores ``__pydantic_fields_set__`` (which
+    fields were given: ``model_dump(exclude_unset=True)`` reads it); one of a
+    library may not: LlamaIndex's calls ``__init__(**fields)``, which marks
+    every field set. Such a model is loaded with its own ``__setstate__``,
+    then given back the fields set it was saved with (:func:`_with_fields_set`).
+    """
+    got = _FIELDS_SET.get(t)
+    if got is None:
+        base = getattr(sys.modules.get("pydantic.main"), "BaseModel", None)
+        got = (
+            isinstance(base, type)
+            and issubclass(t, base)
+            and getattr(t, "__setstate__", None) is not base.__setstate__
+        )
+        if len(_FIELDS_SET) > 10_000:  # classes made in a loop: do not keep them all alive
+            _FIELDS_SET.clear()
+        _FIELDS_SET[t] = got
+    return got
+
+
+_FIELDS_SET: dict[type, bool] = {}
+
+
+def _with_fields_set(reduced: Any) -> Any:
+    """``reduced`` loading through :func:`_set_state_and_fields` (pickle's state setter)."""
+    if (
+        type(reduced) is not tuple
+        or not 3 <= len(reduced) <= 5
+        or type(reduced[2]) is not dict
+        or "__pydantic_fields_set__" not in reduced[2]
+    ):
+        return reduced
+    return (*reduced, *(None,) * (5 - len(reduced)), _set_state_and_fields)
+
+
+def _set_state_and_fields(obj: Any, state: dict[str, Any]) -> None:
+    obj.__setstate__(state)
+    object.__setattr__(obj, "__pydantic_fields_set__", set(state["__pydantic_fields_set__"]))
 
 
 def _without_lazy(obj: Any, t: type) -> tuple | None:

@@ -156,11 +156,6 @@ FAILS_TODAY: dict[str, str] = {
         name="Settings._embed_model",
         what="the MockEmbedding the plain setup cell put in llama_index's Settings",
     ),
-    "li_chatstore": (
-        "replay differs: llama-index's pickle round trip marks 'store' as set "
-        "(__pydantic_fields_set__ {'store'} where the plain object has set()); the fingerprint "
-        "ignores it, so the step replays an object whose model_dump(exclude_unset=True) differs"
-    ),
 }
 
 assert set(FAILS_TODAY) <= set(BY_NAME), "FAILS_TODAY names an unknown case"
