@@ -7,6 +7,7 @@ fingerprint, or what its library reads of it).
 
 from __future__ import annotations
 
+import functools
 import reprlib
 import types
 
@@ -61,3 +62,31 @@ def test_a_pydantic_model_loads_with_the_fields_it_was_given():
     assert loaded.model_dump(exclude_unset=True) == made.model_dump(exclude_unset=True)
     given = Store(name="t")
     assert values.loads(values.dumps(given)).model_fields_set == {"name"}
+
+
+def test_a_registered_tiktoken_encoding_loads_without_making_it_again(monkeypatch):
+    # tiktoken pickles an encoding of its registry by name, and loading makes it again
+    # from files it downloads (LlamaIndex points it at the files it ships only while it
+    # makes its tokenizer): a fresh kernel without a network could not load a splitter.
+    tiktoken = pytest.importorskip("tiktoken")
+    registry = pytest.importorskip("tiktoken.registry")
+    ranks = {bytes([b]): b for b in range(256)}
+    enc = tiktoken.Encoding(
+        "nbdurable-test", pat_str=r"\S+|\s+", mergeable_ranks=ranks, special_tokens={"<e>": 256}
+    )
+    monkeypatch.setitem(registry.ENCODINGS, "nbdurable-test", enc)
+    tokenizer = functools.partial(enc.encode, allowed_special="all")
+    data, before = values.dumps(tokenizer), fingerprint(tokenizer)
+    assert values.loads(data).func.__self__ is enc  # the registry's, while it has it
+
+    # A fresh kernel: the registry does not have it, and nothing can make it by name.
+    monkeypatch.delitem(registry.ENCODINGS, "nbdurable-test")
+    loaded = values.loads(data)
+    assert loaded("ab <e>") == tokenizer("ab <e>")
+    assert registry.ENCODINGS["nbdurable-test"] is loaded.func.__self__  # as get_encoding
+    assert fingerprint(loaded) == before
+
+    # An unregistered encoding is tiktoken's own business (it pickles its ranks).
+    other = tiktoken.Encoding("mine", pat_str=r"\S+", mergeable_ranks=ranks, special_tokens={})
+    assert values.loads(values.dumps(other)).encode("ab") == other.encode("ab")
+    assert "mine" not in registry.ENCODINGS

@@ -685,6 +685,10 @@ class _Pickler(cloudpickle.Pickler):
             reduced = _tensor_with_grad(obj)
             if reduced is not None:
                 return reduced
+        if t.__module__ == "tiktoken.core" and t.__name__ == "Encoding":
+            reduced = _tiktoken_reduce(obj)
+            if reduced is not None:
+                return reduced
         if localcode.lazy_names(t):
             reduced = _without_lazy(obj, t)
             if reduced is not None:
@@ -799,6 +803,45 @@ def _with_grad(kind: str, data: Any, requires_grad: bool, grad: Any) -> Any:
         out = data.requires_grad_(requires_grad)
     out.grad = grad
     return out
+
+
+def _tiktoken_reduce(enc: Any) -> tuple | None:
+    """A tiktoken encoding of tiktoken's registry, by its data, or None for another.
+
+    tiktoken pickles a registered encoding (``cl100k_base``) by name, and
+    loading it makes it again the way ``get_encoding`` does: from a file it
+    downloads, or finds in the cache that ``TIKTOKEN_CACHE_DIR`` names.
+    LlamaIndex sets that variable, to the files it ships, only while it makes
+    its tokenizer: a fresh kernel without a network could not load a splitter.
+    So the encoding is written with its ranks (as tiktoken writes an
+    unregistered one), and loads as the registry's (:func:`_tiktoken_encoding`).
+    """
+    registry = sys.modules.get("tiktoken.registry")
+    if registry is None or getattr(registry, "ENCODINGS", {}).get(enc.name) is not enc:
+        return None
+    try:  # the attributes tiktoken's own __getstate__ reads
+        state = {
+            "name": enc.name,
+            "pat_str": enc._pat_str,
+            "mergeable_ranks": enc._mergeable_ranks,
+            "special_tokens": enc._special_tokens,
+        }
+    except AttributeError:  # another tiktoken: its own pickle
+        return None
+    return _tiktoken_encoding, (state,)
+
+
+def _tiktoken_encoding(state: dict[str, Any]) -> Any:
+    """The registry's encoding of that name if it holds these ranks; else one made from
+    them, and registered if the registry has none (as ``get_encoding`` would have).
+    """
+    registry = importlib.import_module("tiktoken.registry")
+    live = registry.ENCODINGS.get(state["name"])
+    parts = ("pat_str", "mergeable_ranks", "special_tokens")
+    if live is not None and all(getattr(live, f"_{k}", None) == state[k] for k in parts):
+        return live
+    made = registry.Encoding(**state)
+    return made if live is not None else registry.ENCODINGS.setdefault(state["name"], made)
 
 
 def _module_sentinel(obj: object) -> tuple[types.ModuleType, str] | None:
