@@ -405,6 +405,28 @@ def test_a_class_with_slots_comes_back_with_slots(tmp_path):
     assert stream_text(outputs_of(again, 2)) == shown
 
 
+def test_a_dataclass_a_step_defines_is_unchanged_once_restored(tmp_path):
+    # A dataclass's __repr__ is dataclasses' recursion guard wrapping the generated
+    # method, given the notebook's __module__ by functools.wraps: pickled by value, it
+    # lost its library file name (read as notebook code, with its globals), and
+    # adopting the restored class split the wrapped method from its __wrapped__. The
+    # class restored from the record then fingerprinted otherwise, so the step that
+    # changes its instance ran again.
+    cells = [
+        HEAD + "\nimport dataclasses",
+        "%%step make\n@dataclasses.dataclass\nclass Conf:\n    lr: float = 0.1\nc = Conf()",
+        "%%step change\nc.lr = 0.01",
+        "print(c, isinstance(c, Conf))",
+    ]
+    book = Notebook(tmp_path)
+    shown = "Conf(lr=0.01) True\n"
+    assert stream_text(outputs_of(book.run(cells), 3)) == shown
+    again = book.run(cells)
+    assert replayed(again, 1)
+    assert replayed(again, 2), said(again, 2)
+    assert stream_text(outputs_of(again, 3)) == shown
+
+
 def test_restoring_an_object_does_not_run_its_init_again(tmp_path):
     # The class's __reduce__ rebuilds it by calling the class: nbdurable's check that
     # the value loads back (at record time) and the replay each run __init__, whose

@@ -48,7 +48,9 @@ from . import localcode, reduction
 # 3: what differs between two processes that built the same object: inside library
 #    objects random (version 4) UUIDs (trace and run ids a library stamps on what it
 #    does) are one token, and inside any object's state a list of classes is compared
-#    as a set (``list(set_of_classes)``: classes hash by address, so its order differed).
+#    as a set (``list(set_of_classes)``: classes hash by address, so its order differed),
+#    and a library object's or pandas value's caches filled on first use are left out
+#    (pandas' ``_cache``: a model fitted on a Series filled its index's).
 #    Later, with no bump: a torch ``UntypedStorage`` by its bytes. Its pickle (torch.save's)
 #    was keyed by its memory address, so no fingerprint of one ever matched another.
 # 4: weak proxies by type only, as weak references already were: a live proxy handed
@@ -535,13 +537,26 @@ def _ndarray(h: _Hasher, v: Any) -> None:
 
 
 class _PandasPickler(pickle.Pickler):
-    """Pickles a pandas value with its sets in a fixed order.
+    """Pickles a pandas value with its sets in a fixed order and without its caches.
 
     A set's pickle follows its iteration order, which for strings changes with
     every process (``PYTHONHASHSEED``): an object column of sets would look
     changed after every restart. ``persistent_id`` sees every object before
     pickle's own fast paths do, so each set is replaced by its fingerprint.
+
+    An array's ``_cache`` (pandas' ``cache_readonly`` values, part of a
+    ``DatetimeArray``'s pickle) is filled on first use, by whatever read the
+    value: a model fitted on a plain cell's Series fills its index's. It is
+    left out (:func:`localcode.without_lazy`), so the Series is the one the
+    cell made.
     """
+
+    def reducer_override(self, obj: Any) -> Any:
+        if localcode.lazy_names(type(obj)):
+            reduced = localcode.reduce_without_lazy(obj, 5)
+            if reduced is not None:
+                return reduced
+        return NotImplemented
 
     def persistent_id(self, obj: Any) -> Any:
         t = type(obj)
@@ -563,7 +578,9 @@ def _homogeneous(items: Any) -> str | None:
     return None
 
 
-_SET_OPCODES = (pickle.EMPTY_SET, pickle.FROZENSET)
+# Bytes a pickle holds if it may hold a set, or a pandas cache: then it is pickled again
+# with _PandasPickler (which writes the same bytes for everything else).
+_PANDAS_MARKERS = (pickle.EMPTY_SET, pickle.FROZENSET, b"_cache")
 # Up to this size a pandas value is hashed by its pickle in one stream; a larger one by
 # its pickle with array buffers apart, hashed in place.
 _IN_BAND_LIMIT = 64 << 20
@@ -591,9 +608,9 @@ def _pandas(h: _Hasher, v: Any) -> None:
     try:
         stream, buffers = _pickled(v, pickle.Pickler, True)
         # Sets pickle in iteration order, which changes between processes: if one
-        # may be there (or the byte is data), pickle with sets sorted. Only then,
-        # as that costs a Python call per object of the value.
-        pickler = _PandasPickler if any(op in stream for op in _SET_OPCODES) else pickle.Pickler
+        # may be there (or the byte is data), pickle with sets sorted; and if a
+        # cache may be, without it. Only then, as that costs a Python call per object.
+        pickler = _PandasPickler if any(m in stream for m in _PANDAS_MARKERS) else pickle.Pickler
         raws = [b.raw() for b in buffers]
         if len(stream) + sum(r.nbytes for r in raws) <= _IN_BAND_LIMIT:
             data, _ = _pickled(v, pickler, False)

@@ -32,10 +32,10 @@ import sys
 import sysconfig
 import time
 import types
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
-from . import analysis
+from . import analysis, reduction
 
 _PACKAGE_DIRS = frozenset({"site-packages", "dist-packages"})
 
@@ -152,12 +152,16 @@ def module_file(module: types.ModuleType) -> str | None:
 
 
 def lazy_names(t: type) -> frozenset[str]:
-    """The attributes instances of ``t`` build on first access (``functools.cached_property``).
+    """The attributes instances of ``t`` build on first access.
 
-    A library fills them when first used (``client.chat``, a LangChain model's
-    ``_client``), wherever that happens: they are a cache, never a change and
-    never part of what identifies the object (see :mod:`nbdurable.durable.changes`
-    and :mod:`nbdurable.identity.fingerprint`).
+    A ``functools.cached_property`` stores its value under its own name; pandas'
+    ``cache_readonly`` stores every value of an object in one dict, ``_cache``
+    (a ``DatetimeArray``'s ``_creso``, filled when a model first reads its
+    index). A library fills them when first used (``client.chat``, a LangChain
+    model's ``_client``, statsmodels fitting on a plain cell's Series),
+    wherever that happens: they are a cache, never a change and never part of
+    what identifies the object (see :mod:`nbdurable.durable.changes` and
+    :mod:`nbdurable.identity.fingerprint`).
     """
     got = _LAZY.get(t)
     if got is None:
@@ -166,6 +170,8 @@ def lazy_names(t: type) -> frozenset[str]:
             for name, member in vars(klass).items():
                 if isinstance(member, functools.cached_property):
                     found.add(name)
+                elif _is_pandas_cache(member):
+                    found.add("_cache")
         if len(_LAZY) > 10_000:  # classes made in a loop: do not keep them all alive
             _LAZY.clear()
         got = _LAZY[t] = frozenset(found)
@@ -175,20 +181,26 @@ def lazy_names(t: type) -> frozenset[str]:
 _LAZY: dict[type, frozenset[str]] = {}
 
 
+def _is_pandas_cache(member: Any) -> bool:
+    t = type(member)
+    return t.__name__ == "CachedProperty" and t.__module__ == "pandas._libs.properties"
+
+
 def without_lazy(t: type, state: Any) -> Any:
     """A library object's pickle state without what it builds on first use (see
     :func:`lazy_names`): a model whose client was made by its first call is
     the model it was (its fingerprint), and is saved as it was before (the
     client is made again on next use, where a made one may hold a lock).
 
-    The state is the instance's ``__dict__``, a ``(__dict__, slots)`` pair, or
-    pydantic's dict holding ``__dict__``.
+    The state is the instance's ``__dict__``, pydantic's dict holding
+    ``__dict__``, or a tuple holding one of these (a ``(__dict__, slots)``
+    pair; pandas' ``(dtype, ndarray, __dict__)``).
     """
     lazy = lazy_names(t)
     if not lazy:
         return state
-    if type(state) is tuple and len(state) == 2 and type(state[0]) is dict:
-        return (without_lazy(t, state[0]), state[1])
+    if type(state) is tuple:
+        return tuple(without_lazy(t, x) if type(x) is dict else x for x in state)
     if type(state) is not dict:
         return state
     inner = state.get("__dict__")
@@ -197,6 +209,30 @@ def without_lazy(t: type, state: Any) -> Any:
     if not lazy.isdisjoint(state):
         state = {k: v for k, v in state.items() if k not in lazy}
     return state
+
+
+def reduce_without_lazy(
+    obj: Any, protocol: int, reduce: Callable[[Any, int], Any] = reduction.reduce_ex
+) -> tuple | None:
+    """``reduce(obj, protocol)`` (its ``__reduce_ex__``, taken without changing it) with
+    its state :func:`without_lazy`, or None when there is nothing to leave out (no
+    lazy attribute filled, or a reduction that is not ``(callable, args, state,
+    ...)``). For library objects: a notebook class's own cached properties are its data.
+    """
+    t = type(obj)
+    lazy = lazy_names(t)
+    attrs = getattr(obj, "__dict__", None)
+    if not lazy or type(attrs) is not dict or lazy.isdisjoint(attrs):
+        return None
+    reduced = reduce(obj, protocol)
+    if type(reduced) is not tuple or len(reduced) < 3:
+        return None
+    state = reduced[2]
+    if type(state) is tuple and state and state[-1] is attrs and lazy.issuperset(attrs):
+        # Cython's reduce (pandas' arrays) appends __dict__ only when it is not
+        # empty: before first use the state had no such item.
+        state = state[:-1]
+    return (reduced[0], reduced[1], without_lazy(t, state), *reduced[3:])
 
 
 def is_local_module_name(name: Any) -> bool:

@@ -687,6 +687,8 @@ class _Pickler(cloudpickle.Pickler):
 
     def reducer_override(self, obj: Any) -> Any:
         self.asked = obj  # the last object asked about: the one a failed pass failed on
+        if type(obj) is types.CodeType:
+            return _code_reduce(obj)
         reduced = None
         if self.refs is not None:  # values pickled together: views and storages kept
             reduced = sharing.reduce_array(obj)
@@ -695,10 +697,10 @@ class _Pickler(cloudpickle.Pickler):
         if reduced is None and self.in_place:
             name = self.in_place.get(id(obj))
             reduced = _in_place_reduce(obj, name) if name is not None else None
+        t = type(obj)
         if reduced is not None:
             self.plain = False
-            return reduced
-        t = type(obj)
+            return _with_fields_set(reduced) if _restores_fields_set(t) else reduced
         if t not in _PLAIN_CONTAINERS:
             self.plain = False
             if t.__module__ == "__main__" or (
@@ -732,11 +734,16 @@ class _Pickler(cloudpickle.Pickler):
             reduced = libfix.reduce(obj)
             if reduced is not None:
                 return reduced
-        lazy = localcode.lazy_names(t)
-        if lazy:
-            reduced = _without_lazy(obj, t, lazy)
+        if t.__module__ == "tiktoken.core" and t.__name__ == "Encoding":
+            reduced = _tiktoken_reduce(obj)
             if reduced is not None:
                 return reduced
+        if localcode.lazy_names(t):
+            reduced = _without_lazy(obj, t)
+            if reduced is not None:
+                return _with_fields_set(reduced) if _restores_fields_set(t) else reduced
+        if _restores_fields_set(t):
+            return _with_fields_set(_library_reduce(obj))
         if (
             t not in _PLAIN_CONTAINERS
             and not isinstance(obj, type)
@@ -765,7 +772,50 @@ def _library_reduce(obj: Any) -> Any:
     return reduced
 
 
-def _without_lazy(obj: Any, t: type, lazy: frozenset[str]) -> tuple | None:
+def _restores_fields_set(t: type) -> bool:
+    """True for a pydantic model whose own ``__setstate__`` replaces pydantic's.
+
+    pydantic's ``__setstate__`` restores ``__pydantic_fields_set__`` (which
+    fields were given: ``model_dump(exclude_unset=True)`` reads it); one of a
+    library may not: LlamaIndex's calls ``__init__(**fields)``, which marks
+    every field set. Such a model is loaded with its own ``__setstate__``,
+    then given back the fields set it was saved with (:func:`_with_fields_set`).
+    """
+    got = _FIELDS_SET.get(t)
+    if got is None:
+        base = getattr(sys.modules.get("pydantic.main"), "BaseModel", None)
+        got = (
+            isinstance(base, type)
+            and issubclass(t, base)
+            and getattr(t, "__setstate__", None) is not base.__setstate__
+        )
+        if len(_FIELDS_SET) > 10_000:  # classes made in a loop: do not keep them all alive
+            _FIELDS_SET.clear()
+        _FIELDS_SET[t] = got
+    return got
+
+
+_FIELDS_SET: dict[type, bool] = {}
+
+
+def _with_fields_set(reduced: Any) -> Any:
+    """``reduced`` loading through :func:`_set_state_and_fields` (pickle's state setter)."""
+    if (
+        type(reduced) is not tuple
+        or not 3 <= len(reduced) <= 5
+        or type(reduced[2]) is not dict
+        or "__pydantic_fields_set__" not in reduced[2]
+    ):
+        return reduced
+    return (*reduced, *(None,) * (5 - len(reduced)), _set_state_and_fields)
+
+
+def _set_state_and_fields(obj: Any, state: dict[str, Any]) -> None:
+    obj.__setstate__(state)
+    object.__setattr__(obj, "__pydantic_fields_set__", set(state["__pydantic_fields_set__"]))
+
+
+def _without_lazy(obj: Any, t: type) -> tuple | None:
     """A library object's reduction without the parts it built on first use.
 
     A LangChain model's ``_client`` (a ``functools.cached_property``) holds an
@@ -774,15 +824,9 @@ def _without_lazy(obj: Any, t: type, lazy: frozenset[str]) -> tuple | None:
     as a plain run's model did once. None: nothing to leave out (a notebook
     class's own cached properties are its data, kept).
     """
-    attrs = getattr(obj, "__dict__", None)
-    if type(attrs) is not dict or lazy.isdisjoint(attrs):
-        return None
     if localcode.is_local_module_name(t.__module__):
         return None
-    reduced = _library_reduce(obj)
-    if type(reduced) is not tuple or len(reduced) < 3:
-        return None
-    return (reduced[0], reduced[1], localcode.without_lazy(t, reduced[2]), *reduced[3:])
+    return localcode.reduce_without_lazy(obj, PROTOCOL, lambda o, _protocol: _library_reduce(o))
 
 
 def _in_place_reduce(obj: Any, name: str) -> tuple | None:
@@ -848,6 +892,45 @@ def _with_grad(kind: str, data: Any, requires_grad: bool, grad: Any) -> Any:
     return out
 
 
+def _tiktoken_reduce(enc: Any) -> tuple | None:
+    """A tiktoken encoding of tiktoken's registry, by its data, or None for another.
+
+    tiktoken pickles a registered encoding (``cl100k_base``) by name, and
+    loading it makes it again the way ``get_encoding`` does: from a file it
+    downloads, or finds in the cache that ``TIKTOKEN_CACHE_DIR`` names.
+    LlamaIndex sets that variable, to the files it ships, only while it makes
+    its tokenizer: a fresh kernel without a network could not load a splitter.
+    So the encoding is written with its ranks (as tiktoken writes an
+    unregistered one), and loads as the registry's (:func:`_tiktoken_encoding`).
+    """
+    registry = sys.modules.get("tiktoken.registry")
+    if registry is None or getattr(registry, "ENCODINGS", {}).get(enc.name) is not enc:
+        return None
+    try:  # the attributes tiktoken's own __getstate__ reads
+        state = {
+            "name": enc.name,
+            "pat_str": enc._pat_str,
+            "mergeable_ranks": enc._mergeable_ranks,
+            "special_tokens": enc._special_tokens,
+        }
+    except AttributeError:  # another tiktoken: its own pickle
+        return None
+    return _tiktoken_encoding, (state,)
+
+
+def _tiktoken_encoding(state: dict[str, Any]) -> Any:
+    """The registry's encoding of that name if it holds these ranks; else one made from
+    them, and registered if the registry has none (as ``get_encoding`` would have).
+    """
+    registry = importlib.import_module("tiktoken.registry")
+    live = registry.ENCODINGS.get(state["name"])
+    parts = ("pat_str", "mergeable_ranks", "special_tokens")
+    if live is not None and all(getattr(live, f"_{k}", None) == state[k] for k in parts):
+        return live
+    made = registry.Encoding(**state)
+    return made if live is not None else registry.ENCODINGS.setdefault(state["name"], made)
+
+
 def _module_sentinel(obj: object) -> tuple[types.ModuleType, str] | None:
     """The module and name of a bare ``object()`` that is a module's global, or None.
 
@@ -890,11 +973,36 @@ class _ClassCopier(cloudpickle.Pickler):
     """cloudpickle, but a class with ``__slots__`` is rebuilt with them (see below)."""
 
     def reducer_override(self, obj: Any) -> Any:
+        if type(obj) is types.CodeType:
+            return _code_reduce(obj)
         if isinstance(obj, type) and "__slots__" in vars(obj):
             reduced = _slots_class_reduce(obj)
             if reduced is not None:
                 return reduced
         return super().reducer_override(obj)
+
+
+def _code_reduce(code: types.CodeType) -> Any:
+    """A code object as cloudpickle writes it, keeping the file name of a library's code.
+
+    cloudpickle writes every code object's file as ``<dynamic-code>`` (a cell's
+    file name changes with each kernel). A library's function is pickled by
+    value when ``functools.wraps`` gave it the notebook's ``__module__``
+    (dataclasses' ``__repr__`` wrapper, a library decorator on a notebook
+    function): without its file it would load as notebook code, whose
+    fingerprint also reads its globals, and differ from the object it was
+    saved as. A library file's name is the same in every kernel of this
+    environment, so it is kept; any other code is written as before.
+    """
+    filename = code.co_filename
+    if filename.startswith("<") or not localcode.is_library_file(filename):
+        return NotImplemented  # cloudpickle's own reduction
+    return _code_at, (code.replace(co_filename="<dynamic-code>"), filename)
+
+
+def _code_at(code: types.CodeType, filename: str) -> types.CodeType:
+    """A code object loaded by cloudpickle, given back the file name it had (see _code_reduce)."""
+    return code.replace(co_filename=filename)
 
 
 def _class_copy(cls: type) -> bytes:
@@ -1084,6 +1192,14 @@ def _adopt_function(
                 cell.cell_contents = new_inner
         elif isinstance(inner, type):
             _adopt_class(inner, ns, memo, known)
+    wrapped = fn.__dict__.get("__wrapped__")
+    if isinstance(wrapped, types.FunctionType):
+        # The function a wrapper calls is also its __wrapped__ (functools.wraps): both
+        # must name the one adopted function, as they named one function when saved
+        # (a fingerprint tells a shared function from two equal ones).
+        new_wrapped = _adopt_function(wrapped, ns, memo, known)
+        if new_wrapped is not wrapped:
+            fn.__wrapped__ = new_wrapped
     if fn.__globals__ is ns or fn.__globals__.get("__name__") != "__main__":
         return fn
     if any(k not in known and not k.startswith("__") for k in fn.__globals__):

@@ -1,0 +1,92 @@
+"""Saved variables load back as the objects they were (nbdurable.store.values), in-process.
+
+What a kernel would restore, checked without one: pickled with nbdurable's
+pickler, loaded back, compared with the object that was saved (its
+fingerprint, or what its library reads of it).
+"""
+
+from __future__ import annotations
+
+import functools
+import reprlib
+import types
+
+import pytest
+
+from nbdurable.identity import localcode
+from nbdurable.identity.fingerprint import fingerprint
+from nbdurable.store import values
+
+
+def _notebook_function(source: str, name: str) -> types.FunctionType:
+    """A function as a notebook cell defines it: its globals are ``__main__``'s."""
+    ns: dict = {"__name__": "__main__"}
+    exec(compile(source, "<cell-1>", "exec"), ns)
+    return ns[name]
+
+
+def test_a_library_wrapper_of_a_notebook_function_stays_library_code():
+    # reprlib's guard (as dataclasses' __repr__) copies the notebook function's
+    # __module__ onto its wrapper, so the wrapper is pickled by value; cloudpickle
+    # wrote its code's file as <dynamic-code>, and the loaded wrapper was taken for
+    # notebook code, whose fingerprint also reads its globals (reprlib's _thread).
+    user = _notebook_function("def show(self):\n    return 'x'\n", "show")
+    wrapper = reprlib.recursive_repr()(user)
+    assert wrapper.__module__ == "__main__"
+    loaded = values.loads(values.dumps(wrapper))
+    assert loaded.__code__.co_filename == wrapper.__code__.co_filename
+    assert not localcode.is_local_function(loaded)
+    assert fingerprint(loaded) == fingerprint(wrapper)
+    # The notebook's own code keeps cloudpickle's file name.
+    assert values.loads(values.dumps(user)).__code__.co_filename == "<dynamic-code>"
+
+
+def test_a_pydantic_model_loads_with_the_fields_it_was_given():
+    # LlamaIndex's __setstate__ calls __init__(**fields), which marks every field set:
+    # model_dump(exclude_unset=True) of the loaded object then differs.
+    pydantic = pytest.importorskip("pydantic")
+
+    class Store(pydantic.BaseModel):
+        store: dict = {}
+        name: str = "s"
+
+        def __setstate__(self, state):
+            self.__init__(**state["__dict__"])
+
+    made = Store()
+    made.store["k"] = 1
+    assert made.model_fields_set == set()
+    loaded = values.loads(values.dumps(made))
+    assert loaded.store == {"k": 1}
+    assert loaded.model_fields_set == set()
+    assert loaded.model_dump(exclude_unset=True) == made.model_dump(exclude_unset=True)
+    given = Store(name="t")
+    assert values.loads(values.dumps(given)).model_fields_set == {"name"}
+
+
+def test_a_registered_tiktoken_encoding_loads_without_making_it_again(monkeypatch):
+    # tiktoken pickles an encoding of its registry by name, and loading makes it again
+    # from files it downloads (LlamaIndex points it at the files it ships only while it
+    # makes its tokenizer): a fresh kernel without a network could not load a splitter.
+    tiktoken = pytest.importorskip("tiktoken")
+    registry = pytest.importorskip("tiktoken.registry")
+    ranks = {bytes([b]): b for b in range(256)}
+    enc = tiktoken.Encoding(
+        "nbdurable-test", pat_str=r"\S+|\s+", mergeable_ranks=ranks, special_tokens={"<e>": 256}
+    )
+    monkeypatch.setitem(registry.ENCODINGS, "nbdurable-test", enc)
+    tokenizer = functools.partial(enc.encode, allowed_special="all")
+    data, before = values.dumps(tokenizer), fingerprint(tokenizer)
+    assert values.loads(data).func.__self__ is enc  # the registry's, while it has it
+
+    # A fresh kernel: the registry does not have it, and nothing can make it by name.
+    monkeypatch.delitem(registry.ENCODINGS, "nbdurable-test")
+    loaded = values.loads(data)
+    assert loaded("ab <e>") == tokenizer("ab <e>")
+    assert registry.ENCODINGS["nbdurable-test"] is loaded.func.__self__  # as get_encoding
+    assert fingerprint(loaded) == before
+
+    # An unregistered encoding is tiktoken's own business (it pickles its ranks).
+    other = tiktoken.Encoding("mine", pat_str=r"\S+", mergeable_ranks=ranks, special_tokens={})
+    assert values.loads(values.dumps(other)).encode("ab") == other.encode("ab")
+    assert "mine" not in registry.ENCODINGS
