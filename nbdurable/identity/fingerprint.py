@@ -48,7 +48,11 @@ from . import localcode
 #    objects random (version 4) UUIDs (trace and run ids a library stamps on what it
 #    does) are one token, and inside any object's state a list of classes is compared
 #    as a set (``list(set_of_classes)``: classes hash by address, so its order differed).
-FINGERPRINT_VERSION = 3
+# 4: inside library objects, what a library keeps per process is left out (see
+#    localcode.cache_names): matplotlib's transform back-pointers (keyed by id()) and
+#    invalidation flags, artists' stale flags and callbacks. A drawn figure loaded back
+#    from a record fingerprinted otherwise.
+FINGERPRINT_VERSION = 4
 _STREAM_HEADER = b"1"  # change only with every encoding at once
 
 _LEN = struct.Struct("<Q")
@@ -704,7 +708,7 @@ def _reduced(h: _Hasher, v: Any, local: bool = False) -> None:
         h.stack.append(_Op(_end_reduced, (v, len(h.type_only))))
     h.put(b"object", _qual(t))
     if not local:
-        state = localcode.without_lazy(t, state)
+        state = localcode.without_caches(t, state)
     if type(state) is dict and "__pydantic_fields_set__" in state:
         # Which fields were given to the constructor, not what they hold: pydantic's
         # own == ignores it, and a round trip through pickle may change it (LlamaIndex).
