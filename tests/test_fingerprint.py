@@ -15,6 +15,7 @@ import enum
 import functools
 import gc
 import importlib
+import io
 import json
 import operator
 import os
@@ -1000,6 +1001,36 @@ def test_a_figure_is_walked_once_per_object_and_its_callbacks_are_left_alone():
         assert fingerprint(fig) != before
     finally:
         plt.close(fig)
+
+
+def test_a_drawn_figure_fingerprints_alike_once_loaded_back_from_its_record():
+    # Drawing a figure (the inline backend shows it after its cell) leaves bookkeeping
+    # in it: transforms' back-pointers keyed by id() (some to transforms since
+    # collected), invalidation flags, artists' stale flags and callbacks. Loaded back
+    # from a record that all differs, so a step reading a restored figure or a seaborn
+    # grid reran. What it draws is the same; a change to it still counts.
+    matplotlib = pytest.importorskip("matplotlib")
+    matplotlib.use("agg")
+    import matplotlib.pyplot as plt
+
+    from nbdurable.store import values
+
+    fig, ax = plt.subplots(figsize=(3, 2), dpi=50)
+    try:
+        ax.bar(["a", "b"], [1, 2])
+        ax.legend(["n"])
+        shown = {"format": "png", "bbox_inches": "tight"}  # as the inline backend shows it
+        fig.savefig(io.BytesIO(), **shown)
+        plt.close(fig)
+        copy = values.loads(values.dumps(fig))
+        assert fingerprint(copy) == fingerprint(fig)
+        assert fingerprint(copy.axes[0]) == fingerprint(ax)
+        copy.savefig(io.BytesIO(), **shown)  # shown again: still the same figure
+        assert fingerprint(copy) == fingerprint(fig)
+        copy.axes[0].set_ylabel("n")
+        assert fingerprint(copy) != fingerprint(fig)
+    finally:
+        plt.close("all")
 
 
 def test_a_pydantic_model_is_what_its_fields_hold_not_which_were_given():

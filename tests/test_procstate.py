@@ -389,6 +389,43 @@ def test_switching_the_matplotlib_backend_is_not_replayable(saved):
     assert "backend" in procstate.replayable_reasons(d)[0]
 
 
+def test_the_backend_pyplot_loads_on_its_first_figure_is_loaded_again_on_replay():
+    # pyplot loads its backend with the first figure, not on import; IPython's inline
+    # backend then registers the PNG formatter later cells display figures with. A
+    # replayed step that made the first figure left a kernel that showed every figure
+    # as text only. Each half in a fresh process: pyplot's backend is loaded once.
+    recorded = _python(
+        textwrap.dedent(
+            """
+            import json
+            import matplotlib
+            matplotlib.use("agg")
+            import matplotlib.pyplot as plt
+            from nbdurable import procstate
+            before = procstate.snapshot()
+            plt.close(plt.figure())
+            print(json.dumps(procstate.delta(before, procstate.snapshot())))
+            """
+        )
+    )
+    process = json.loads(recorded)
+    assert process == {"mplbackend": "agg"}
+    replayed = _python(
+        textwrap.dedent(
+            f"""
+            import matplotlib
+            matplotlib.use("agg")
+            import matplotlib.pyplot as plt
+            from nbdurable import procstate
+            print(plt._backend_mod is None)
+            procstate.apply({process!r})
+            print(plt._backend_mod is not None, matplotlib.get_backend())
+            """
+        )
+    )
+    assert replayed.splitlines() == ["True", "True agg"]
+
+
 # -- modules ---------------------------------------------------------------------------
 
 

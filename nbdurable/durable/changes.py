@@ -154,15 +154,16 @@ def _token_and_children(obj: Any) -> tuple[Any, Iterable[Any]]:
         # compared, its insides (connection pools, caches) are its business, and
         # so are the parts it builds on first use (`client.chat`, a
         # functools.cached_property): wherever that first use happens, it is no change.
+        # Nor is its bookkeeping (a figure drawn: see localcode.cache_names).
         #
         # Its data is, though: the lists, dicts and sets it holds in its own
         # attributes (a checkpointer's storage, a chat history's messages, an
         # estimator's fitted lists) are walked like the notebook's, so a step
         # that fills an in-memory checkpointer through `app.invoke(...)` is seen
         # to change the checkpointer wherever it was made.
-        lazy = localcode.lazy_names(t)
-        if lazy:
-            attrs = {k: v for k, v in attrs.items() if k not in lazy}
+        caches = localcode.cache_names(t)
+        if caches:
+            attrs = {k: v for k, v in attrs.items() if k not in caches}
         data = [v for v in attrs.values() if type(v) in _DATA]
         return (t, tuple(attrs), tuple(map(id, attrs.values()))), data
     token = (t, tuple(attrs), tuple(map(id, attrs.values())))

@@ -56,6 +56,10 @@ from . import localcode, reduction
 # 4: weak proxies by type only, as weak references already were: a live proxy handed
 #    pickle its referent's state, a dead one nothing, so a value holding one changed
 #    its fingerprint when the collector freed the referent.
+#    And inside library objects, what a library keeps per process is left out (see
+#    localcode.cache_names): matplotlib's transform back-pointers (keyed by id()) and
+#    invalidation flags, artists' stale flags and callbacks. A drawn figure loaded back
+#    from a record fingerprinted otherwise.
 FINGERPRINT_VERSION = 4
 _STREAM_HEADER = b"1"  # change only with every encoding at once
 
@@ -727,7 +731,7 @@ def _reduced(h: _Hasher, v: Any, local: bool = False) -> None:
         h.stack.append(_Op(_end_reduced, (v, len(h.type_only))))
     h.put(b"object", _qual(t))
     if not local:
-        state = localcode.without_lazy(t, state)
+        state = localcode.without_caches(t, state)
     if type(state) is dict and "__pydantic_fields_set__" in state:
         # Which fields were given to the constructor, not what they hold: pydantic's
         # own == ignores it, and a round trip through pickle may change it (LlamaIndex).

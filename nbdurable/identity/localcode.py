@@ -186,28 +186,72 @@ def _is_pandas_cache(member: Any) -> bool:
     return t.__name__ == "CachedProperty" and t.__module__ == "pandas._libs.properties"
 
 
+#: Attributes of library objects that are the bookkeeping of the process holding them,
+#: not what the object is, by the qualified name of the class that sets them (its
+#: subclasses too). matplotlib: a transform's back-pointers to the transforms built on
+#: it (``_parents``, keyed by their ``id()`` and holding weak references, so a parent
+#: collected or an object loaded in another process changes it) and whether it must be
+#: recomputed (``_invalid``); whether an artist must be redrawn (``_stale``) and the
+#: callback that tells its container (``stale_callback``, which pickle drops). Drawing
+#: a figure, showing it, or loading it back changes them all and nothing it draws.
+_BOOKKEEPING: dict[str, frozenset[str]] = {
+    "matplotlib.transforms.TransformNode": frozenset({"_parents", "_invalid"}),
+    "matplotlib.artist.Artist": frozenset({"_stale", "stale_callback"}),
+}
+_CACHES: dict[type, frozenset[str]] = {}
+
+
+def cache_names(t: type) -> frozenset[str]:
+    """What instances of ``t`` hold that is not their content: :func:`lazy_names` and the
+    bookkeeping some libraries keep per process (see ``_BOOKKEEPING``).
+
+    Never part of a fingerprint, never a change (see :mod:`nbdurable.durable.changes`);
+    unlike lazy attributes, bookkeeping is pickled as the library pickles it.
+    """
+    got = _CACHES.get(t)
+    if got is None:
+        found = set(lazy_names(t))
+        for klass in getattr(t, "__mro__", ()):
+            qual = f"{getattr(klass, '__module__', '')}.{getattr(klass, '__qualname__', '')}"
+            found |= _BOOKKEEPING.get(qual, frozenset())
+        if len(_CACHES) > 10_000:  # classes made in a loop: do not keep them all alive
+            _CACHES.clear()
+        got = _CACHES[t] = frozenset(found)
+    return got
+
+
 def without_lazy(t: type, state: Any) -> Any:
     """A library object's pickle state without what it builds on first use (see
-    :func:`lazy_names`): a model whose client was made by its first call is
-    the model it was (its fingerprint), and is saved as it was before (the
-    client is made again on next use, where a made one may hold a lock).
+    :func:`lazy_names`): it is saved as it was before (the client is made again
+    on next use, where a made one may hold a lock).
 
     The state is the instance's ``__dict__``, pydantic's dict holding
     ``__dict__``, or a tuple holding one of these (a ``(__dict__, slots)``
     pair; pandas' ``(dtype, ndarray, __dict__)``).
     """
-    lazy = lazy_names(t)
-    if not lazy:
+    return _without(lazy_names(t), state)
+
+
+def without_caches(t: type, state: Any) -> Any:
+    """A library object's pickle state without :func:`cache_names`, for its fingerprint:
+    a model whose client was made by its first call is the model it was, and so is a
+    figure drawn since, or loaded back in another process.
+    """
+    return _without(cache_names(t), state)
+
+
+def _without(drop: frozenset[str], state: Any) -> Any:
+    if not drop:
         return state
-    if type(state) is tuple:
-        return tuple(without_lazy(t, x) if type(x) is dict else x for x in state)
+    if type(state) is tuple:  # (__dict__, slots); pandas' (dtype, ndarray, __dict__)
+        return tuple(_without(drop, x) if type(x) is dict else x for x in state)
     if type(state) is not dict:
         return state
     inner = state.get("__dict__")
-    if type(inner) is dict and not lazy.isdisjoint(inner):
-        state = dict(state, __dict__={k: v for k, v in inner.items() if k not in lazy})
-    if not lazy.isdisjoint(state):
-        state = {k: v for k, v in state.items() if k not in lazy}
+    if type(inner) is dict and not drop.isdisjoint(inner):
+        state = dict(state, __dict__={k: v for k, v in inner.items() if k not in drop})
+    if not drop.isdisjoint(state):
+        state = {k: v for k, v in state.items() if k not in drop}
     return state
 
 

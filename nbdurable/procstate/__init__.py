@@ -27,6 +27,9 @@ part                seen as                              re-applied as
 ``printoptions``    changed ``np.get_printoptions()``    ``np.set_printoptions``
 ``pandas``          changed pandas options               ``pd.set_option``
 ``rcparams``        changed matplotlib ``rcParams``      ``matplotlib.rcParams[k] = v``
+``mplbackend``      the backend pyplot loaded (on its    ``pyplot.switch_backend``, unless
+                    first figure: the inline backend     pyplot has loaded one already
+                    registers IPython's figure PNG)
 ``recursionlimit``  ``sys.getrecursionlimit()``          ``sys.setrecursionlimit``
 ``decimal``         the decimal context's settings,      set on ``decimal.getcontext()``
                     flags and traps that changed         (if ``decimal`` was imported)

@@ -53,6 +53,8 @@ class Snapshot:
     threads: tuple[threading.Thread, ...] = ()
     #: writes so far per in-memory SQLite connection alive (see :mod:`.sqlite`)
     sqlite: dict[int, int] = field(default_factory=dict)
+    #: the backend pyplot has loaded (None: none yet, or pyplot not imported)
+    mplbackend: str | None = None
 
 
 def snapshot(
@@ -96,6 +98,7 @@ def snapshot(
         decimal=_decimal_context(),
         threads=tuple(threading.enumerate()),
         sqlite=sqlite.counts(),
+        mplbackend=_pyplot_backend(),
     )
 
 
@@ -184,6 +187,25 @@ def _rcparams() -> dict[str, Any] | None:
     return {k: (v.copy() if type(v) is list else v) for k, v in dict.items(rc)}
 
 
+def _pyplot_backend() -> str | None:
+    """The backend pyplot has loaded, by name; None if it has loaded none yet.
+
+    pyplot loads its backend on first use (the first figure), not on import, and
+    loading it changes the process: IPython's inline backend registers the PNG
+    formatter every later figure is displayed with, and its after-cell hook.
+    """
+    pyplot = sys.modules.get("matplotlib.pyplot")
+    if pyplot is None or getattr(pyplot, "_backend_mod", None) is None:
+        return None
+    name = dict.get(sys.modules["matplotlib"].rcParams, "backend")  # unresolved: no side effect
+    return name if isinstance(name, str) else None
+
+
+def _load_pyplot_backend(pyplot: Any, name: str) -> None:
+    if getattr(pyplot, "_backend_mod", None) is None:  # (one the plain cells loaded stays)
+        pyplot.switch_backend(name)
+
+
 def _numpy_print_defaults() -> dict[str, Any] | None:
     mod = sys.modules.get("numpy._core.printoptions")
     defaults = getattr(mod, "default_format_options_dict", None)
@@ -228,6 +250,8 @@ def delta(
         base = _pandas_defaults()
     _options_delta("pandas", "pandas option", base, after.pandas, out, why)
     _rcparams_delta(before.rcparams, after.rcparams, out, why)
+    if before.mplbackend is None and after.mplbackend is not None:
+        out["mplbackend"] = after.mplbackend
     if after.recursionlimit != before.recursionlimit:
         out["recursionlimit"] = after.recursionlimit
     if after.decimal is not None and after.decimal != before.decimal:
@@ -467,6 +491,9 @@ def prepare(process: Mapping[str, Any] | None) -> list[Callable[[], None]]:
             if key not in mpl.rcParams:
                 raise KeyError(f"matplotlib has no rcParams[{key!r}]")
             quiet.append(functools.partial(mpl.rcParams.__setitem__, key, decode(value)))
+    if "mplbackend" in process:
+        pyplot = importlib.import_module("matplotlib.pyplot")
+        quiet.append(functools.partial(_load_pyplot_backend, pyplot, str(process["mplbackend"])))
     if "recursionlimit" in process:
         limit = int(process["recursionlimit"])
         quiet.append(lambda: sys.setrecursionlimit(limit))
