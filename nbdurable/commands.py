@@ -196,7 +196,8 @@ def clear(store: Store, run_id: str, step_keys: list[str]) -> list[str]:
     deletes = []
     for key in step_keys:
         deletes += [rk.step(key), rk.state(key)]
-        deletes += store.scan(rk.subs_prefix(key))
+        deletes += store.scan(rk.subs_prefix(key))  # an approval's decision too: asked again
+        deletes += store.scan(rk.pending_prefix(key))
         deletes += store.scan(rk.versions(key)) + store.scan(rk.version_subs(key))
     puts = []
     for key, why in stale.items():

@@ -83,7 +83,8 @@ def _taps_dropping() -> bool:
 
 @contextlib.contextmanager
 def unrecorded() -> Iterator[None]:
-    """Let what is printed in this block reach the frontend, but record it in no capture.
+    """Let what is printed or displayed in this block reach the frontend, but record it in
+    no capture.
 
     For notices about this execution (a warning that a value could not be
     saved) that must not come back on every replay. In a kernel the streams
@@ -340,8 +341,11 @@ class Capture:
 
     def _wrap_publish(self, original: Callable[..., Any]) -> Callable[..., Any]:
         def publish(data: Mapping[str, Any], metadata: Any = None, *args: Any, **kwargs: Any):
+            dropped = self._is_quiet()  # shown in unrecorded(): an approval's buttons
             with self._quiet():
                 result = original(data, metadata, *args, **kwargs)
+            if dropped:
+                return result
             # ipykernel's publish flushed both streams before sending.
             self._dirty = None
             update = bool(kwargs.get("update"))
