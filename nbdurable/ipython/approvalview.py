@@ -169,14 +169,18 @@ class _ShellPump:
         kernel = self.kernel
         try:
             idents, rest = kernel.session.feed_identities(frames, copy=False)
+            # A peek first (content=False notes no signature): a message handed back
+            # is read again by the kernel, which refuses a signature it has seen.
+            kind = kernel.session.deserialize(rest, content=False, copy=False)["header"].get(
+                "msg_type"
+            )
+            handler = kernel.shell_handlers.get(kind) if kind in _COMM else None
+            if handler is None:
+                self.held.append(frames)
+                return
             msg = kernel.session.deserialize(rest, content=True, copy=False)
         except Exception:
             self.held.append(frames)  # the kernel's loop reports what it cannot read
-            return
-        kind = msg["header"].get("msg_type")
-        handler = kernel.shell_handlers.get(kind) if kind in _COMM else None
-        if handler is None:
-            self.held.append(frames)
             return
         parent = kernel.get_parent("shell")
         ident = kernel._parent_ident["shell"]
