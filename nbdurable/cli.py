@@ -80,7 +80,8 @@ def _exit_codes() -> str:
         "Exit codes: 0 ok; 1 a cell raised (or `check` left a problem); 2 bad usage; "
         "3 the kernel died more than --retries times; 4 another live kernel records into "
         "the run (see --takeover); 5 a cell ran longer than --timeout; 6 verify: a step or "
-        "call would have run live; 130 interrupted."
+        "call would have run live; 7 stopped at an approval waiting for a decision "
+        "(see `nbdurable approvals`); 130 interrupted."
     )
 
 

@@ -119,6 +119,8 @@ def test_headless_stops_at_the_approval_and_resumes_once_approved(tmp_path, mail
     assert "Send the draft to bob@example.com" in last
     assert f"nbdurable approve {nb} send" in last, last
     assert mail.sent == []
+    state = nbd("status", nb).stdout
+    assert "ApprovalPending" in state and "approval 'send'" in state, state
 
     listed = nbd("approvals", nb)
     assert listed.returncode == 0, listed.stderr
@@ -326,6 +328,9 @@ def test_a_decision_from_the_cli_ends_a_kernel_s_wait(tmp_path, mail):
         k.read(lambda: k.done(setup))
         cell = k.execute(EMAIL)
         k.read(lambda: bool(_pending(tmp_path)))
+        # One runner: the waiting kernel holds the run; a headless run is refused.
+        second = nbd("run", nb, MAIL_URL=mail.url)
+        assert second.returncode == 4, second.stdout + second.stderr
         done = nbd("reject", nb, "send", "--reason", "not today")
         assert done.returncode == 0, done.stderr
         k.read(lambda: k.done(cell))
