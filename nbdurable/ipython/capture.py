@@ -99,6 +99,9 @@ def unrecorded() -> Iterator[None]:
     with _state_lock:
         _dropping += 1
     _local.depth = getattr(_local, "depth", 0) + 1
+    # Displays too (not only the tees' depth: a nested capture's own writes are quiet
+    # to the outer one, yet recorded by it).
+    _local.unrecorded = getattr(_local, "unrecorded", 0) + 1
     try:
         yield
     finally:
@@ -107,6 +110,7 @@ def unrecorded() -> Iterator[None]:
                 tap.flush()
         finally:
             _local.depth -= 1
+            _local.unrecorded -= 1
             with _state_lock:
                 _dropping -= 1
 
@@ -341,7 +345,8 @@ class Capture:
 
     def _wrap_publish(self, original: Callable[..., Any]) -> Callable[..., Any]:
         def publish(data: Mapping[str, Any], metadata: Any = None, *args: Any, **kwargs: Any):
-            dropped = self._is_quiet()  # shown in unrecorded(): an approval's buttons
+            # Shown in unrecorded() (an approval's buttons): sent, never recorded.
+            dropped = getattr(_local, "unrecorded", 0) > 0
             with self._quiet():
                 result = original(data, metadata, *args, **kwargs)
             if dropped:
