@@ -4,19 +4,30 @@ The email agent of tests/test_approval_kernels.py is opened in JupyterLab and
 run all: the ``email`` cell shows the draft with Approve / Reject while its
 kernel is busy, a click on Approve lets the cell go on, the next cell (queued
 by Run All) runs after it, and the local mail server gets the email once.
-A screenshot of the widget goes to test-artifacts/approval.png.
+A screenshot of the widget goes to test-artifacts/approval.png, and to
+docs/approval.png (the picture docs/approvals.md shows) when missing or
+NBDURABLE_UPDATE_SCREENSHOT=1.
 """
 
 from __future__ import annotations
 
+import os
+import shutil
+
 import nbformat
 import pytest
 from jupyter_util import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, require_chromium
-from kernel_util import make_notebook
+from kernel_util import REPO_ROOT, make_notebook
 from test_approval_kernels import EMAIL, SETUP, MailServer
 from test_browser import APPS, jupyterlab
 
+from nbdurable import approvals
+from nbdurable.store import open_store
+
 pytestmark = pytest.mark.browser
+
+SCREENSHOT = REPO_ROOT / "docs" / "approval.png"
+UPDATE_SCREENSHOT = os.environ.get("NBDURABLE_UPDATE_SCREENSHOT") == "1"
 
 
 def test_approve_from_the_widget_in_jupyterlab(tmp_path, monkeypatch):
@@ -55,6 +66,8 @@ def test_approve_from_the_widget_in_jupyterlab(tmp_path, monkeypatch):
                     expect(widget).to_contain_text(asked, timeout=60_000)
                     expect(widget).to_contain_text("Dear bob@example.com")
                     widget.screenshot(path=str(ARTIFACTS / "approval.png"))
+                    if UPDATE_SCREENSHOT or not SCREENSHOT.exists():
+                        shutil.copy(ARTIFACTS / "approval.png", SCREENSHOT)
                     assert mail.sent == []
                     widget.get_by_role("button", name="Approve").click()
                     expect(widget).to_contain_text("approved by ", timeout=30_000)
@@ -72,3 +85,7 @@ def test_approve_from_the_widget_in_jupyterlab(tmp_path, monkeypatch):
     finally:
         mail.close()
     assert mail.sent == ["bob@example.com"]
+    with open_store(root / ".nbdurable") as store:
+        keys = approvals.RunKeys("agent.ipynb")  # the run id: the notebook beside the store
+        decision = approvals.read_decision(store, keys, "name:email", "send")
+    assert decision is not None and decision.approved and decision.by == approvals.decider()

@@ -15,7 +15,9 @@ every other request (the next cell's ``execute_request``) to hand back, in
 order, to the kernel's own loop when the wait ends. With ipykernel 6 it reads
 the shell socket the same way. A kernel without either (or a plain IPython
 shell) has no buttons that work while busy: the wait then reads only the
-store, where ``nbdurable approve`` or another machine decides. The store is
+store, where ``nbdurable approve`` or another machine decides; so does an
+approval asked from a worker thread (the shell's socket is the main
+thread's). The store is
 read every half second in any case, so a decision made elsewhere ends the
 wait (the widget then says who decided).
 """
@@ -23,6 +25,7 @@ wait (the widget then says who decided).
 from __future__ import annotations
 
 import html
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -132,6 +135,10 @@ class _ShellPump:
     def of(cls, kernel: Any) -> _ShellPump | None:
         """The pump of ``kernel``; None where its shell messages cannot be reached."""
         if kernel is None or getattr(kernel, "session", None) is None:
+            return None
+        if threading.current_thread() is not threading.main_thread():
+            # The shell's socket is the main thread's (a zmq socket is not thread-safe):
+            # an approval asked from a worker thread is decided through the store.
             return None
         try:
             thread = getattr(kernel, "shell_channel_thread", None)
