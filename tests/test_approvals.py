@@ -220,3 +220,30 @@ def test_approval_ids_are_reserved_for_decisions():
 
     with pytest.raises(UsageProblem, match="kept for the decisions of approve"):
         validate_sub_id("approval:send")
+
+
+def test_a_question_cleared_while_a_kernel_waits_is_asked_again(store, monkeypatch):
+    _session(store, monkeypatch)  # PlainHost: waits on the store alone
+    asked_again = []
+
+    def elsewhere() -> None:
+        deadline = time.monotonic() + 30
+        while not approvals.pending(store, RUN) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        (question,) = approvals.pending(store, RUN)
+        commands.clear(store, RUN, ["name:mail"])  # the question is gone, undecided
+        deadline = time.monotonic() + 10
+        while not approvals.pending(store, RUN) and time.monotonic() < deadline:
+            time.sleep(0.05)  # asked again by the waiting session
+        asked_again.append(approvals.pending(store, RUN) == [question])
+        # Decided even if it was not asked again, so that the wait ends either way.
+        puts, deletes, _ = approvals.decided(question, True, "ann@desk")
+        store.apply(puts=puts, deletes=deletes)
+
+    t = threading.Thread(target=elsewhere)
+    t.start()
+    try:
+        assert approve("send", "Send it") is True
+    finally:
+        t.join()
+    assert asked_again == [True]

@@ -135,12 +135,28 @@ def headline(session: Session, p: Pending) -> str:
 
 
 def _elsewhere(session: Session, p: Pending) -> Callable[[], Decision | None]:
-    """Polled while waiting: a decision about ``p`` made elsewhere (the CLI, another machine)."""
-    rk = session.keys
+    """Polled while waiting: a decision about ``p`` made elsewhere (the CLI, another machine).
+
+    A question that vanished undecided (the step was cleared meanwhile) is
+    asked again: this kernel still waits for its answer, so it must stay
+    listed. Deciding writes the decision and deletes the question in one
+    transaction, so "no question" is only believed after a second look
+    finds no decision either.
+    """
+    rk, store = session.keys, session.store
+
+    def decision() -> Decision | None:
+        got = approvals.read_decision(store, rk, p.scope, p.id)
+        return got if got is not None and got.args_fp == p.args_fp else None
 
     def poll() -> Decision | None:
-        got = approvals.read_decision(session.store, rk, p.scope, p.id)
-        return got if got is not None and got.args_fp == p.args_fp else None
+        got = decision()
+        if got is not None or store.has(rk.pending(p.scope, p.id)):
+            return got
+        got = decision()
+        if got is None:
+            session.write(puts=[approvals.asked(p)])
+        return got
 
     return poll
 
@@ -149,7 +165,8 @@ def _decide(session: Session, p: Pending) -> Callable[[bool, str], Decision]:
     """Called by the host when the person decides here: the decision, recorded."""
 
     def decide(approved: bool, reason: str = "") -> Decision:
-        earlier = _elsewhere(session, p)()
+        got = approvals.read_decision(session.store, session.keys, p.scope, p.id)
+        earlier = got if got is not None and got.args_fp == p.args_fp else None
         if earlier is not None:  # decided elsewhere meanwhile: the first decision stands
             return earlier
         puts, deletes, decision = approvals.decided(p, approved, approvals.decider(), reason)
