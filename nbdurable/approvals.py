@@ -36,7 +36,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from . import redact
-from .commands import Done, _changed
+from .commands import Done, changed_mark
 from .errors import CorruptRecord, UsageProblem
 from .identity.keys import APPROVAL_PREFIX
 from .store import RUN_SCOPE, RunKeys, Store
@@ -252,7 +252,7 @@ def decided(
     }
     rk = RunKeys(p.run)
     decision = Decision(approved, by, at, reason, p.args_fp, dict(p.parts), p.summary)
-    puts = [(rk.sub(p.scope, APPROVAL_PREFIX + p.id), header, body), _changed(rk, "decide")]
+    puts = [(rk.sub(p.scope, APPROVAL_PREFIX + p.id), header, body), changed_mark(rk, "decide")]
     return puts, [rk.pending(p.scope, p.id)], decision
 
 
