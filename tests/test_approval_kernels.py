@@ -151,7 +151,14 @@ def test_headless_stops_at_the_approval_and_resumes_once_approved(tmp_path, mail
 
 def test_a_rejection_from_the_cli_sends_nothing(tmp_path, mail):
     nb = write(tmp_path / "nb.ipynb", [SETUP, EMAIL])
-    assert _run(nb, mail).returncode == 7
+    stopped = _run(nb, mail, "--json")
+    assert stopped.returncode == 7, stopped.stdout + stopped.stderr
+    summary = json.loads(stopped.stdout)
+    assert summary["status"] == "pending approval" and summary["steps"]["waiting"] == 1
+    (cell,) = summary["attempts"][-1]["cells"]
+    assert (cell["label"], cell["outcome"]) == ("email", "waiting")
+    assert cell["detail"].startswith("approval 'send' of step 'email' is waiting")
+    assert [a["id"] for a in summary["approvals"]] == ["send"]
     done = nbd("reject", nb, "send", "--reason", "wrong quarter")
     assert done.returncode == 0 and "rejected by " in done.stdout and "wrong quarter" in done.stdout
     r = _run(nb, mail)

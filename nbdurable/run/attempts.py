@@ -364,12 +364,16 @@ class _Run:
             what = (
                 f"{exc.ename}: {exc.evalue}" if isinstance(exc, CellExecutionError) else "timed out"
             )
+            outcome = "failed"
+            if isinstance(exc, CellExecutionError) and exc.ename == "ApprovalPending":
+                # Not a failure: the run stops cleanly where a person must decide.
+                outcome, what = "waiting", exc.evalue.split(". Decide with", 1)[0]
             att.cells.append(
                 CellOutcome(
                     index,
                     key,
                     label or f"cell #{index + 1}",
-                    "failed",
+                    outcome,
                     clip(what, 200),
                     time.perf_counter() - t0,
                 )

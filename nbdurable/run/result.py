@@ -38,7 +38,7 @@ class CellOutcome:
     index: int
     key: str | None  # None: not a %%step cell
     label: str
-    outcome: str  # replayed | executed | invalidated | failed | kernel died
+    outcome: str  # replayed | executed | invalidated | failed | kernel died | waiting
     detail: str = ""
     seconds: float = 0.0
     calls_made: int = 0
@@ -192,7 +192,7 @@ class RunResult:
             "seconds": round(self.seconds, 3),
             "steps": {
                 k: self.steps.get(k, 0)
-                for k in ("replayed", "executed", "invalidated", "failed", "kernel died")
+                for k in ("replayed", "executed", "invalidated", "failed", "kernel died", "waiting")
             },
             "calls": {"made": self.calls_made, "replayed": saved.get("calls")},
             "seconds_saved": saved.get("seconds"),
