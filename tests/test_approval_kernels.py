@@ -346,3 +346,32 @@ def test_a_decision_from_the_cli_ends_a_kernel_s_wait(tmp_path, mail):
     finally:
         k.close()
     assert mail.sent == []
+
+
+def test_an_interrupt_while_waiting_leaves_the_approval_pending_and_the_kernel_usable(
+    tmp_path, mail
+):
+    write(tmp_path / "nb.ipynb", [SETUP, EMAIL])
+    k = Waiting(tmp_path, mail)
+    k.idle = set()
+    try:
+        setup = k.execute(SETUP)
+        k.read(lambda: k.done(setup))
+        cell = k.execute(EMAIL)
+        k.read(lambda: "Approve" in k.buttons and bool(_pending(tmp_path)))
+        after = k.execute("print('still here')")  # queued behind the waiting cell
+        k.km.interrupt_kernel()
+        k.read(lambda: k.done(cell))
+        reply = k.kc.get_shell_msg(timeout=30)
+        while reply["parent_header"].get("msg_id") != cell:
+            reply = k.kc.get_shell_msg(timeout=30)
+        assert reply["content"]["ename"] == "KeyboardInterrupt", reply["content"]
+        # ipykernel aborts what was queued behind an interrupted cell; what comes next runs.
+        k.read(lambda: k.done(after))
+        later = k.execute("print('still here')")
+        k.read(lambda: k.done(later))
+        assert "still here" in "".join(k.text)
+    finally:
+        k.close()
+    assert [p.id for p in _pending(tmp_path)] == ["send"]
+    assert mail.sent == []
