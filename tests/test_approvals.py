@@ -72,8 +72,9 @@ def test_who_decides_names_nbdurable_host(store, monkeypatch):
 def test_a_rejection_returns_false_or_raises_rejected(store, monkeypatch):
     _session(store, monkeypatch, AnsweringHost(approved=False, reason="wrong recipient"))
     assert approve("send", "Send it") is False
+    _session(store, monkeypatch, AnsweringHost())  # a rerun: the rejection replays
     with pytest.raises(Rejected, match="rejected by .*wrong recipient") as err:
-        approve("send", "Send it", raises=True)  # replayed, and raised
+        approve("send", "Send it", raises=True)
     assert err.value.approval == "send" and err.value.reason == "wrong recipient"
 
 
@@ -213,6 +214,24 @@ def test_recorded_approve_with_another_recipient_asks_again(store, monkeypatch):
                       r"rejected by"):  # fmt: skip
         send_mail("eve@example.com", "Hi")
     assert SENT == ["eve@example.com"]
+
+
+def test_each_approval_of_a_step_needs_its_own_id(store, monkeypatch):
+    _session(store, monkeypatch, AnsweringHost())
+    approve("send", "Send to bob", "Hi Bob")
+    with pytest.raises(UsageProblem, match="approval 'send' of step 'mail' was already asked"):
+        approve("send", "Send to eve", "Hi Eve")  # would overwrite bob's decision
+    assert approve("send:eve", "Send to eve", "Hi Eve") is True
+
+
+def test_an_approval_that_stopped_the_run_may_be_asked_again_in_the_step(store, monkeypatch):
+    monkeypatch.setenv(HEADLESS_ENV, "1")
+    session = _session(store, monkeypatch)
+    for _ in range(2):  # a retry loop around approve() in one step
+        with pytest.raises(ApprovalPending):
+            approve("send", "Send it")
+    approvals.decide(store, RUN, "send", True)
+    assert session.current is not None and approve("send", "Send it") is True
 
 
 def test_approval_ids_are_reserved_for_decisions():

@@ -37,7 +37,7 @@ from typing import Any
 
 from .. import approvals, events
 from ..approvals import Decision, Pending
-from ..errors import ApprovalPending, BadArgument, Rejected
+from ..errors import ApprovalPending, BadArgument, Rejected, UsageProblem
 from ..identity import keys
 from ..store.layout import RUN_SCOPE
 from .context import warn
@@ -76,7 +76,33 @@ def rejected(aid: str, decision: Decision) -> Rejected:
 
 
 def ask(session: Session, aid: str, summary: str, details: Any, parts: dict[str, str]) -> Decision:
-    """The decision about approval ``aid``: replayed if recorded for these parts, else asked."""
+    """The decision about approval ``aid``: replayed if recorded for these parts, else asked.
+
+    Each approval of a step needs its own id, as each sub-step does: the id
+    is claimed within the running step, and given back if no decision came
+    (the run stopped, the wait was interrupted), so a retry may ask again.
+    """
+    __tracebackhide__ = True
+    ctx = session.current
+    if ctx is None:
+        return _ask(session, aid, summary, details, parts)
+    claim = keys.APPROVAL_PREFIX + aid
+    with ctx.lock:
+        if claim in ctx.seen:
+            raise UsageProblem(
+                f"approval {aid!r} of step {ctx.label!r} was already asked in this step; give "
+                "each approval its own id, e.g. approve(f'send:{to}', ...)"
+            )
+        ctx.seen.add(claim)
+    try:
+        return _ask(session, aid, summary, details, parts)
+    except BaseException:
+        with ctx.lock:
+            ctx.seen.discard(claim)
+        raise
+
+
+def _ask(session: Session, aid: str, summary: str, details: Any, parts: dict[str, str]) -> Decision:
     __tracebackhide__ = True
     ctx = session.current
     scope = ctx.key if ctx is not None else RUN_SCOPE
