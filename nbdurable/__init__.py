@@ -1,7 +1,8 @@
 """nbdurable: durable execution for Jupyter notebooks.
 
 ``%load_ext nbdurable``, then ``%%step`` cells are recorded and replayed;
-``step()``, ``@recorded`` and ``idempotency_key()`` record single calls.
+``step()``, ``@recorded`` and ``idempotency_key()`` record single calls;
+``approve()`` records a person's decision.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from .errors import (
+    ApprovalPending,
     CorruptRecord,
     DivergenceError,
     FormatVersionError,
@@ -16,12 +18,14 @@ from .errors import (
     LiveCallRefused,
     NbdurableError,
     NbdurableWarning,
+    Rejected,
     SettingError,
     StoreError,
     UsageProblem,
 )
 
 _LAZY = {
+    "approve": "durable.approval",
     "compare": "durable.experiments",
     "configure": "config",
     "idempotency_key": "durable.substeps",
@@ -47,6 +51,7 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "ApprovalPending",
     "CorruptRecord",
     "DivergenceError",
     "FormatVersionError",
@@ -54,9 +59,11 @@ __all__ = [
     "LiveCallRefused",
     "NbdurableError",
     "NbdurableWarning",
+    "Rejected",
     "SettingError",
     "StoreError",
     "UsageProblem",
+    "approve",
     "compare",
     "configure",
     "idempotency_key",

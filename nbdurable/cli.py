@@ -80,7 +80,8 @@ def _exit_codes() -> str:
         "Exit codes: 0 ok; 1 a cell raised (or `check` left a problem); 2 bad usage; "
         "3 the kernel died more than --retries times; 4 another live kernel records into "
         "the run (see --takeover); 5 a cell ran longer than --timeout; 6 verify: a step or "
-        "call would have run live; 130 interrupted."
+        "call would have run live; 7 stopped at an approval waiting for a decision "
+        "(see `nbdurable approvals`); 130 interrupted."
     )
 
 
@@ -245,6 +246,29 @@ def build_parser() -> argparse.ArgumentParser:
         )
         pin.add_argument("steps", metavar="STEP", nargs="+", help="step names (or labels, keys)")
         pin.set_defaults(func=cmd_pin, pinned=name == "pin")
+
+    approvals = sub.add_parser(
+        "approvals",
+        parents=[p["notebook"], p["run"], p["store"], p["json"]],
+        help="the approvals waiting for a decision (starts no kernel)",
+        description="The approvals of the run that wait for a decision (asked by approve() "
+        "or @recorded(approve=True)), the longest waiting first: id, step, when asked, "
+        "summary and details.",
+    )
+    approvals.set_defaults(func=cmd_approvals)
+    for name, verb in (("approve", "approve"), ("reject", "reject")):
+        decide = sub.add_parser(
+            name,
+            parents=[p["notebook"], p["run"], p["store"]],
+            help=f"{verb} a pending approval; the next run continues from it",
+            description=f"{verb.capitalize()} the pending approval ID (as `nbdurable approvals` "
+            "lists it; STEP/ID where two steps use the same id). The decision is recorded "
+            "with who made it (user@host, the host NBDURABLE_HOST or this machine's name) "
+            "and when; the next `nbdurable run` replays what came before and goes on.",
+        )
+        decide.add_argument("approval", metavar="ID", help="the approval's id")
+        decide.add_argument("--reason", default="", help="why (recorded with the decision)")
+        decide.set_defaults(func=cmd_decide, approved=name == "approve")
 
     export = sub.add_parser(
         "export",
@@ -562,7 +586,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     )
     if args.json:
         _emit(result.to_json())
-    if result.status == "lease held":
+    if result.status == "pending approval":
+        print(f"nbdurable run: {_approval_line(args, result)}", file=sys.stderr)
+    elif result.status == "lease held":
         assert result.error is not None
         print(
             f"nbdurable run: {result.error.evalue.strip().rstrip('.')}; "
@@ -601,6 +627,35 @@ def cmd_run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     return result.exit_code
+
+
+def _approval_line(args: argparse.Namespace, result: Any) -> str:
+    """The one line of a run that stopped at an approval: which, and how to decide it."""
+    import shlex
+
+    err = result.error
+    if not result.approvals:  # the store could not be read: the kernel's own line
+        return f"stopped: {err.evalue.strip()}" if err else "stopped at an approval"
+    last = result.approvals[-1]
+    where = f" of step {last['step']!r}" if last["step"] else ""
+    more = len(result.approvals) - 1
+    options = "".join(
+        f" {flag} {shlex.quote(str(value))}"
+        # A URL is shown without its password, as every command shows a store.
+        for flag, value in (
+            ("--run", args.run_name),
+            ("--store", _shown(args.store) if args.store is not None else None),
+        )
+        if value is not None
+    )
+    target = f"{shlex.quote(str(args.notebook))}{options}"
+    ident = shlex.quote(last["id"])
+    return (
+        f"stopped at approval {last['id']!r}{where}, waiting for a decision: {last['summary']}"
+        f"{f' ({more} more pending: nbdurable approvals)' if more > 0 else ''}; "
+        f"decide with `nbdurable approve {target} {ident}` or "
+        f"`nbdurable reject {target} {ident} --reason ...`, then run again (exit 7)"
+    )
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
@@ -804,6 +859,39 @@ def cmd_pin(args: argparse.Namespace) -> int:
 
     with _recorded_run(args) as (notebook, store, run_id, _):
         done = commands.pin_steps(store, run_id, args.steps, notebook, pinned=args.pinned)
+    print(done.message)
+    return 0
+
+
+def cmd_approvals(args: argparse.Namespace) -> int:
+    """``nbdurable approvals``."""
+    from . import approvals
+
+    with _recorded_run(args) as (notebook, store, run_id, _):
+        waiting = approvals.pending(store, run_id)
+    if args.json:
+        _emit([p.to_header() for p in waiting])
+        return 0
+    if not waiting:
+        print(f"no approval of run {run_id!r} waits for a decision")
+        return 0
+    for p in waiting:
+        print(f"{p.id}  ({p.step or 'outside any step'}, asked {_when(p.asked)} on {p.asked_on})")
+        print(f"    {p.summary}")
+        for line in p.details.splitlines():
+            print(f"    | {line}")
+        if p.again:
+            print(f"    asked again: {p.again}")
+    print(f"decide with `nbdurable approve {notebook.name} ID` or `nbdurable reject ... --reason`")
+    return 0
+
+
+def cmd_decide(args: argparse.Namespace) -> int:
+    """``nbdurable approve`` / ``reject``."""
+    from . import approvals
+
+    with _recorded_run(args) as (_, store, run_id, _dir):
+        done = approvals.decide(store, run_id, args.approval, args.approved, args.reason)
     print(done.message)
     return 0
 

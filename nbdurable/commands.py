@@ -26,7 +26,7 @@ from .store.records import StepState
 class Done:
     """What a command did: ``message`` for the user; ``keys``, the steps it changed."""
 
-    action: str  # clear | clear-all | pin | unpin | takeover | fork
+    action: str  # clear | clear-all | pin | unpin | takeover | fork | approve | reject
     message: str
     keys: tuple[str, ...] = ()
 
@@ -196,7 +196,8 @@ def clear(store: Store, run_id: str, step_keys: list[str]) -> list[str]:
     deletes = []
     for key in step_keys:
         deletes += [rk.step(key), rk.state(key)]
-        deletes += store.scan(rk.subs_prefix(key))
+        deletes += store.scan(rk.subs_prefix(key))  # an approval's decision too: asked again
+        deletes += store.scan(rk.pending_prefix(key))
         deletes += store.scan(rk.versions(key)) + store.scan(rk.version_subs(key))
     puts = []
     for key, why in stale.items():
@@ -208,7 +209,7 @@ def clear(store: Store, run_id: str, step_keys: list[str]) -> list[str]:
                 b"",
             )
         )
-    store.apply(puts=[*puts, _changed(rk, "clear")], deletes=deletes)
+    store.apply(puts=[*puts, changed_mark(rk, "clear")], deletes=deletes)
     return sorted(stale)
 
 
@@ -221,7 +222,7 @@ def clear_all(store: Store, run_id: str) -> int:
     """
     rk = RunKeys(run_id)
     keys = [k for k in store.scan(rk.base) if k not in (rk.lease, rk.changed)]
-    store.apply(puts=[_changed(rk, "clear-all")], deletes=keys)
+    store.apply(puts=[changed_mark(rk, "clear-all")], deletes=keys)
     return len(keys)
 
 
@@ -233,13 +234,13 @@ def set_pin(store: Store, run_id: str, key: str, pinned: bool) -> None:
         raise UsageProblem(f"step {key!r} has no record to pin yet; run it first")
     st = view.state(key)
     new = dataclasses.replace(st, pinned=pinned)
-    mark = _changed(rk, "pin" if pinned else "unpin")
+    mark = changed_mark(rk, "pin" if pinned else "unpin")
     if new.empty:
         store.apply(puts=[mark], deletes=[rk.state(key)])
     else:
         store.apply(puts=[(rk.state(key), new.to_header(), b""), mark])
 
 
-def _changed(rk: RunKeys, action: str) -> tuple[str, dict[str, Any], bytes]:
+def changed_mark(rk: RunKeys, action: str) -> tuple[str, dict[str, Any], bytes]:
     """The run's ``changed`` mark, written with a command's change (see ``RunKeys.changed``)."""
     return (rk.changed, {"kind": "changed", "action": action, "at": time.time()}, b"")

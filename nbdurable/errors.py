@@ -89,5 +89,29 @@ class LeaseLost(LeaseHeld):
     """
 
 
+class ApprovalPending(NbdurableError, RuntimeError):
+    """A run without a person at it (``nbdurable run``) reached an approval not yet decided.
+
+    The approval is recorded as pending; the run stops here (``nbdurable run``
+    exits with code 7) and the message names the approval and the command that
+    decides it. The next run replays everything before it and continues with
+    the decision. Shown as that one line, without a traceback.
+    """
+
+    def _render_traceback_(self) -> list[str]:  # IPython: the message, no traceback
+        return [f"{type(self).__name__}: {self}"]
+
+
+class Rejected(NbdurableError, RuntimeError):
+    """A person rejected the approval (``approve(..., raises=True)``, ``@recorded(approve=True)``).
+
+    ``approval`` is its id, ``by`` who rejected it, ``reason`` what they said ("" if nothing).
+    """
+
+    def __init__(self, message: str, approval: str = "", by: str = "", reason: str = "") -> None:
+        super().__init__(message)
+        self.approval, self.by, self.reason = approval, by, reason
+
+
 class NbdurableWarning(UserWarning):
     """Something was not recorded, or a record could not be used (always shown, never silent)."""

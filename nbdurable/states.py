@@ -122,6 +122,7 @@ OUTCOMES: dict[str, tuple[str, str]] = {
     "invalidated": (STATES["recorded"].glyph, "+"),  # it ran again and is recorded
     "failed": (STATES["failed"].glyph, "x"),
     "kernel died": (STATES["failed"].glyph, "x"),
+    "waiting": ("⏸", "?"),  # stopped at an approval waiting for a decision
 }
 
 

@@ -218,6 +218,21 @@ def test_nested_captures(shell):
     ]
 
 
+def test_a_display_in_unrecorded_is_shown_not_recorded(shell):
+    # An approval's buttons: a question about this execution, not an output to replay.
+    from nbdurable.ipython.capture import unrecorded
+
+    with Capture(shell) as cap:
+        print("before")
+        with unrecorded():
+            display("the buttons")
+        display("after")
+    assert cap.outputs == [
+        stream("stdout", "before\n"),
+        {"output_type": "display_data", "data": {"text/plain": "'after'"}, "metadata": {}},
+    ]
+
+
 def test_outputs_hidden_by_capture_output_are_not_recorded(shell, capsys):
     from IPython.utils.capture import capture_output
 

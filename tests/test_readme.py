@@ -52,6 +52,10 @@ EXAMPLES = {
         "test_substep_fragment"
     ),
     "%%step notify": "test_idempotency_fragment",
+    "# the email agent: a model drafts, a person approves, the mail goes out once": (
+        "test_approval_example_headless"
+    ),
+    "%%step email": "test_approval_example_headless",
 }
 
 
@@ -137,3 +141,35 @@ def test_idempotency_fragment(tmp_path):
     assert stream_text(first.cells[2].outputs) == "False 1\n"
     again = run_notebook(make_notebook(cells), cwd=tmp_path, env=env)
     assert stream_text(again.cells[2].outputs) == "False 1\n"  # replayed: the first receipt
+
+
+@pytest.mark.kernel
+def test_approval_example_headless(tmp_path):
+    """docs/approvals.md's agent through `nbdurable run`: exit 7, approve, one mail, once."""
+    import nbformat
+    from test_run_exits import nbd
+
+    from nbdurable.demo.sim import MailProvider
+
+    cells = [
+        block("# the email agent: a model drafts, a person approves, the mail goes out once"),
+        block("%%step email"),
+    ]
+    nb = tmp_path / "agent.ipynb"
+    nbformat.write(make_notebook(cells), nb)
+    ledger = {"NBDURABLE_SIM_LEDGER": str(tmp_path / "ledger.jsonl"), "NBDURABLE_SIM_LATENCY": "0"}
+    stopped = nbd("run", nb, **ledger)
+    assert stopped.returncode == 7, stopped.stdout + stopped.stderr
+    assert "stopped at approval 'send' of step 'email'" in stopped.stderr
+    mail = MailProvider(tmp_path / "mailbox.sqlite")
+    assert mail.attempts() == 0
+    drafted = calls(tmp_path / "ledger.jsonl")
+    assert [c["kind"] for c in drafted] == ["answer"]
+    assert nbd("approve", nb, "send").returncode == 0
+    for _ in range(2):  # resumed, then replayed
+        done = nbd("run", nb, **ledger)
+        assert done.returncode == 0, done.stdout + done.stderr
+    assert (mail.delivered(), mail.attempts()) == (1, 1)
+    assert calls(tmp_path / "ledger.jsonl") == drafted, "the draft was paid for twice"
+    out = nbformat.read(nb, as_version=4)
+    assert stream_text(out.cells[1].outputs).startswith("sent: msg-")

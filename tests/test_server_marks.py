@@ -56,6 +56,25 @@ def test_an_empty_store_reads_like_no_store(tmp_path):
     assert [(c["key"], c["state"]) for c in data["cells"]] == [("name:plan", "pending")]
 
 
+def test_pending_approvals_are_listed_for_a_sidebar(tmp_path):
+    from nbdurable import approvals
+
+    nb = make_notebook(["%%step email\nx = 1"])
+    nbformat.write(nb, tmp_path / "a.ipynb")
+    asked = approvals.Pending(
+        run="a.ipynb", scope="name:email", id="send", step="email",
+        summary="Send the draft to bob", details="Dear Bob", args_fp="f" * 32, asked=1.0,
+    )  # fmt: skip
+    with open_store(tmp_path / "store") as store:
+        store.apply(puts=[approvals.asked(asked)])
+    data = step_marks(tmp_path / "a.ipynb", tmp_path / "store")
+    assert [(a["id"], a["step"], a["summary"]) for a in data["approvals"]] == [
+        ("send", "email", "Send the draft to bob")
+    ]
+    assert "args_fp" not in data["approvals"][0]
+    assert step_marks(tmp_path / "a.ipynb", tmp_path / "none")["approvals"] == []
+
+
 @pytest.mark.kernel
 def test_actions_act_on_the_store_as_the_cli_does(tmp_path):
     """The sidebar's buttons: pin, unpin, clear, clear all; bad ones are one line each."""

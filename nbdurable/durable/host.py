@@ -10,7 +10,8 @@ the shell goes through one :class:`Host`, which the IPython side
   what it shows, and showing recorded outputs again;
 - what the frontend said about the executing cell (its id, its position)
   and the sources of the cells executed so far (to find the notebook);
-- a description of this process for the lease.
+- a description of this process for the lease;
+- waiting for a person's decision about an approval (see :mod:`.approval`).
 
 :class:`PlainHost` is the host of a session outside IPython (a script, the
 CLI, a test without a shell): an empty namespace of its own, no cells. It
@@ -26,11 +27,15 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
 from ..errors import UsageProblem
+
+#: How often a wait for an approval reads the store for a decision made elsewhere (seconds).
+POLL_SECONDS = 0.5
 
 
 class Capture(Protocol):
@@ -84,6 +89,20 @@ class Host(Protocol):
     def describe(self) -> str:
         """What this process is, for the message a second runner of the run sees."""
 
+    def wait_approval(
+        self,
+        pending: Any,
+        elsewhere: Callable[[], Any],
+        decide: Callable[[bool, str], Any],
+    ) -> Any:
+        """Show ``pending`` (an :class:`~nbdurable.approvals.Pending`) and wait for a decision.
+
+        A person deciding here calls ``decide(approved, reason)``, which records
+        the decision and returns it; ``elsewhere()`` returns a decision made
+        elsewhere (the CLI, another machine), None until there is one. Returns
+        the :class:`~nbdurable.approvals.Decision`.
+        """
+
 
 class PlainHost:
     """The host outside IPython: a namespace of its own, no cells, no outputs."""
@@ -121,6 +140,25 @@ class PlainHost:
 
     def describe(self) -> str:  # noqa: D102
         return "python " + " ".join(sys.argv[:1])
+
+    def wait_approval(  # noqa: D102
+        self,
+        pending: Any,
+        elsewhere: Callable[[], Any],
+        decide: Callable[[bool, str], Any],
+    ) -> Any:
+        # No buttons here: the decision comes through the store (`nbdurable approve`).
+        print(
+            f"{pending.where} is waiting for a decision: {pending.summary} "
+            f"(decide with `nbdurable approve NOTEBOOK {pending.id}` or `nbdurable reject`)",
+            file=sys.stderr,
+            flush=True,
+        )
+        while True:
+            got = elsewhere()
+            if got is not None:
+                return got
+            time.sleep(POLL_SECONDS)
 
 
 def _no_host() -> Host | None:

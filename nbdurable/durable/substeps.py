@@ -94,7 +94,7 @@ def step(step_id: str, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
     return _substep(get_session(), sub_id, fn, args, kwargs)
 
 
-def recorded(fn: Callable[..., T]) -> Callable[..., T]:
+def recorded(fn: Callable[..., T] | None = None, /, *, approve: bool = False) -> Any:
     """Decorator: every call of ``fn`` becomes a sub-step.
 
     Inside a ``%%step`` the id is ``module.qualname#N``, N counting this
@@ -102,14 +102,24 @@ def recorded(fn: Callable[..., T]) -> Callable[..., T]:
     order: use explicit ``step()`` ids for calls made from threads).
     Outside a step the id also carries the arguments' fingerprint, and N
     counts identical calls within the cell.
+
+    ``@recorded(approve=True)``: a call with no record first asks a person
+    (:func:`nbdurable.approve`, its id the sub-step's), with the call and its
+    arguments as what is approved; approved, the call is made and recorded;
+    rejected, :class:`~nbdurable.errors.Rejected` is raised and nothing is
+    called. A recorded call replays without asking; a call with other
+    arguments asks again.
     """
+    if fn is None:
+        return lambda f: recorded(f, approve=approve)
     qual = f"{fn.__module__}.{fn.__qualname__}"
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         __tracebackhide__ = True
         session = get_session()
-        return _substep(session, _ordinal_id(session, qual, args, kwargs), fn, args, kwargs)
+        sub_id = _ordinal_id(session, qual, args, kwargs)
+        return _substep(session, sub_id, fn, args, kwargs, approve=approve)
 
     wrapper.__nbdurable_recorded__ = True  # type: ignore[attr-defined]
     return wrapper
@@ -151,10 +161,16 @@ def _ordinal_id(session: Session, qual: str, args: tuple, kwargs: dict) -> str:
 
 
 def _substep(
-    session: Session, sub_id: str, fn: Callable[..., Any], args: tuple, kwargs: dict
+    session: Session,
+    sub_id: str,
+    fn: Callable[..., Any],
+    args: tuple,
+    kwargs: dict,
+    approve: bool = False,
 ) -> Any:
     __tracebackhide__ = True
     call = _Call(session, sub_id, fn)
+    call.approve = approve
     call.take_id()
     try:
         return call.run(args, kwargs)
@@ -172,6 +188,7 @@ class _Call:
     """
 
     __slots__ = (
+        "approve",
         "args",
         "args_fp",
         "before",
@@ -197,6 +214,7 @@ class _Call:
         self.where = f"sub-step {sub_id!r}" + (f" of step {ctx.label!r}" if ctx else "")
         self.returns = ""
         self.printed: list[dict[str, Any]] = []  # the call's outputs (see _capture)
+        self.approve = False  # a person approves the call before it is made
 
     def take_id(self) -> None:
         """Claim the id within the running step: each call of a step needs its own."""
@@ -263,6 +281,8 @@ class _Call:
             return _replayed(value, self.returns, self.fn)
         if ctx is None:
             session.claim(verify=False)  # inside a step, the step already holds the lease
+        if self.approve:
+            self.approved(args, kwargs)
         token = current_sub.set(self.sub_id)
         # Arguments a call could change in place, fingerprinted before it (see save)
         self.before = {k: _arg_fp(v) for k, v in self.args.items() if not _immutable(v)}
@@ -301,6 +321,26 @@ class _Call:
         finally:
             current_sub.reset(token)
         return result
+
+    def approved(self, args: tuple, kwargs: dict) -> None:
+        """Ask a person to approve this call (``@recorded(approve=True)``); raise if rejected.
+
+        What is approved is the call: the function and each argument, by
+        fingerprint, so a call with another argument is asked again.
+        """
+        __tracebackhide__ = True
+        from . import approval
+
+        name = _fn_name(self.fn).strip("'")
+        shown = [repr(a) for a in args] + [f"{k}={v!r}" for k, v in kwargs.items()]
+        summary = f"call {name}({', '.join(shown)})"
+        details = "\n".join(f"{k}: {v!r}" for k, v in self.args.items())
+        # The arguments only: a callee's own state (a list of what it sent) changes with
+        # every call, and would make every decision stale.
+        parts = {k: _arg_fp(v) or "?" for k, v in self.args.items()}
+        decision = approval.ask(self.session, self.sub_id, summary, details, parts)
+        if not decision.approved:
+            raise approval.rejected(self.sub_id, decision)
 
     def hand_over(self, result: Any, outer: str) -> Any:
         """``result`` recorded now, or a stream of it that records itself once read to its end."""

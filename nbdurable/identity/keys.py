@@ -151,6 +151,8 @@ def validate_name(name: str, what: str = "step name") -> str:
 
 #: The ids of the HTTP exchanges a ``--http`` step records (``http:N``), no one else's.
 HTTP_PREFIX = "http:"
+#: The sub-step ids of approval decisions (see nbdurable.approvals): ``approval:<id>``.
+APPROVAL_PREFIX = "approval:"
 
 
 def validate_sub_id(sub_id: object) -> str:
@@ -176,6 +178,12 @@ def validate_sub_id(sub_id: object) -> str:
         raise UsageProblem(
             f"sub-step id {_shown(sub_id)}: ids starting with {HTTP_PREFIX!r} are kept for "
             "the HTTP exchanges of --http steps; choose another id"
+        )
+    if sub_id.startswith(APPROVAL_PREFIX):
+        # A decision of approve() is recorded as the sub-step ``approval:<id>``.
+        raise UsageProblem(
+            f"sub-step id {_shown(sub_id)}: ids starting with {APPROVAL_PREFIX!r} are kept for "
+            "the decisions of approve(); choose another id"
         )
     bad = _CONTROL.search(sub_id)
     if bad:

@@ -84,7 +84,8 @@ def _taps_dropping() -> bool:
 
 @contextlib.contextmanager
 def unrecorded() -> Iterator[None]:
-    """Let what is printed in this block reach the frontend, but record it in no capture.
+    """Let what is printed or displayed in this block reach the frontend, but record it in
+    no capture.
 
     For notices about this execution (a warning that a value could not be
     saved) that must not come back on every replay. In a kernel the streams
@@ -99,6 +100,9 @@ def unrecorded() -> Iterator[None]:
     with _state_lock:
         _dropping += 1
     _local.depth = getattr(_local, "depth", 0) + 1
+    # Displays too (not only the tees' depth: a nested capture's own writes are quiet
+    # to the outer one, yet recorded by it).
+    _local.unrecorded = getattr(_local, "unrecorded", 0) + 1
     try:
         yield
     finally:
@@ -107,6 +111,7 @@ def unrecorded() -> Iterator[None]:
                 tap.flush()
         finally:
             _local.depth -= 1
+            _local.unrecorded -= 1
             with _state_lock:
                 _dropping -= 1
 
@@ -357,8 +362,12 @@ class Capture:
 
     def _wrap_publish(self, original: Callable[..., Any]) -> Callable[..., Any]:
         def publish(data: Mapping[str, Any], metadata: Any = None, *args: Any, **kwargs: Any):
+            # Shown in unrecorded() (an approval's buttons): sent, never recorded.
+            dropped = getattr(_local, "unrecorded", 0) > 0
             with self._quiet():
                 result = original(data, metadata, *args, **kwargs)
+            if dropped:
+                return result
             # ipykernel's publish flushed both streams before sending.
             self._dirty = None
             update = bool(kwargs.get("update"))

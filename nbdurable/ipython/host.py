@@ -80,6 +80,11 @@ class ShellHost:
                 return "kernel"
         return hosts.PlainHost().describe()
 
+    def wait_approval(self, pending: Any, elsewhere: Any, decide: Any) -> Any:  # noqa: D102
+        from . import approvalview
+
+        return approvalview.wait(self.shell, pending, elsewhere, decide)
+
 
 def current() -> Host | None:
     """The host of the IPython shell running now (None outside IPython)."""

@@ -20,6 +20,9 @@ How outcomes are known, without changing what the kernel runs:
 - executed / invalidated: the step ran; it is *invalidated* when a record
   existed just before the cell ran (its code, inputs or upstream changed);
 - failed: the cell raised; kernel died: the kernel died during the cell;
+  stopped at an approval: the cell raised ``ApprovalPending`` (the kernel is
+  told ``NBDURABLE_HEADLESS=1``: nobody is there to click), and the run's
+  pending approvals are read from the store for the line that names them;
 - calls made: sub-step records whose ``started`` time falls in this attempt
   (read from the store, so a crashed attempt's calls are counted too);
 - calls replayed and time saved: asked of the kernel after every cell
@@ -120,6 +123,9 @@ class _Run:
         # -Xfrozen_modules=off, and debugpy then prints a multi-line warning on
         # the kernel's stderr, which is shown when a kernel dies.
         self.kernel_env.setdefault("PYDEVD_DISABLE_FILE_VALIDATION", "1")
+        # Nobody is there to click: an approval not yet decided stops the run
+        # (ApprovalPending, exit 7) instead of waiting (see nbdurable.durable.approval).
+        self.kernel_env["NBDURABLE_HEADLESS"] = "1"
         if run_name:
             self.kernel_env["NBDURABLE_RUN"] = run_name
         if store is not None:
@@ -358,12 +364,16 @@ class _Run:
             what = (
                 f"{exc.ename}: {exc.evalue}" if isinstance(exc, CellExecutionError) else "timed out"
             )
+            outcome = "failed"
+            if isinstance(exc, CellExecutionError) and exc.ename == "ApprovalPending":
+                # Not a failure: the run stops cleanly where a person must decide.
+                outcome, what = "waiting", exc.evalue.split(". Decide with", 1)[0]
             att.cells.append(
                 CellOutcome(
                     index,
                     key,
                     label or f"cell #{index + 1}",
-                    "failed",
+                    outcome,
                     clip(what, 200),
                     time.perf_counter() - t0,
                 )
@@ -461,6 +471,16 @@ class _Run:
                 continue
             self.progress.tick(n)
 
+    def _pending(self) -> list[dict[str, str]]:
+        """The run's approvals waiting for a decision (read from the store, never guessed)."""
+        from .. import approvals
+
+        try:
+            waiting = approvals.pending(self.store, self.rk.run_id)
+        except Exception:  # a report must never turn a stop into a crash
+            return []
+        return [{"id": p.id, "step": p.step, "summary": p.summary} for p in waiting]
+
     # -- all attempts -----------------------------------------------------------------
     def run(self) -> RunResult:
         result = self.result
@@ -483,6 +503,8 @@ class _Run:
             result.seconds = time.perf_counter() - t0
             if self.store is not None:
                 result.saved = {"steps": 0, "calls": 0, "seconds": 0.0}
+                if result.error is not None and result.error.ename == "ApprovalPending":
+                    result.approvals = self._pending()
                 self.store.close()
             result.add_savings()
         # Verify writes the executed notebook only where -o asks (its file is the record's).

@@ -176,7 +176,7 @@ class ConsoleProgress(Progress):
         saved = result.saved or {}
         parts = [
             f"{steps.get(k, 0)} {k}"
-            for k in ("replayed", "executed", "invalidated", "failed")
+            for k in ("replayed", "executed", "invalidated", "failed", "waiting")
             if steps.get(k)
         ]
         where = ""

@@ -14,6 +14,7 @@ EXIT_KERNEL_DIED = 3
 EXIT_LEASE_HELD = 4
 EXIT_TIMEOUT = 5
 EXIT_LIVE = 6
+EXIT_APPROVAL = 7
 EXIT_INTERRUPTED = 130
 
 #: Every exit code of ``nbdurable run``, as ``--help`` and docs/cli.md list them.
@@ -25,6 +26,7 @@ EXIT_CODES = (
     (EXIT_LEASE_HELD, "another live kernel records into this run (see --takeover)"),
     (EXIT_TIMEOUT, "a cell ran longer than --timeout"),
     (EXIT_LIVE, "verify: a step or call would have run live"),
+    (EXIT_APPROVAL, "stopped at an approval waiting for a decision (see `nbdurable approvals`)"),
     (EXIT_INTERRUPTED, "interrupted (Ctrl-C, SIGTERM)"),
 )
 
@@ -36,7 +38,7 @@ class CellOutcome:
     index: int
     key: str | None  # None: not a %%step cell
     label: str
-    outcome: str  # replayed | executed | invalidated | failed | kernel died
+    outcome: str  # replayed | executed | invalidated | failed | kernel died | waiting
     detail: str = ""
     seconds: float = 0.0
     calls_made: int = 0
@@ -90,6 +92,9 @@ class RunResult:
     #: notebook does not use nbdurable.
     saved: dict[str, Any] | None = None
     seconds: float = 0.0
+    #: The approvals of the run waiting for a decision when it ended, each
+    #: ``{"id", "step", "summary"}`` (the run stopped at the last one asked).
+    approvals: list[dict[str, str]] = field(default_factory=list)
 
     @property
     def deaths(self) -> int:
@@ -111,16 +116,18 @@ class RunResult:
     def status(self) -> str:
         """One of ``ok``, ``cell error``, ``timed out``, ``lease held``, ``kernel died``,
         ``interrupted``, ``refused`` (verify mode met live work, even where a cell caught
-        the error).
+        the error), ``pending approval`` (a cell stopped at an approval: ApprovalPending).
         """
         if self.interrupted:
             return "interrupted"
         if self.refused:
             return "refused"
         if self.error is not None:
-            return {"LeaseHeld": "lease held", "CellTimeoutError": "timed out"}.get(
-                self.error.ename, "cell error"
-            )
+            return {
+                "LeaseHeld": "lease held",
+                "CellTimeoutError": "timed out",
+                "ApprovalPending": "pending approval",
+            }.get(self.error.ename, "cell error")
         if not self.attempts or self.attempts[-1].outcome == "kernel died":
             return "kernel died"
         return "ok"
@@ -128,7 +135,7 @@ class RunResult:
     @property
     def produced_results(self) -> bool:
         """Whether the executed notebook is worth writing: it ran, or a cell of it failed."""
-        return self.status in ("ok", "cell error", "timed out")
+        return self.status in ("ok", "cell error", "timed out", "pending approval")
 
     @property
     def exit_code(self) -> int:
@@ -141,6 +148,7 @@ class RunResult:
             "kernel died": EXIT_KERNEL_DIED,
             "interrupted": EXIT_INTERRUPTED,
             "refused": EXIT_LIVE,
+            "pending approval": EXIT_APPROVAL,
         }[self.status]
 
     def add_savings(self) -> None:
@@ -184,7 +192,7 @@ class RunResult:
             "seconds": round(self.seconds, 3),
             "steps": {
                 k: self.steps.get(k, 0)
-                for k in ("replayed", "executed", "invalidated", "failed", "kernel died")
+                for k in ("replayed", "executed", "invalidated", "failed", "kernel died", "waiting")
             },
             "calls": {"made": self.calls_made, "replayed": saved.get("calls")},
             "seconds_saved": saved.get("seconds"),
@@ -193,4 +201,5 @@ class RunResult:
             "attempts": [asdict(a) for a in self.attempts],
             "error": asdict(self.error) if self.error else None,
             "refused": self.refused,
+            "approvals": self.approvals,
         }

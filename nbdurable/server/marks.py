@@ -17,7 +17,13 @@ The answer, as JSON::
                 "key": "name:plan", "label": "plan",
                 "state": "recorded", "detail": "", "recorded_at": …, "duration": …,
                 "substeps": …, "calls": …, "pinned": false, "replayable": true, …}],
-     "others": [<rows of steps no longer in the notebook, and of sub-steps outside steps>]}
+     "others": [<rows of steps no longer in the notebook, and of sub-steps outside steps>],
+     "approvals": [{"id": "send", "step": "email", "scope": "name:email", "summary": "…",
+                    "details": "…", "asked": …, "asked_on": "…", "again": ""}]}
+
+``approvals`` are the run's approvals waiting for a decision (see
+:mod:`nbdurable.approvals`), the longest waiting first: what a sidebar lists
+for ``nbdurable approve`` (or a button) to decide.
 
 ``state`` is what :func:`~nbdurable.status.step_infos` says with no kernel:
 recorded, pending, invalidated, pinned, failed, not replayable. What only the
@@ -31,7 +37,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .. import commands, status
+from .. import approvals, commands, status
 from ..errors import UsageProblem
 from ..identity import locate
 from ..store import open_store, opener
@@ -52,9 +58,15 @@ def step_marks(notebook: Path, store_dir: Path | None = None) -> dict[str, Any]:
     directory = store_dir if store_dir is not None else locate.store_dir(notebook)
     run_id = locate.run_id_for(notebook, directory)
     exists = opener.exists(directory)
+    waiting: list[dict[str, Any]] = []
     if exists:
         with open_store(directory) as store:
             infos = status.step_infos(store, run_id, notebook)
+            for p in approvals.pending(store, run_id):
+                row = p.to_header()
+                for field in ("kind", "run", "args_fp", "parts"):  # internal: not for a view
+                    row.pop(field, None)
+                waiting.append(row)
     else:
         infos = status.pending_infos(notebook)
     by_key = {i.key: i for i in infos}
@@ -76,6 +88,7 @@ def step_marks(notebook: Path, store_dir: Path | None = None) -> dict[str, Any]:
         "now": time.time(),
         "cells": cells,
         "others": [i.to_json() for i in infos if i.key not in in_cells],
+        "approvals": waiting,
     }
 
 

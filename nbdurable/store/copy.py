@@ -116,7 +116,8 @@ def fork_run(store: Store, run_id: str, new_run: str, steps: set[str] | None) ->
     puts: list[tuple[str, dict[str, Any], bytes]] = []
     for key in store.scan(src.base):
         where = layout.parse(key)
-        if where is None or where.kind in ("lease", "changed", "fork"):
+        # A pending approval is the parent's question: a fork that reaches it asks again.
+        if where is None or where.kind in ("lease", "changed", "fork", "pending"):
             continue
         if steps is not None and where.kind in ("step", "state", "version", "vsub", "sub"):
             if where.step not in steps and where.step != layout.RUN_SCOPE:

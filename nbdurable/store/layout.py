@@ -10,6 +10,8 @@ Every key is a plain string, every value signed bytes (see :mod:`.codec`)::
     r/<run>/t/<step key>             StepState (pinned / failed / stale)
     r/<run>/u/<step key>/<sub id>    SubRecord header + pickled value
     r/<run>/u/~run/<sub id>          sub-steps called outside any %%step
+    r/<run>/u/<scope>/approval:<id>  an approval's decision, a sub-step (nbdurable.approvals)
+    r/<run>/p/<scope>/<id>           an approval asked and not decided yet (pending)
     r/<run>/v/<step key>/<version>   an earlier version's StepRecord (see .versions)
     r/<run>/w/<step key>/<version>/<sub id>   that version's SubRecords
     b/<sha256>                       a pickled variable, stored once by content
@@ -114,6 +116,19 @@ class RunKeys:
         """The key of one sub-step."""
         return f"{self.base}u/{scope}/{sub_id}"
 
+    @property
+    def all_pending(self) -> str:
+        """The prefix of every pending approval of the run, whatever its scope."""
+        return self.base + "p/"
+
+    def pending_prefix(self, scope: str) -> str:
+        """The prefix of the pending approvals of ``scope`` (a step key or RUN_SCOPE)."""
+        return f"{self.base}p/{scope}/"
+
+    def pending(self, scope: str, approval_id: str) -> str:
+        """The key of a pending approval (asked, not decided yet)."""
+        return f"{self.base}p/{scope}/{approval_id}"
+
     def versions(self, step_key: str) -> str:
         """The prefix of the earlier versions kept of a step (step keys hold no ``/``)."""
         return f"{self.base}v/{step_key}/"
@@ -128,7 +143,8 @@ class RunKeys:
 
 
 class Parsed(NamedTuple):
-    """A run's key taken apart: ``kind`` is meta, lease, step, state, sub, version, vsub or other.
+    """A run's key taken apart: ``kind`` is meta, lease, step, state, sub, version, vsub,
+    pending or other.
 
     For ``version`` and ``vsub`` keys, ``sub`` is the version (``vsub``:
     ``<version>/<sub id>``).
@@ -140,7 +156,7 @@ class Parsed(NamedTuple):
     sub: str = ""  # the sub-step id
 
 
-_KINDS = {"s": "step", "t": "state", "u": "sub", "v": "version", "w": "vsub"}
+_KINDS = {"s": "step", "t": "state", "u": "sub", "v": "version", "w": "vsub", "p": "pending"}
 
 
 def parse(key: str) -> Parsed | None:
@@ -157,7 +173,7 @@ def parse(key: str) -> Parsed | None:
     if len(parts) < 4 or parts[2] not in _KINDS:
         return Parsed(parts[1], "other")
     kind, rest = _KINDS[parts[2]], parts[3]
-    if kind in ("sub", "version", "vsub"):
+    if kind in ("sub", "version", "vsub", "pending"):
         scope, _, sub = rest.partition("/")
         return Parsed(parts[1], kind, scope, sub)
     return Parsed(parts[1], kind, rest)
