@@ -24,10 +24,11 @@ reachable (:func:`index`) from the variables the step did not change (the
 pickle is written first without references; only the objects in its memo
 are looked for, and only if one is found is it written again with
 references), through lists, tuples, dicts (``OrderedDict``, ``defaultdict``
-and ``Counter`` too) and instance attributes, within :data:`BUDGET` objects and :data:`DEPTH` steps;
-classes, functions, arrays and DataFrames are leaves (referenced whole,
-never walked), and of an instance of a library class only its own
-attributes are looked at, not what lies below them. An object beyond those
+and ``Counter`` too) and instance attributes, within :data:`BUDGET` objects
+and :data:`DEPTH` steps; classes, functions, arrays and DataFrames are
+leaves (referenced whole, never walked), and of an instance of a library
+class only its own attributes are looked at, not what lies below them (but
+for a torch module's parts, see below). An object beyond those
 bounds is not found, and is pickled by value like the step's own objects.
 
 In place. A library object a step changed without rebinding it (an
