@@ -50,7 +50,8 @@ from . import localcode, reduction
 #    does) are one token, and inside any object's state a list of classes is compared
 #    as a set (``list(set_of_classes)``: classes hash by address, so its order differed),
 #    and a library object's or pandas value's caches filled on first use are left out
-#    (pandas' ``_cache``: a model fitted on a Series filled its index's).
+#    (pandas' ``_cache``: a model fitted on a Series filled its index's), as is the trace
+#    map of LlamaIndex's CallbackManager (the ids of the last trace's events).
 #    Later, with no bump: a torch ``UntypedStorage`` by its bytes. Its pickle (torch.save's)
 #    was keyed by its memory address, so no fingerprint of one ever matched another.
 # 4: weak proxies by type only, as weak references already were: a live proxy handed
@@ -835,6 +836,15 @@ def _callback_registry(h: _Hasher, v: Any) -> None:
     h.push(sorted(c for c in pickled if isinstance(c, int)))
 
 
+def _llama_callback_manager(h: _Hasher, v: Any) -> None:
+    # LlamaIndex's CallbackManager: which handlers it calls. Its trace map is the
+    # ids of the events of the last trace, emptied when the next one starts: every
+    # use of a model or an embedding holding it (an index's insert) grows it, so the
+    # object a plain cell made looked changed once used, wherever that happened.
+    h.put(b"llama-callback-manager")
+    h.stack.append(getattr(v, "handlers", None))
+
+
 def _is_tensor(t: type) -> bool:
     torch = sys.modules.get("torch")
     return torch is not None and issubclass(t, torch.Tensor)
@@ -869,8 +879,12 @@ def _storage(h: _Hasher, v: Any) -> None:
     h.raw(data)
 
 
-#: Library classes whose own pickling has side effects, by qualified name.
-_BY_NAME = {"matplotlib.cbook.CallbackRegistry": _callback_registry}
+#: Library classes whose own pickling has side effects, or whose state holds a record of
+#: their use, by qualified name.
+_BY_NAME = {
+    "matplotlib.cbook.CallbackRegistry": _callback_registry,
+    "llama_index.core.callbacks.base.CallbackManager": _llama_callback_manager,
+}
 
 
 def _enum(h: _Hasher, v: Any) -> None:
@@ -1040,6 +1054,10 @@ def fingerprint(value: object, *, read_globals: bool = True) -> str:
       is one token (a trace or run id the library stamped); inside any
       object's state a list of classes is compared as a set (listed from a
       set, its order follows the classes' addresses).
+    * What a library builds or records as it is used: the caches of
+      :func:`localcode.lazy_names` (a ``functools.cached_property``, pandas'
+      ``_cache``) and a LlamaIndex ``CallbackManager``'s trace map (it is
+      compared by its handlers) are left out.
     * By type only, the named fallback (:func:`_type_only`): what cannot be
       pickled (sockets, locks, open files, generators, connections), weak
       references and weak proxies (never their referent, alive or not), and

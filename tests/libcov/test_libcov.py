@@ -126,10 +126,6 @@ FAILS_TODAY: dict[str, str] = {
         "nbdurable's part (the splitter's tiktoken encoding restored without the network) "
         "replays: tests/test_values.py"
     ),
-    "li_index": _REF.format(
-        name="Settings._embed_model",
-        what="the MockEmbedding the plain setup cell put in llama_index's Settings",
-    ),
 }
 
 assert set(FAILS_TODAY) <= set(BY_NAME), "FAILS_TODAY names an unknown case"
