@@ -88,14 +88,6 @@ _REF = (
     "step's values share {what} with the namespace, recorded as a reference, and in the "
     "replaying kernel the live one is judged another object"
 )
-_FIG_TEXT = (
-    "replay differs: " + _REF[len("step reran: ") :] + "; after the rerun the Figure shows as "
-    "text only (no image/png)"
-)
-_GRID = (
-    "step reran: input changed: the seaborn {what}'s fingerprint (its Figure, axes, artists) "
-    "differs once the make step's record restored it in a new kernel"
-)
 _PLOTLY = (
     "replay differs: plotly objects unpickle through their constructor, which sets properties "
     "in alphabetical order, so to_plotly_json()/to_json() key order differs from the live object"
@@ -114,14 +106,6 @@ FAILS_TODAY: dict[str, str] = {
         "(DatetimeArray._cache) inside the plain cell's Series, part of its pickled state, so "
         "the recorded reference to it no longer matches the fresh series on replay"
     ),
-    # matplotlib
-    "mp_pyplot": (
-        "replay differs: the change step reruns (input 'mp_pyplot_ax' changed: the pyplot "
-        "figure's Axes fingerprints otherwise once restored) and display(fig) then shows the "
-        "Figure as text only (no image/png)"
-    ),
-    "mp_image": _FIG_TEXT.format(name="mp_image_fig", what="the Figure"),
-    "mp_legend": _FIG_TEXT.format(name="mp_legend_ax", what="the Axes"),
     # plotly
     "pl_figure": _PLOTLY,
     "pl_scatter": _PLOTLY,
@@ -132,11 +116,6 @@ FAILS_TODAY: dict[str, str] = {
     "pl_annotation": _PLOTLY,
     "pl_template": _PLOTLY,
     "pl_heatmap": _PLOTLY,
-    # seaborn
-    "sb_facet": _GRID.format(what="FacetGrid"),
-    "sb_joint": _GRID.format(what="JointGrid"),
-    "sb_pair": _GRID.format(what="PairGrid"),
-    "sb_cluster": _GRID.format(what="ClusterGrid"),
     # torch
     "th_sequential": (
         "step reran: 'cannot restore its process state (No module named "
