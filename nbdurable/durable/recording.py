@@ -174,20 +174,23 @@ def _save_joint(
         # bound to an object that lives elsewhere (`current = state`) is a
         # reference, as before.
         own = {id(view[n]) for n in pending if n in in_place}
-        return sharing.index(ns, roots, held - own)
+        return sharing.index(ns, roots, held - own, own)
 
-    fps: dict[int, str | None] = {}
     checked = set(checked)
 
-    def ref_fp(path: sharing.Path, obj: Any) -> str | None:
-        if id(obj) not in fps:
-            fps[id(obj)] = None if path[0] in checked else sharing.ref_fingerprint(obj)
-        return fps[id(obj)]
-
     while pending:
+        here = {id(ns[n]): n for n in pending if n in in_place and view[n] is ns[n]}
+        # What holds an object restored in place is fingerprinted with that object
+        # standing in by name (see sharing.in_place_standins).
+        standins = {i: n for i, n in here.items() if values.restores_in_place(ns[n])}
         try:
-            here = {id(ns[n]): n for n in pending if n in in_place and view[n] is ns[n]}
-            joint = values.dump_values([view[n] for n in pending], find_refs, ref_fp, here)
+            joint = values.dump_values(
+                [view[n] for n in pending],
+                find_refs,
+                _ref_fps(checked, standins),
+                here,
+                tuple(sorted(standins.values())),
+            )
         except values.PartFailed as exc:
             name = pending.pop(exc.index)
             _unsaved(out, name, values.type_name(ns[name]), str(exc), fingerprint(ns[name], name))
@@ -249,6 +252,20 @@ def _save_joint(
                 )
             )
         return
+
+
+def _ref_fps(
+    checked: set[str], standins: dict[int, str]
+) -> Callable[[sharing.Path, Any], str | None]:
+    """The fingerprint each reference carries (once per object); None under an input."""
+    fps: dict[int, str | None] = {}
+
+    def ref_fp(path: sharing.Path, obj: Any) -> str | None:
+        if id(obj) not in fps:
+            fps[id(obj)] = None if path[0] in checked else sharing.ref_fingerprint(obj, standins)
+        return fps[id(obj)]
+
+    return ref_fp
 
 
 def _culprits(

@@ -23,6 +23,7 @@ import sys
 import types
 import uuid
 import weakref
+from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 from ..hush import hush
@@ -139,8 +140,12 @@ class _Hasher:
     within one walk, so a helper read by many functions is hashed once.
     """
 
-    def __init__(self, read_globals: bool = True) -> None:
+    def __init__(
+        self, read_globals: bool = True, standins: Mapping[int, str] | None = None
+    ) -> None:
         self.read_globals = read_globals
+        #: id -> name of objects written as that name, not walked (see fingerprint)
+        self.standins = standins or None
         self.sinks = [_Sink()]
         self.path: dict[int, int] = {}
         self.stack: list[Any] = []
@@ -164,6 +169,9 @@ class _Hasher:
                 item.fn(self, item.arg)
                 continue
             if self.skipping:
+                continue
+            if self.standins is not None and id(item) in self.standins:
+                self.put(b"stand-in", self.standins[id(item)], _qual(type(item)))
                 continue
             exact.get(type(item), _other)(self, item)
             if len(sinks[-1].buf) > _BIG:
@@ -1008,7 +1016,9 @@ _EXACT: dict[type, Any] = {
 }
 
 
-def fingerprint(value: object, *, read_globals: bool = True) -> str:
+def fingerprint(
+    value: object, *, read_globals: bool = True, standins: Mapping[int, str] | None = None
+) -> str:
     """A content hash (32 hex digits of SHA-256), the same in every process.
 
     It never depends on ``hash()`` (randomized per process by
@@ -1069,11 +1079,16 @@ def fingerprint(value: object, *, read_globals: bool = True) -> str:
 
     ``read_globals=False`` leaves out the globals functions read: the code
     alone, e.g. to tell whether a live class is the one a value was saved with.
+
+    ``standins`` maps the ``id()`` of objects to names: each is written as its
+    name and type, not walked. What holds a step's object changed in place is
+    then compared without that object's state, the same before the step's
+    change is restored into it and after (see :mod:`nbdurable.store.sharing`).
     """
     # One hush for the whole walk: each object's own reduce (see _reduced) then
     # nests in it for the price of a counter, not a warnings-filter change per object.
     with hush():
-        return _Hasher(read_globals).run(value)
+        return _Hasher(read_globals, standins).run(value)
 
 
 class FingerprintInfo(NamedTuple):

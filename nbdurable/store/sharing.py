@@ -28,8 +28,16 @@ and ``Counter`` too) and instance attributes, within :data:`BUDGET` objects
 and :data:`DEPTH` steps; classes, functions, arrays and DataFrames are
 leaves (referenced whole, never walked), and of an instance of a library
 class only its own attributes are looked at, not what lies below them (but
-for a torch module's parts, see below). An object beyond those
-bounds is not found, and is pickled by value like the step's own objects.
+for a torch module's parts, see below), unless the step's pickle holds that
+instance too (an artist the step changed holds its figure: the figure's
+axes and transforms are references then, so the artist loads into the live
+figure, not beside a copy of it). An object beyond those bounds is not
+found, and is pickled by value like the step's own objects.
+
+A reference's fingerprint is taken with the objects the same pickle
+restores in place standing in by name and type (see
+:func:`in_place_standins`): the figure holding the artist a step changed is
+the same figure before the change is restored into the artist and after.
 
 In place. A library object a step changed without rebinding it (an
 in-memory checkpointer filled through the compiled graph that holds it, a
@@ -102,16 +110,34 @@ def live_namespace() -> dict[str, Any] | None:
     return load_namespace.get()
 
 
-def _fp(obj: Any) -> str:
+def _fp(obj: Any, standins: Mapping[int, str] | None = None) -> str:
     try:
-        return keys.fingerprint(obj)
+        return keys.fingerprint(obj, standins=standins)
     except Exception:  # a user's fingerprint hook failing: such a reference never matches
         return "unfingerprintable"
 
 
-def ref_fingerprint(obj: Any) -> str:
-    """The fingerprint a reference to ``obj`` is checked against on replay."""
-    return _fp(obj)
+def ref_fingerprint(obj: Any, standins: Mapping[int, str] | None = None) -> str:
+    """The fingerprint a reference to ``obj`` is checked against on replay.
+
+    ``standins``: the objects the same pickle restores in place (id -> their
+    name), compared by name and type only (see :func:`in_place_standins`).
+    """
+    return _fp(obj, standins)
+
+
+def in_place_standins(ns: Mapping[str, Any], names: Iterable[str]) -> dict[int, str]:
+    """``id -> name`` of the live objects of ``names`` (a reference's in-place names).
+
+    A step that changed an artist in place holds a reference to the figure that
+    holds the artist: its fingerprint after the step includes the change, and on
+    replay, before the change is restored into the live artist (while it is, the
+    artist is emptied), it does not. So a reference is fingerprinted with the
+    objects its pickle restores in place standing in by name and type: the same
+    when the step recorded it and when the replay resolves it. One that is not
+    restored in place on replay (another class now) fingerprints otherwise.
+    """
+    return {id(ns[n]): n for n in names if n in ns}
 
 
 class NotExact(NbdurableError, LookupError):
@@ -122,9 +148,15 @@ Path = tuple[Any, ...]
 
 
 def index(
-    ns: Mapping[str, Any], names: Iterable[str], wanted: Collection[int]
+    ns: Mapping[str, Any],
+    names: Iterable[str],
+    wanted: Collection[int],
+    mine: Collection[int] = (),
 ) -> dict[int, tuple[Path, Any]]:
     """``id(obj) -> (path, obj)`` for objects of ``wanted`` (ids) reachable from ``names``.
+
+    Not through the objects of ``mine`` (ids): the objects the step restores in
+    place, whose state the step's pickle holds by value.
 
     The first path found wins (variables in the order given, breadth first),
     so a top-level name is preferred to a path through another object. Only
@@ -153,14 +185,19 @@ def index(
             # A library object's own attributes can be referenced; what lies
             # below them (a logger's handlers' streams, a client's pools: the
             # kernel's whole object graph) is not walked, as changes.Tokens
-            # does not walk it either.
-            inside = not _library(obj, known)
+            # does not walk it either. Unless the step's values hold the object
+            # too: what it holds is then theirs as well (the figure of an artist
+            # the step changed, its axes and their transforms), and must load
+            # as the live objects, not copies beside them.
+            inside = id(obj) in wanted or not _library(obj, known)
             parts = _torch_module_parts(obj)
             for step, child in _children(obj):
                 budget -= 1
                 if isinstance(child, (types.ModuleType, *_ATOMS)):
                     continue
                 key = id(child)
+                if key in mine:
+                    continue
                 if key in wanted and key not in found:
                     found[key] = (path + (step,), child)
                 if (inside or step in parts) and key not in seen and _holds(child):
@@ -229,6 +266,30 @@ def _children(obj: Any) -> Iterable[tuple[tuple[str, Any], Any]]:
     if type(attrs) is not dict:
         return ()
     return ((("a", k), v) for k, v in attrs.items() if type(k) is str)
+
+
+def relink(loaded: Iterable[Any]) -> None:
+    """Register each matplotlib transform of ``loaded`` with the transforms it is built on.
+
+    A transform learns that it must be recomputed through its children's
+    ``_parents`` (weak back-links set when it is built, and by pickle when a
+    whole figure loads at once). One loaded beside live ones (an image's clip
+    box, of the artist a step changed in place, over the live axes' transforms)
+    is in no live child's ``_parents``: the figure drawn with another layout
+    (``bbox_inches="tight"``, as the inline backend shows it) clipped the image
+    to where the axes were. So each loaded transform is set as the parent of
+    the transforms its attributes hold, as building it would have (an extra
+    link only invalidates once more).
+    """
+    transforms = sys.modules.get("matplotlib.transforms")
+    node = getattr(transforms, "TransformNode", None)
+    if node is None:
+        return
+    for obj in loaded:
+        if isinstance(obj, node):
+            children = [v for v in vars(obj).values() if isinstance(v, node) and v is not obj]
+            if children:
+                obj.set_children(*children)
 
 
 # -- objects restored in place ---------------------------------------------------------

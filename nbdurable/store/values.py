@@ -286,6 +286,7 @@ def dump_values(
     find_refs: Callable[[set[int]], dict[int, tuple[sharing.Path, Any]]] | None = None,
     ref_fp: Callable[[sharing.Path, Any], str | None] | None = None,
     in_place: Mapping[int, str] | None = None,
+    standins: tuple[str, ...] = (),
 ) -> Joint:
     """Pickle ``items`` one after the other with one pickler, so they share its memo.
 
@@ -296,7 +297,9 @@ def dump_values(
     :mod:`nbdurable.store.sharing`) carrying ``ref_fp(path, obj)``.
     ``in_place`` maps the ids of items changed in place to their names: each
     loads into the live object of its name where a replay offers one (see
-    :func:`sharing.in_place`). Raises :class:`PartFailed` naming the first
+    :func:`sharing.in_place`); ``standins`` are the names ``ref_fp`` let stand in
+    (see :func:`sharing.in_place_standins`), written with each reference that
+    carries a fingerprint. Raises :class:`PartFailed` naming the first
     item that cannot be pickled (the caller pickles the others again without
     it: a failed item leaves the memo half written).
     """
@@ -307,7 +310,7 @@ def dump_values(
         del buffers[:]
         out = io.BytesIO()
         pickler = cls(out, protocol=PROTOCOL, buffer_callback=keep)
-        pickler.refs, pickler.ref_fp = refs, ref_fp
+        pickler.refs, pickler.ref_fp, pickler.standins = refs, ref_fp, standins
         if in_place:
             pickler.in_place = in_place
         last[:] = [pickler]
@@ -422,6 +425,8 @@ def load_values(
                     raise PartUnloadable(i, exc) from exc
                 so_far = so_far and unpickler.plain and used[0] == before
                 out.append((value, so_far))
+            if unpickler.resolved:
+                sharing.relink(unpickler.memo.copy().values())
             return out
 
         return _load_hushed(run)
@@ -467,6 +472,7 @@ class _Unpickler(pickle.Unpickler):
     plain = True
     #: Where references (see :mod:`sharing`) are resolved; None: they load as placeholders.
     live: dict[str, Any] | None = None
+    resolved = False  # a reference resolved to a live object (see sharing.relink)
     check = True  # compare a reference's fingerprint with the recorded one
 
     def find_class(self, module: str, name: str) -> Any:
@@ -477,15 +483,18 @@ class _Unpickler(pickle.Unpickler):
         return found
 
     def persistent_load(self, pid: Any) -> Any:
-        if not (isinstance(pid, tuple) and len(pid) == 3 and pid[0] == sharing.TAG):
+        if not (isinstance(pid, tuple) and len(pid) in (3, 4) and pid[0] == sharing.TAG):
             raise pickle.UnpicklingError(f"unknown persistent id {pid!r}")
         self.plain = False
-        _tag, path, fp = pid
+        path, fp = pid[1], pid[2]
         if self.live is None:
             return f"<the object at {sharing.describe(path)}>"
         obj = sharing.resolve(self.live, path)
-        if self.check and fp is not None and sharing.ref_fingerprint(obj) != fp:
-            raise sharing.NotExact(f"{sharing.describe(path)} is not the object it was")
+        self.resolved = True
+        if self.check and fp is not None:
+            standins = sharing.in_place_standins(self.live, pid[3]) if len(pid) == 4 else None
+            if sharing.ref_fingerprint(obj, standins) != fp:
+                raise sharing.NotExact(f"{sharing.describe(path)} is not the object it was")
         return obj
 
 
@@ -677,13 +686,18 @@ class _Pickler(cloudpickle.Pickler):
     ref_fp: Any = None  # (path, object) -> the fingerprint a reference carries, or None
     asked: Any = None  # see reducer_override
     top: Any = None  # the value being dumped (see _SYNC)
+    #: the names whose objects stand in in a reference's fingerprint (see sharing.in_place_standins)
+    standins: tuple[str, ...] = ()
 
     def reference(self, got: tuple[sharing.Path, Any], obj: Any) -> tuple | None:
         """The persistent id of ``obj``, found as ``got`` in ``refs`` (None: an id reused)."""
         if got[1] is not obj:
             return None
         self.plain = False
-        return (sharing.TAG, got[0], self.ref_fp(*got) if self.ref_fp else None)
+        fp = self.ref_fp(*got) if self.ref_fp else None
+        if fp is None or not self.standins:
+            return (sharing.TAG, got[0], fp)
+        return (sharing.TAG, got[0], fp, self.standins)
 
     def reducer_override(self, obj: Any) -> Any:
         self.asked = obj  # the last object asked about: the one a failed pass failed on
@@ -827,6 +841,11 @@ def _without_lazy(obj: Any, t: type) -> tuple | None:
     if localcode.is_local_module_name(t.__module__):
         return None
     return localcode.reduce_without_lazy(obj, PROTOCOL, lambda o, _protocol: _library_reduce(o))
+
+
+def restores_in_place(obj: Any) -> bool:
+    """True if ``obj``, changed in place, is pickled to be restored into the live object."""
+    return _in_place_reduce(obj, "") is not None
 
 
 def _in_place_reduce(obj: Any, name: str) -> tuple | None:
@@ -1097,7 +1116,7 @@ _NO_OVERRIDE = frozenset(
 )
 
 
-def _ref(tag: str, path: Any, fp: str | None) -> Any:
+def _ref(tag: str, path: Any, fp: str | None, standins: tuple[str, ...] = ()) -> Any:
     """A reference written by :class:`_RefReducer`; :class:`_Unpickler` resolves it."""
     raise pickle.UnpicklingError("a reference to a live object loads only through nbdurable")
 

@@ -88,30 +88,9 @@ _REF = (
     "step's values share {what} with the namespace, recorded as a reference, and in the "
     "replaying kernel the live one is judged another object"
 )
-_FIG_TEXT = (
-    "replay differs: " + _REF[len("step reran: ") :] + "; after the rerun the Figure shows as "
-    "text only (no image/png)"
-)
-_GRID = (
-    "step reran: input changed: the seaborn {what}'s fingerprint (its Figure, axes, artists) "
-    "differs once the make step's record restored it in a new kernel"
-)
 
 #: case -> why it fails today. Strict: remove an entry when its case passes.
 FAILS_TODAY: dict[str, str] = {
-    # matplotlib
-    "mp_pyplot": (
-        "replay differs: the change step reruns (input 'mp_pyplot_ax' changed: the pyplot "
-        "figure's Axes fingerprints otherwise once restored) and display(fig) then shows the "
-        "Figure as text only (no image/png)"
-    ),
-    "mp_image": _FIG_TEXT.format(name="mp_image_fig", what="the Figure"),
-    "mp_legend": _FIG_TEXT.format(name="mp_legend_ax", what="the Axes"),
-    # seaborn
-    "sb_facet": _GRID.format(what="FacetGrid"),
-    "sb_joint": _GRID.format(what="JointGrid"),
-    "sb_pair": _GRID.format(what="PairGrid"),
-    "sb_cluster": _GRID.format(what="ClusterGrid"),
     # polars
     "po_sqlcontext": (
         "replay differs: the SQLContext cannot be saved (its make step reruns), and "
