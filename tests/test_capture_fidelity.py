@@ -427,7 +427,8 @@ def test_captured_output_stays_captured_and_the_variable_holds_it(runs):
     assert got[-1]["data"] == {"text/plain": "'hidden display'"}
 
 
-_TIMING = re.compile(r"[\d.e+]+ (?:ns|\u03bcs|us|ms|s)\b")
+# IPython writes microseconds with the Greek mu or the micro sign, depending on the release.
+_TIMING = re.compile(r"[\d.e+]+ (?:ns|\u03bcs|\u00b5s|us|ms|s)\b")
 
 
 def timeit_lines(text: str) -> list[str]:
