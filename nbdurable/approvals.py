@@ -37,7 +37,7 @@ from typing import Any
 
 from . import redact
 from .commands import Done, changed_mark
-from .errors import CorruptRecord, UsageProblem
+from .errors import CorruptRecord, NotPending, UnknownApproval, UsageProblem
 from .identity.keys import APPROVAL_PREFIX
 from .store import RUN_SCOPE, RunKeys, Store
 from .store.records import FORMAT_VERSION, SubRecord
@@ -208,6 +208,15 @@ def pending(store: Store, run_id: str) -> list[Pending]:
     return sorted(out, key=lambda p: p.asked)
 
 
+def waiting_line(p: Pending, notebook: str) -> str:
+    """What a view says of a step waiting for ``p``: which approval, and how to decide it."""
+    return (
+        f"{p.where} waits for a decision: {p.summary}. Approve or Reject it in the cell or "
+        f"the Steps side panel, or `nbdurable approve {notebook} {p.id}` / "
+        f"`nbdurable reject {notebook} {p.id} --reason ...`"
+    )
+
+
 # -- writing -------------------------------------------------------------------------------
 
 
@@ -265,14 +274,42 @@ def find(store: Store, run_id: str, name: str) -> Pending:
     if len(match) > 1:
         said = ", ".join(f"{p.step or p.scope}/{p.id}" for p in match)
         raise UsageProblem(f"{len(match)} pending approvals are named {name!r}: give one of {said}")
+    for where, done in decisions(store, run_id):
+        if name in (done[0], f"{where[0]}/{done[0]}", f"{where[1]}/{done[0]}"):
+            raise NotPending(
+                f"approval {name!r} was already {done[1].said()}: the first decision stands"
+            )
     known = ", ".join(repr(p.id) for p in waiting) or "none"
-    raise UsageProblem(f"no pending approval {name!r} in run {run_id!r} (pending: {known})")
+    raise UnknownApproval(f"no pending approval {name!r} in run {run_id!r} (pending: {known})")
+
+
+def decisions(store: Store, run_id: str) -> list[tuple[tuple[str, str], tuple[str, Decision]]]:
+    """Every decision recorded in the run: ``((step label, scope), (approval id, decision))``."""
+    rk = RunKeys(run_id)
+    out = []
+    for key in store.scan(rk.all_subs):
+        scope, _, sub = key[len(rk.all_subs) :].partition("/")
+        if not sub.startswith(APPROVAL_PREFIX):
+            continue
+        aid = sub[len(APPROVAL_PREFIX) :]
+        got = read_decision(store, rk, scope, aid)
+        if got is None:
+            continue
+        # A named step's label is its name; an unnamed one is known by its scope.
+        out.append(((scope.removeprefix("name:"), scope), (aid, got)))
+    return out
 
 
 def decide(
     store: Store, run_id: str, name: str, approved: bool, reason: str = "", by: str | None = None
 ) -> Done:
-    """``nbdurable approve`` / ``reject``: decide a pending approval, in one transaction."""
+    """``nbdurable approve`` / ``reject``: decide a pending approval, in one transaction.
+
+    The one way a decision is made outside the waiting kernel: the CLI and the
+    side panel's buttons (:func:`nbdurable.server.marks.act`) call it. Raises
+    :class:`~nbdurable.errors.UnknownApproval` when nothing is named ``name``,
+    :class:`~nbdurable.errors.NotPending` when it was decided already.
+    """
     p = find(store, run_id, name)
     puts, deletes, decision = decided(p, approved, by or decider(), reason)
     store.apply(puts=puts, deletes=deletes)

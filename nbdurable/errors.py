@@ -21,6 +21,21 @@ class UsageProblem(NbdurableError, ValueError):
     """
 
 
+class UnknownApproval(UsageProblem, LookupError):
+    """No approval of the run waits under that name, and none was decided under it.
+
+    The CLI exits with code 2, as for any UsageProblem; the server answers 404.
+    """
+
+
+class NotPending(UsageProblem):
+    """The approval named was already decided: a second decision is refused.
+
+    The first decision stands (it may have been made on another machine);
+    the message says who made it. The CLI exits with code 2; the server answers 409.
+    """
+
+
 class BadArgument(UsageProblem, TypeError):
     """An argument of the wrong type to nbdurable's API (``step(123, fn)``): a
     ``TypeError`` for ``except TypeError``, said in one line as a UsageProblem is.

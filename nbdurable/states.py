@@ -90,6 +90,15 @@ STATES: dict[str, State] = {
         "its last execution raised; only the sub-steps that finished are recorded",
         "Its last run raised: the next run executes it again.",
     ),
+    "waiting": State(
+        "◷",
+        "var(--jp-warn-color0, #e65100)",
+        True,
+        "stopped at an approval a person has not decided yet: Approve or Reject it in the "
+        "cell, the side panel, or with `nbdurable approve` / `nbdurable reject`",
+        "Waiting for a person to approve or reject: once decided, the next run replays "
+        "what came before and goes on with the decision.",
+    ),
     "not replayable": State(
         "◐",
         "var(--jp-info-color1, #0097a7)",
@@ -122,7 +131,7 @@ OUTCOMES: dict[str, tuple[str, str]] = {
     "invalidated": (STATES["recorded"].glyph, "+"),  # it ran again and is recorded
     "failed": (STATES["failed"].glyph, "x"),
     "kernel died": (STATES["failed"].glyph, "x"),
-    "waiting": ("⏸", "?"),  # stopped at an approval waiting for a decision
+    "waiting": (STATES["waiting"].glyph, "?"),  # stopped at an approval not decided yet
 }
 
 

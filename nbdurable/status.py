@@ -159,8 +159,14 @@ def step_infos(
     (:func:`nbdurable.why.brief`); without one, the value the step that makes
     it recorded last, or the literal a saved plain cell binds.
     """
+    # Imported here: nbdurable.approvals uses nbdurable.commands, which uses this module.
+    from . import approvals
+
     judge = _Judge(records_of=None, current=current, view=None, values=values)
     judge.local_dir = notebook.parent if notebook is not None else None
+    nb_name = notebook.name if notebook is not None else "NOTEBOOK.ipynb"
+    for p in approvals.pending(store, run_id):
+        judge.asked.setdefault(p.scope, approvals.waiting_line(p, nb_name))
     view = RunView(store, run_id)
     records, states, live = view.records(), view.states(), live or {}
     judge.records_of, judge.view = records, view
@@ -252,7 +258,7 @@ def _info(
     size = sub_bytes + (view.store.size_of(view.keys.step(key)) if rec else 0)
     if rec is not None:
         size += sum(v.size for v in rec.variables)
-    state, detail = _state_of(rec, st, live, body, in_notebook, judge)
+    state, detail = _state_of(rec, st, live, body, in_notebook, judge, key)
     lines: tuple[str, ...] = ()
     if rec is not None and detail and state in ("invalidated", "pinned"):
         code_now = None if body is None else _python(body)
@@ -308,6 +314,8 @@ class _Judge:
     plain_defs: dict[str, Any] = field(default_factory=dict)
     plain_libs: set[str] = field(default_factory=set)
     local_dir: Path | None = None
+    #: each step with an approval waiting for a decision -> the line that says which, and how
+    asked: dict[str, str] = field(default_factory=dict)
 
     def now_of(self, rec: StepRecord) -> Callable[[str], str | None]:
         """What each input of ``rec`` is now, as "why" shows it, where known."""
@@ -475,7 +483,39 @@ class _Judge:
         return why
 
 
+#: How a step's failure begins when its run stopped at an approval (``nbdurable run``).
+_STOPPED_AT_APPROVAL = "ApprovalPending"
+
+#: The states a step waiting for an approval would otherwise show: it runs (or ran) up
+#: to the question, and goes on from it once decided.
+_WAITS_IN = ("running", "failed", "pending", "invalidated")
+
+
 def _state_of(
+    rec: StepRecord | None,
+    st: StepState,
+    live: tuple[str, str] | None,
+    body: str | None,
+    in_notebook: bool,
+    judge: _Judge,
+    key: str = "",
+) -> tuple[str, str]:
+    """The state shown for a step and its detail; ``waiting`` while an approval of it is pending.
+
+    A step stopped at an approval would read as failed (``ApprovalPending``), or as
+    running while a kernel waits for the click: it is waiting, and the detail names the
+    approval and how to decide it. Once decided, the step is pending (the next run goes
+    on from the decision), never failed.
+    """
+    state, detail = _judged(rec, st, live, body, in_notebook, judge)
+    if key in judge.asked and state in _WAITS_IN:
+        return "waiting", judge.asked[key]
+    if state == "failed" and detail.startswith(_STOPPED_AT_APPROVAL):
+        return "pending", "its approval was decided: the next run goes on from the decision"
+    return state, detail
+
+
+def _judged(
     rec: StepRecord | None,
     st: StepState,
     live: tuple[str, str] | None,
@@ -522,6 +562,7 @@ _NEXT = {
     "may run": "replays if what it reads comes out of the steps before it the same, else runs",
     "pending": "runs: nothing is recorded for it",
     "failed": "runs again: it failed",
+    "waiting": "stops at the same approval until a person decides it, then goes on from it",
     "running": "is running now",
     "orphaned": "nothing: it is no longer in the notebook",
     "not replayable": "runs its body again; its sub-steps replay",

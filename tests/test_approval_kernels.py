@@ -164,8 +164,12 @@ def test_a_rejection_from_the_cli_sends_nothing(tmp_path, mail):
     r = _run(nb, mail)
     assert r.returncode == 0, r.stdout + r.stderr
     assert mail.sent == []
-    unknown = nbd("approve", nb, "send")
-    assert unknown.returncode == 2 and "no pending approval 'send'" in unknown.stderr
+    # Deciding again is refused, naming the decision that stands.
+    again = nbd("approve", nb, "send")
+    assert again.returncode == 2, again.stderr
+    assert "approval 'send' was already rejected by " in again.stderr, again.stderr
+    unknown = nbd("approve", nb, "sned")
+    assert unknown.returncode == 2 and "no pending approval 'sned'" in unknown.stderr
 
 
 def test_another_recipient_asks_again_and_says_why(tmp_path, mail):

@@ -150,3 +150,57 @@ def test_the_side_panel_lists_runs_with_parents_and_compares_them(tmp_path):
     assert [(s["label"], s["verdict"]) for s in doc["steps"]] == [("plan", "same")]
     with pytest.raises(UsageProblem, match="no run 'nope'"):
         compare_with(nb, "nope")
+
+
+def test_a_step_at_a_pending_approval_is_waiting_and_the_sidebar_decides_it(tmp_path):
+    """Approve / Reject of the side panel: the CLI's decide(), its errors one line each."""
+    import dataclasses
+
+    from nbdurable import approvals, status
+    from nbdurable.errors import NotPending, UnknownApproval, UsageProblem
+    from nbdurable.server.marks import act
+    from nbdurable.store import RunKeys
+    from nbdurable.store.records import StepState
+
+    path, store = tmp_path / "a.ipynb", tmp_path / "store"
+    nbformat.write(make_notebook(["%%step email\nx = 1", "%%step other\ny = 2"]), path)
+    asked = approvals.Pending(
+        run="a.ipynb", scope="name:email", id="send", step="email",
+        summary="Send the draft to bob", details="Dear Bob", args_fp="f" * 32, asked=1.0,
+    )  # fmt: skip
+    # As `nbdurable run` leaves it: the question pending, the step failed with ApprovalPending.
+    stopped = dataclasses.replace(
+        StepState(), failed="ApprovalPending: approval 'send' ...", failed_at=2.0, name="email"
+    )
+    with open_store(store) as s:
+        failure = (RunKeys("a.ipynb").state("name:email"), stopped.to_header(), b"")
+        s.apply(puts=[approvals.asked(asked), failure])
+        (row, _other) = status.step_infos(s, "a.ipynb", path)
+    assert row.state == "waiting", row
+    assert row.detail.startswith("approval 'send' of step 'email' waits for a decision"), row
+    assert "`nbdurable approve a.ipynb send`" in row.detail, row
+    assert "waiting" in status.format_table([row])
+    data = step_marks(path, store)
+    cells = {c["label"]: (c["state"], c["detail"]) for c in data["cells"]}
+    assert cells["email"] == ("waiting", row.detail) and cells["other"][0] == "pending", cells
+
+    with pytest.raises(UsageProblem, match="approve: which approval"):
+        act(path, "approve", None, store)
+    with pytest.raises(UnknownApproval, match="no pending approval 'nope'.*pending: 'send'"):
+        act(path, "approve", "nope", store)
+    with pytest.raises(UsageProblem, match="the reason must be text"):
+        act(path, "reject", "send", store, reason=["no"])  # type: ignore[arg-type]
+    data = act(path, "reject", "send", store, reason="wrong quarter")
+    assert data["message"].startswith("approval 'send' of step 'email': rejected by "), data
+    assert "(wrong quarter)" in data["message"] and data["approvals"] == [], data
+    # Decided: no longer waiting, nor failed; the next run goes on from the decision.
+    email = next(c for c in data["cells"] if c["label"] == "email")
+    assert email["state"] == "pending", email
+    assert email["detail"] == "its approval was decided: the next run goes on from the decision"
+    with pytest.raises(NotPending, match="approval 'send' was already rejected by .*wrong quarter"):
+        act(path, "approve", "send", store)
+    with pytest.raises(NotPending):
+        act(path, "approve", "email/send", store)
+    with open_store(store) as s:
+        d = approvals.read_decision(s, RunKeys("a.ipynb"), "name:email", "send")
+    assert d is not None and not d.approved and d.by == approvals.decider()

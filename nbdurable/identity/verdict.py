@@ -167,7 +167,8 @@ def may_run(reason: str | None) -> bool:
 def will_run_entry(label: str, state: str) -> tuple[str, bool] | None:
     """What a view passes in ``will_run`` for a step it predicts in ``state``, or None.
 
-    A step that runs (invalidated, pending, failed, running now) is certain
+    A step that runs (invalidated, pending, failed, running now, waiting for
+    an approval: it runs again once decided) is certain
     to make its values again; one that may run may. Replayed, recorded,
     pinned and orphaned steps make nothing new. Nor does a step that is only
     not replayable: its body reruns, but with the code and inputs its
@@ -175,7 +176,7 @@ def will_run_entry(label: str, state: str) -> tuple[str, bool] | None:
     every replay assumes (when its code or inputs changed, it is
     invalidated instead).
     """
-    if state in ("invalidated", "pending", "failed", "running"):
+    if state in ("invalidated", "pending", "failed", "running", "waiting"):
         return (label, True)
     if state == "may run":
         return (label, False)

@@ -353,7 +353,7 @@ class StepPanel(widgets.VBox):
         totals = [f"{counts.get(g, 0)} {g}" for g in ("recorded", "pending", "invalidated")]
         totals += [
             f"{counts[g]} {g}"
-            for g in ("running", "may run", "failed", "orphaned")
+            for g in ("running", "waiting", "may run", "failed", "orphaned")
             if counts.get(g)
         ]
         with self.session.lock:

@@ -135,7 +135,11 @@ def row_html(info: StepInfo, new: int = 0, replayed: int = 0) -> str:
     facts = _facts(info, new, replayed)
     detail = ""
     if info.detail:
-        tone = colour if info.state in ("invalidated", "may run", "failed") or info.stale else _GREY
+        tone = (
+            colour
+            if info.state in ("invalidated", "may run", "failed", "waiting") or info.stale
+            else _GREY
+        )
         detail = (
             f'<div class="nbd-detail" style="color:{tone};font-size:0.9em;'
             f'padding-left:1.5em;white-space:normal;overflow-wrap:anywhere">'

@@ -10,15 +10,18 @@ Two endpoints, under ``<base url>/nbdurable/api/steps``:
   notebook's run beside ``RUN``, step by step
   (:func:`~nbdurable.server.marks.compare_with`), for the side panel's Runs.
 - ``POST`` with the JSON body ``{"path": ..., "action": "pin" | "unpin" |
-  "clear" | "clear-all", "key": <step key>}``: the sidebar's buttons and the
-  cell menu's commands (:func:`nbdurable.server.marks.act`), answered with
-  ``message`` (the line ``nbdurable pin`` / ``clear`` prints) and the marks as
-  they are after it. It changes the store, so it takes the server's XSRF
-  check like every other POST of jupyter_server.
+  "clear" | "clear-all", "key": <step key>}``, or ``{"path": ..., "action":
+  "approve" | "reject", "key": <approval id>, "reason": <text, optional>}``:
+  the sidebar's buttons and the cell menu's commands
+  (:func:`nbdurable.server.marks.act`), answered with ``message`` (the line
+  ``nbdurable pin`` / ``clear`` / ``approve`` prints) and the marks as they
+  are after it. It changes the store, so it takes the server's XSRF check
+  like every other POST of jupyter_server.
 
 A path outside the root, or not a notebook file, gets a 4xx with a one-line
-``message``, as does an unknown action or step; a store that cannot be read
-gets a 500 saying why.
+``message``, as does an unknown action or step (400), an approval that is not
+known (404) or was already decided (409: the first decision stands); a store
+that cannot be read gets a 500 saying why.
 
 The extension is enabled on install: the package installs
 ``etc/jupyter/jupyter_server_config.d/nbdurable.json`` (see ``pyproject.toml``),
@@ -75,7 +78,7 @@ def _handler_class() -> type:
     from jupyter_server.base.handlers import APIHandler
     from tornado import web
 
-    from ..errors import NbdurableError, UsageProblem
+    from ..errors import NbdurableError, NotPending, UnknownApproval, UsageProblem
     from ..text import one_line
     from .marks import act, compare_with, runs_of, step_marks
 
@@ -106,14 +109,18 @@ def _handler_class() -> type:
             try:
                 body = json.loads(self.request.body or b"{}")
                 api_path, action = str(body.get("path", "")), str(body.get("action", ""))
-                key = body.get("key")
+                key, reason = body.get("key"), body.get("reason") or ""
             except (ValueError, AttributeError):
                 return self._fail(400, 'the body must be JSON: {"path", "action", "key"}')
             path = self._notebook(api_path)
             if path is None:
                 return None
             try:
-                data = await asyncio.to_thread(act, path, action, key)
+                data = await asyncio.to_thread(act, path, action, key, None, reason)
+            except UnknownApproval as exc:
+                return self._fail(404, one_line(str(exc)))
+            except NotPending as exc:
+                return self._fail(409, one_line(str(exc)))
             except UsageProblem as exc:
                 return self._fail(400, one_line(str(exc)))
             except NbdurableError as exc:

@@ -43,7 +43,7 @@ from ..identity import locate
 from ..store import open_store, opener
 
 #: What the sidebar's buttons and the cell menu may ask (see :func:`act`).
-ACTIONS = ("pin", "unpin", "clear", "clear-all")
+ACTIONS = ("pin", "unpin", "clear", "clear-all", "approve", "reject")
 
 
 def step_marks(notebook: Path, store_dir: Path | None = None) -> dict[str, Any]:
@@ -133,29 +133,45 @@ def compare_with(notebook: Path, other: str, store_dir: Path | None = None) -> d
 
 
 def act(
-    notebook: Path, action: str, key: str | None = None, store_dir: Path | None = None
+    notebook: Path,
+    action: str,
+    key: str | None = None,
+    store_dir: Path | None = None,
+    reason: str = "",
 ) -> dict[str, Any]:
-    """Pin, unpin or clear one step of ``notebook``'s run, or clear the whole run.
+    """Pin, unpin or clear one step of ``notebook``'s run, clear the whole run, or
+    approve or reject one of its pending approvals.
 
     The sidebar's buttons and the cell menu's commands: the same operations as
-    ``nbdurable pin`` / ``clear`` (:mod:`nbdurable.commands`), on the store
-    :func:`step_marks` reads, so the answer is ``{"message": <the line the CLI
-    prints>}`` with the marks as they are after it. A kernel recording into the
-    run keeps its lease (a clear never takes it). Raises
+    ``nbdurable pin`` / ``clear`` (:mod:`nbdurable.commands`) and ``nbdurable
+    approve`` / ``reject`` (:func:`nbdurable.approvals.decide`; ``key`` is then
+    the approval's id, or ``STEP/ID``, and ``reason`` what a rejection says), on
+    the store :func:`step_marks` reads, so the answer is ``{"message": <the line
+    the CLI prints>}`` with the marks as they are after it. A kernel recording
+    into the run keeps its lease (a clear never takes it); a kernel waiting for
+    the approval sees the decision within a second and goes on. Raises
     :class:`~nbdurable.errors.UsageProblem` for an unknown action or step, and
-    when nothing is recorded yet.
+    when nothing is recorded yet; its subclasses
+    :class:`~nbdurable.errors.UnknownApproval` and
+    :class:`~nbdurable.errors.NotPending` for an approval not known or already
+    decided.
     """
     if action not in ACTIONS:
         raise UsageProblem(f"unknown action {action!r}; one of: {', '.join(ACTIONS)}")
+    deciding = action in ("approve", "reject")
     if action != "clear-all" and not key:
-        raise UsageProblem(f"{action}: which step? (give its key)")
+        raise UsageProblem(f"{action}: which {'approval' if deciding else 'step'}? (give its key)")
+    if not isinstance(reason, str):
+        raise UsageProblem(f"{action}: the reason must be text, got {type(reason).__name__}")
     notebook = Path(notebook).absolute()
     directory = store_dir if store_dir is not None else locate.store_dir(notebook)
     if not opener.exists(directory):
         raise UsageProblem(f"nothing is recorded for {notebook.name} yet; run it first")
     run_id = locate.run_id_for(notebook, directory)
     with open_store(directory) as store:
-        if action == "clear-all":
+        if deciding:
+            done = approvals.decide(store, run_id, str(key), action == "approve", reason)
+        elif action == "clear-all":
             done = commands.clear_run(store, run_id)
         elif action == "clear":
             done = commands.clear_steps(store, run_id, [str(key)], notebook)
