@@ -36,6 +36,21 @@ export interface IStepRow {
   why?: string[];
 }
 
+/** An approval waiting for a person's decision (nbdurable.approvals.Pending). */
+export interface IApproval {
+  id: string;
+  /** The step's label ("" outside any step) and key (the scope). */
+  step: string;
+  scope: string;
+  summary: string;
+  details: string;
+  /** When it was asked (server seconds) and on which machine. */
+  asked: number;
+  asked_on: string;
+  /** Why it was asked again ("" the first time): what changed since the last decision. */
+  again: string;
+}
+
 /** The server's answer. */
 export interface IStepsReply {
   run: string;
@@ -44,6 +59,8 @@ export interface IStepsReply {
   cells: IStepRow[];
   /** Steps no longer in the notebook, and sub-steps outside steps (no cell fields). */
   others: IStepRow[];
+  /** The run's approvals waiting for a decision, the longest waiting first. */
+  approvals?: IApproval[];
 }
 
 /** A cell as the frontend holds it now. */
@@ -202,7 +219,9 @@ export function markFor(cell: ICellView, row: IStepRow | null): IMark {
   const edited = row === null || isEdited(cell, row);
   let state: string;
   if (cell.running) {
-    state = 'running';
+    // A running cell whose step the store says waits for an approval is not
+    // computing: it waits for a person (the server names the approval).
+    state = row !== null && row.state === 'waiting' ? 'waiting' : 'running';
   } else if (edited) {
     state = 'edited';
   } else if (row!.state === 'recorded' && cell.replayedKey === row!.key) {

@@ -12,6 +12,12 @@
  * sub-steps and Clear all ask first, since those calls would be made again.
  * What a button did is said under the header until the next one.
  *
+ * **Waiting for a decision** lists the run's pending approvals (the reply's
+ * `approvals`): each one's summary, details and step, with Approve, and Reject
+ * with a reason. They POST `approve` / `reject`, which decide through the one
+ * function `nbdurable approve` uses; the waiting kernel sees the decision
+ * within a second and goes on (headless, the next run does).
+ *
  * **Runs…** lists the store's runs (GET ...?runs=1, asked only when opened:
  * listing reads every run), each fork with the run it was forked from, and
  * **Compare** beside another run shows this notebook's run beside it, step by
@@ -25,7 +31,7 @@ import { ServerConnection } from '@jupyterlab/services';
 import { Widget } from '@lumino/widgets';
 
 import type { CellMarks, IMarksDrawn } from './marks';
-import { IMark, IStepRow, describe, seconds } from './model';
+import { IApproval, IMark, IStepRow, describe, seconds } from './model';
 
 export const SIDEBAR_ID = 'nbdurable-steps';
 
@@ -71,15 +77,19 @@ export function counts(rows: ISideRow[]): string[] {
   return [...n.entries()].map(([state, k]) => `${k} ${state}`);
 }
 
+/** What the sidebar's buttons ask of the server (nbdurable.server.marks.ACTIONS). */
+export type Action = 'pin' | 'unpin' | 'clear' | 'clear-all' | 'approve' | 'reject';
+
 /** Send one action for ``panel``'s notebook; the line the CLI would print. */
 export async function postAction(
   panel: NotebookPanel,
-  action: 'pin' | 'unpin' | 'clear' | 'clear-all',
-  key: string | null
+  action: Action,
+  key: string | null,
+  reason = ''
 ): Promise<string> {
   const init = {
     method: 'POST',
-    body: JSON.stringify({ path: panel.context.localPath, action, key })
+    body: JSON.stringify({ path: panel.context.localPath, action, key, reason })
   };
   const body = await request('', init);
   return String(body.message ?? '');
@@ -202,10 +212,11 @@ export class StepsSidebar extends Widget {
   }
 
   private async _act(
-    action: 'pin' | 'unpin' | 'clear' | 'clear-all',
+    action: Action,
     key: string | null,
     label: string | null,
-    substeps: number
+    substeps: number,
+    why = ''
   ): Promise<void> {
     const panel = this._panel;
     if (panel === null) {
@@ -215,7 +226,10 @@ export class StepsSidebar extends Widget {
       return;
     }
     try {
-      this._message = await postAction(panel, action, key);
+      this._message = await postAction(panel, action, key, why);
+      if (key !== null) {
+        this._reasons.delete(key);
+      }
     } catch (reason) {
       this._message = `nbdurable: ${(reason as Error).message}`;
     }
@@ -233,6 +247,7 @@ export class StepsSidebar extends Widget {
       panel?.context.localPath ?? null,
       drawn ? sideRows(drawn).map(r => [r.row, r.mark, r.cell]) : null,
       drawn?.reply?.run,
+      drawn?.reply?.approvals ?? [],
       drawn?.error,
       this._message,
       this._runs,
@@ -287,6 +302,10 @@ export class StepsSidebar extends Widget {
     if (this._message) {
       head.appendChild(el('div', 'nbd-side-message', this._message));
     }
+    const asked = drawn.reply?.approvals ?? [];
+    if (asked.length) {
+      node.appendChild(this._approvals(asked));
+    }
     if (!rows.length) {
       node.appendChild(
         el('div', 'nbd-side-empty', 'No %%step cells in this notebook (or not saved yet).')
@@ -298,6 +317,48 @@ export class StepsSidebar extends Widget {
       list.appendChild(this._row(panel, r));
     }
     node.appendChild(list);
+  }
+
+  /** The pending approvals, each with Approve, and Reject with a reason. */
+  private _approvals(asked: IApproval[]): HTMLElement {
+    const box = el('div', 'nbd-side-approvals');
+    box.appendChild(el('div', 'nbd-side-approvals-head', 'Waiting for a decision'));
+    for (const a of asked) {
+      // STEP-KEY/ID names it even when two steps ask under the same id.
+      const name = `${a.scope}/${a.id}`;
+      const item = el('div', 'nbd-side-approval');
+      item.dataset.nbdApproval = a.id;
+      item.appendChild(el('div', 'nbd-side-approval-summary', a.summary));
+      const where = [a.step ? `step ${a.step}` : 'outside any step', `id ${a.id}`];
+      if (a.asked_on) {
+        where.push(`asked on ${a.asked_on}`);
+      }
+      item.appendChild(el('div', 'nbd-side-facts', where.join(' · ')));
+      if (a.again) {
+        item.appendChild(el('div', 'nbd-side-detail', `asked again: ${a.again}`));
+      }
+      if (a.details) {
+        item.appendChild(el('pre', 'nbd-side-approval-details', a.details));
+      }
+      const reason = document.createElement('input');
+      reason.className = 'jp-mod-styled nbd-side-reason';
+      reason.placeholder = 'reason (for a rejection)';
+      reason.setAttribute('aria-label', `Reason for rejecting ${a.id}`);
+      // Kept across redraws: a poll must not wipe what a person is typing.
+      reason.value = this._reasons.get(name) ?? '';
+      reason.oninput = () => this._reasons.set(name, reason.value);
+      const buttons = el('div', 'nbd-side-buttons');
+      const yes = button('Approve', `Approve: ${a.summary}`);
+      yes.classList.add('nbd-side-approve');
+      yes.onclick = () => void this._act('approve', name, null, 0);
+      const no = button('Reject', `Reject (with the reason typed beside it): ${a.summary}`);
+      no.classList.add('nbd-side-reject');
+      no.onclick = () => void this._act('reject', name, null, 0, reason.value.trim());
+      buttons.append(yes, no);
+      item.append(reason, buttons);
+      box.appendChild(item);
+    }
+    return box;
   }
 
   private _runsSection(current: string): HTMLElement {
@@ -413,6 +474,8 @@ export class StepsSidebar extends Widget {
   private _drawnKey = '';
   private _runs: IRunRow[] | null = null;
   private _compared: any = null;
+  /** The reason typed for each pending approval, by ``SCOPE/ID``. */
+  private _reasons = new Map<string, string>();
 }
 
 function el(tag: string, className: string, text?: string): HTMLElement {
