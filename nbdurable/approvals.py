@@ -315,6 +315,7 @@ def decide(
     store.apply(puts=puts, deletes=deletes)
     return Done(
         "approve" if approved else "reject",
-        f"{p.where}: {decision.said()}; the next run continues from it",
+        f"{p.where}: {decision.said()}; a kernel waiting for it goes on now, "
+        "else the next run continues from it",
         (p.scope,) if p.scope != RUN_SCOPE else (),
     )

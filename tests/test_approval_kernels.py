@@ -119,8 +119,12 @@ def test_headless_stops_at_the_approval_and_resumes_once_approved(tmp_path, mail
     assert "Send the draft to bob@example.com" in last
     assert f"nbdurable approve {nb} send" in last, last
     assert mail.sent == []
+    # Waiting, not failed: the views name the approval and how to decide it.
     state = nbd("status", nb).stdout
-    assert "ApprovalPending" in state and "approval 'send'" in state, state
+    assert "waiting" in state and "ApprovalPending" not in state, state
+    assert "approval 'send' of step 'email' waits for a decision" in state, state
+    (email,) = [s for s in json.loads(nbd("status", nb, "--json").stdout)["steps"]]
+    assert email["state"] == "waiting" and f"nbdurable approve {nb.name} send" in email["detail"]
 
     listed = nbd("approvals", nb)
     assert listed.returncode == 0, listed.stderr
@@ -132,6 +136,10 @@ def test_headless_stops_at_the_approval_and_resumes_once_approved(tmp_path, mail
     assert "approval 'send' of step 'email': approved by " in done.stdout
     assert "@review-desk" in done.stdout
     assert "no approval" in nbd("approvals", nb).stdout
+    (email,) = [s for s in json.loads(nbd("status", nb, "--json").stdout)["steps"]]
+    assert (email["state"], email["detail"]) == (
+        "pending", "its approval was decided: the next run goes on from the decision",
+    )  # fmt: skip
 
     # Resumed; the kernel dies after the decision and before the send: the retry
     # replays the draft and the decision, and sends once.
@@ -339,6 +347,9 @@ def test_a_decision_from_the_cli_ends_a_kernel_s_wait(tmp_path, mail):
         k.read(lambda: k.done(setup))
         cell = k.execute(EMAIL)
         k.read(lambda: bool(_pending(tmp_path)))
+        # The kernel is busy, but not computing: its step is waiting.
+        (email,) = [s for s in json.loads(nbd("status", nb, "--json").stdout)["steps"]]
+        assert email["state"] == "waiting", email
         # One runner: the waiting kernel holds the run; a headless run is refused.
         second = nbd("run", nb, MAIL_URL=mail.url)
         assert second.returncode == 4, second.stdout + second.stderr
