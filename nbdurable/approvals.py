@@ -310,9 +310,13 @@ def decide(
     :class:`~nbdurable.errors.UnknownApproval` when nothing is named ``name``,
     :class:`~nbdurable.errors.NotPending` when it was decided already.
     """
-    p = find(store, run_id, name)
-    puts, deletes, decision = decided(p, approved, by or decider(), reason)
-    store.apply(puts=puts, deletes=deletes)
+    # One transaction from the look to the write: of two people deciding at once
+    # (the side panel, a terminal, a waiting kernel's widget), the second finds the
+    # first decision and is refused; the two never both act.
+    with store.transaction():
+        p = find(store, run_id, name)
+        puts, deletes, decision = decided(p, approved, by or decider(), reason)
+        store.apply(puts=puts, deletes=deletes)
     return Done(
         "approve" if approved else "reject",
         f"{p.where}: {decision.said()}; a kernel waiting for it goes on now, "

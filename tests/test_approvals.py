@@ -266,3 +266,21 @@ def test_a_question_cleared_while_a_kernel_waits_is_asked_again(store, monkeypat
     finally:
         t.join()
     assert asked_again == [True]
+
+
+def test_an_interrupt_while_the_wait_handles_a_message_comes_after_it():
+    """A SIGINT while the wait reads the shell socket waits until the message is kept."""
+    import os
+    import signal
+
+    from nbdurable.ipython.approvalview import _interrupt_deferred
+
+    kept = []
+    with pytest.raises(KeyboardInterrupt):
+        with _interrupt_deferred():
+            os.kill(os.getpid(), signal.SIGINT)
+            for _ in range(1000):  # Python runs the handler between these lines
+                time.sleep(0)
+            kept.append("the next cell")
+    assert kept == ["the next cell"]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler

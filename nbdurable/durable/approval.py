@@ -191,12 +191,15 @@ def _decide(session: Session, p: Pending) -> Callable[[bool, str], Decision]:
     """Called by the host when the person decides here: the decision, recorded."""
 
     def decide(approved: bool, reason: str = "") -> Decision:
-        got = approvals.read_decision(session.store, session.keys, p.scope, p.id)
-        earlier = got if got is not None and got.args_fp == p.args_fp else None
-        if earlier is not None:  # decided elsewhere meanwhile: the first decision stands
-            return earlier
-        puts, deletes, decision = approvals.decided(p, approved, approvals.decider(), reason)
-        session.write(puts=puts, deletes=deletes)
+        # One transaction from the look to the write, as approvals.decide does: a
+        # decision made elsewhere at the same moment is either seen here or waits.
+        with session.store.transaction():
+            got = approvals.read_decision(session.store, session.keys, p.scope, p.id)
+            earlier = got if got is not None and got.args_fp == p.args_fp else None
+            if earlier is not None:  # decided elsewhere meanwhile: the first decision stands
+                return earlier
+            puts, deletes, decision = approvals.decided(p, approved, approvals.decider(), reason)
+            session.write(puts=puts, deletes=deletes)
         events.emit("store-changed", session.run_id, p.scope, action="decide")
         return decision
 

@@ -24,10 +24,12 @@ wait (the widget then says who decided).
 
 from __future__ import annotations
 
+import contextlib
 import html
+import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from ..durable.host import POLL_SECONDS
@@ -124,6 +126,30 @@ class ApprovalView:
             self.status.value = f"<span style='color:{color}'>{html.escape(decision.said())}</span>"
 
 
+@contextlib.contextmanager
+def _interrupt_deferred() -> Iterator[None]:
+    """Hold a SIGINT that arrives inside the block until it ends, then deliver it.
+
+    Python runs signal handlers in the main thread only (the pump's thread), so
+    swapping the handler for the block is enough, whichever thread the signal hit.
+    """
+    caught: list[tuple[int, Any]] = []
+    try:
+        old = signal.signal(signal.SIGINT, lambda signum, frame: caught.append((signum, frame)))
+    except ValueError:  # not the main thread: nothing to hold
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old)
+        if caught:
+            if callable(old):
+                old(*caught[0])  # the kernel's handler: KeyboardInterrupt, as it would have
+            else:
+                signal.raise_signal(signal.SIGINT)
+
+
 class _ShellPump:
     """The kernel's shell messages, handled while a cell blocks (see the module docstring)."""
 
@@ -164,12 +190,17 @@ class _ShellPump:
             return
         import zmq
 
-        while True:
-            try:
-                frames = self.socket.recv_multipart(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                return
-            self.handle(frames)
+        # An interrupt (SIGINT) raised between reading a message off the socket and
+        # keeping it would lose it: the next cell of Run All, sent just before the
+        # interrupt, would never run nor be answered. So it waits until the
+        # messages read are handled or kept (the poll above stays interruptible).
+        with _interrupt_deferred():
+            while True:
+                try:
+                    frames = self.socket.recv_multipart(zmq.NOBLOCK, copy=False)
+                except zmq.Again:
+                    return
+                self.handle(frames)
 
     def handle(self, frames: Any) -> None:
         """A comm message now; anything else kept for the kernel's own loop."""
