@@ -541,8 +541,10 @@ _NEXT = {
 def _db_next(rec: StepRecord | None, state: str) -> str:
     """What the next run does with a step that wrote to a database file ("": the state says)."""
     db = dbwrites.decide(rec)
-    if db is None or state not in ("recorded", "replayed", "not replayable"):
+    if db is None or state not in ("recorded", "replayed", "not replayable", "may run"):
         return ""
+    if state == "may run" and db.action == "standins":
+        return f"{_NEXT[state]}; if it replays, {db.next_run().removeprefix('replays: ')}"
     return db.next_run()
 
 

@@ -505,16 +505,39 @@ def _class(h: _Hasher, v: type) -> None:
     # A class of the notebook or a local module may change between runs: by content.
     if not _memo_begin(h, v, b"class"):
         return
+    own = vars(v)
+    # A SQLAlchemy declarative class: the ORM's machinery set on it (instrumented
+    # attributes, the class manager, the registry: sets in hash order, mappers
+    # configured on first use) differs in every process and after every query; the
+    # class is what its table is, written as the DDL that creates it.
+    orm = any(k.startswith("_sa_") for k in own)
     members = sorted(
         (
             (k, x)
-            for k, x in vars(v).items()
-            if (not k.startswith("__") or _is_code(x)) and k != "_abc_impl"  # an ABC's cache
+            for k, x in own.items()
+            if (not k.startswith("__") or _is_code(x))
+            and k != "_abc_impl"  # an ABC's cache
+            and not (orm and _from_sqlalchemy(x))
         ),
         key=lambda kx: kx[0],
     )
     h.put(b"class", _qual(v), *(k for k, _ in members))
+    if orm and own.get("__table__") is not None:
+        h.put(b"table", _table_ddl(own["__table__"]))
     h.push(v.__bases__, *(x for _, x in members))
+
+
+def _from_sqlalchemy(x: object) -> bool:
+    return str(getattr(type(x), "__module__", "")).partition(".")[0] == "sqlalchemy"
+
+
+def _table_ddl(table: Any) -> str:
+    try:
+        from sqlalchemy.schema import CreateTable
+
+        return str(CreateTable(table))
+    except Exception:  # not a Table after all: by its name
+        return str(getattr(table, "name", type(table).__name__))
 
 
 def _is_code(x: object) -> bool:
