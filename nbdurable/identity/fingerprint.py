@@ -876,6 +876,38 @@ def _llama_callback_manager(h: _Hasher, v: Any) -> None:
     h.stack.append(getattr(v, "handlers", None))
 
 
+def sqlcontext_tables(ctx: Any) -> dict[str, Any] | None:
+    """The frames a polars ``SQLContext`` has registered, collected, by name.
+
+    They live in its native context, which neither pickles nor shows them; a
+    ``select *`` of each gives them back. None: catalogs are attached, or a
+    table cannot be read back (that context is not restored, its step runs again).
+    """
+    if getattr(ctx, "_catalogs", None):
+        return None
+    try:
+        out = {}
+        for name in sorted(ctx.tables()):
+            quoted = '"' + name.replace('"', '""') + '"'
+            frame = ctx.execute(f"select * from {quoted}", eager=False)
+            out[name] = frame.collect() if hasattr(frame, "collect") else frame
+        return out
+    except Exception:  # a scan whose file is gone, a frame polars cannot collect
+        return None
+
+
+def _sqlcontext(h: _Hasher, v: Any) -> None:
+    # A polars SQLContext's tables are native state its attributes do not show:
+    # `register` changed nothing nbdurable could see. By its tables' content.
+    tables = sqlcontext_tables(v)
+    h.put(b"polars-sqlcontext", str(getattr(v, "_eager_execution", None)))
+    if tables is None:
+        h.put(b"unreadable", str(id(v)))  # a change for each object: never taken as equal
+        return
+    h.put(b"tables", *tables)
+    h.push(*tables.values())
+
+
 def _is_tensor(t: type) -> bool:
     torch = sys.modules.get("torch")
     return torch is not None and issubclass(t, torch.Tensor)
@@ -915,6 +947,7 @@ def _storage(h: _Hasher, v: Any) -> None:
 _BY_NAME = {
     "matplotlib.cbook.CallbackRegistry": _callback_registry,
     "llama_index.core.callbacks.base.CallbackManager": _llama_callback_manager,
+    "polars.sql.context.SQLContext": _sqlcontext,
 }
 
 
