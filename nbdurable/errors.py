@@ -128,5 +128,22 @@ class Rejected(NbdurableError, RuntimeError):
         self.approval, self.by, self.reason = approval, by, reason
 
 
+class RepeatRefused(UsageProblem):
+    """A step's body would run again on replay and write to a database file a second time.
+
+    The message names the file and says how to run it anyway (``%%step --force``).
+    """
+
+
+class NotRestored(NbdurableError, RuntimeError):
+    """A handle (an engine, a session, a connection) a replayed step bound was used.
+
+    It was not saved; what the step did through it is in the database file.
+    """
+
+    def _render_traceback_(self) -> list[str]:  # IPython: the message, no traceback
+        return [f"{type(self).__name__}: {self}"]
+
+
 class NbdurableWarning(UserWarning):
     """Something was not recorded, or a record could not be used (always shown, never silent)."""

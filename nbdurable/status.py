@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import procstate, why
+from . import dbwrites, procstate, why
 from .clients.usage import Tally
 from .identity import locate, verdict
 from .identity.analysis import (
@@ -72,6 +72,9 @@ class StepInfo:
     versions: int = 0
     #: what exactly changed, a few short lines under ``detail`` (see :mod:`nbdurable.why`)
     why: tuple[str, ...] = ()
+    #: what the next run does when the state alone does not say it ("" : as the state
+    #: says); a step that wrote to a database file (see nbdurable.dbwrites)
+    next: str = ""
 
     @property
     def cell(self) -> int | None:
@@ -278,6 +281,7 @@ def _info(
         replayable=rec.replayable if rec else True,
         calls=rec.substeps if rec else subs,
         tokens=Tally.from_json(rec.tokens).total.total if rec else 0,
+        next=_db_next(rec, state),
         version=step_version(rec.source_fp, rec.inputs)[:8] if rec else "",
         versions=len(versions.kept(view.store, view.keys, key)),
         why=lines,
@@ -541,7 +545,13 @@ def _judged(
         return "invalidated", stale
     if not in_notebook:
         return "orphaned", "no longer in the notebook"
-    if not rec.replayable:
+    db = dbwrites.decide(rec)
+    if db is not None:  # it wrote to a database file: replays with stand-ins, or refuses
+        if db.action == "refuse":
+            return "not replayable", db.detail()
+        if not stale and live_state not in ("replayed", "pinned-stale"):
+            return "recorded", db.detail()
+    elif not rec.replayable:
         unsaved = ", ".join(v.name for v in rec.variables if v.kind == "unsaved")
         reasons = procstate.replayable_reasons(rec.process)
         why = f"cannot save {unsaved}" if unsaved else "; ".join(reasons)
@@ -569,6 +579,16 @@ _NEXT = {
 }
 
 
+def _db_next(rec: StepRecord | None, state: str) -> str:
+    """What the next run does with a step that wrote to a database file ("": the state says)."""
+    db = dbwrites.decide(rec)
+    if db is None or state not in ("recorded", "replayed", "not replayable", "may run"):
+        return ""
+    if state == "may run" and db.action == "standins":
+        return f"{_NEXT[state]}; if it replays, {db.next_run().removeprefix('replays: ')}"
+    return db.next_run()
+
+
 def why_text(info: StepInfo) -> str:
     """One step's state, reason and what exactly changed, as ``nbdurable status --why``."""
     cell = f" (cell {info.cell})" if info.cell is not None else ""
@@ -577,7 +597,7 @@ def why_text(info: StepInfo) -> str:
         head += f" (stale: {info.detail})"
     elif info.detail:
         head += f": {info.detail}"
-    lines = [head, f"  next run: {_NEXT.get(info.state, info.state)}"]
+    lines = [head, f"  next run: {info.next or _NEXT.get(info.state, info.state)}"]
     lines += [f"  {line}" for line in info.why]
     return "\n".join(lines)
 

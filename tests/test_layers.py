@@ -33,6 +33,7 @@ ALLOWED = ("IPython.core.inputtransformer2",)
 SHARED = (
     "commands",
     "config",
+    "dbwrites",
     "errors",
     "events",
     "faults",

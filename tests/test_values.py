@@ -90,3 +90,18 @@ def test_a_registered_tiktoken_encoding_loads_without_making_it_again(monkeypatc
     other = tiktoken.Encoding("mine", pat_str=r"\S+", mergeable_ranks=ranks, special_tokens={})
     assert values.loads(values.dumps(other)).encode("ab") == other.encode("ab")
     assert "mine" not in registry.ENCODINGS
+
+
+def test_a_polars_sqlcontext_keeps_its_registered_tables():
+    # Its tables live in a native context: before, `register` changed nothing a
+    # fingerprint saw (a step registering a table replayed as unchanged) and the
+    # context did not pickle (the step that made it ran again, without the table).
+    pl = pytest.importorskip("polars")
+    ctx = pl.SQLContext()
+    empty = fingerprint(ctx)
+    ctx.register("t", pl.DataFrame({"a": [1, 2, 3]}))
+    assert fingerprint(ctx) != empty
+    loaded = values.loads(values.dumps(ctx))
+    assert loaded.tables() == ["t"]
+    assert loaded.execute("select sum(a) as s from t", eager=True)["s"].to_list() == [6]
+    assert fingerprint(loaded) == fingerprint(ctx)

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from html import escape
 from typing import TYPE_CHECKING, Any
 
-from .. import config, events, faults, procstate, redact
+from .. import config, dbwrites, events, faults, procstate, redact
 from .. import why as whys
 from ..clients.usage import Tally
 from ..errors import CorruptRecord, LeaseLost, NbdurableError, StoreError, UsageProblem
@@ -198,8 +198,14 @@ class StepRunner:
             )
         # A record that may answer this run: valid (or pinned), and not forced.
         usable = rec is not None and not force and (reason is None or state.pinned)
+        # A body that would write to a database file again (see dbwrites): replayed
+        # with stand-ins for its handles, or refused rather than run silently.
+        db = dbwrites.decide(rec) if usable and not live else None
+        if db is not None and db.action == "refuse":
+            raise dbwrites.refuse(db, label)
         if usable and not live:
-            replayed = self._replay(rec, label, reason, split) if rec.replayable else None
+            replayable = rec.replayable or db is not None
+            replayed = self._replay(rec, label, reason, split) if replayable else None
             if replayed is not None:
                 if reason is None:
                     self._confirm(rec, state)
@@ -431,8 +437,9 @@ class StepRunner:
         live: sharing.LiveTargets,
     ) -> Replayed | None:
         ns = self.session.user_ns
+        saved = [v for v in rec.variables if v.kind != "unsaved"]
         try:
-            restored, pure = recording.load_variables(self.session.store, rec.variables, ns, live)
+            restored, pure = recording.load_variables(self.session.store, saved, ns, live)
         except recording.LoadFailed as failed:
             # A damaged blob, a module gone, a failing __setstate__, a shared object changed.
             exc = failed.cause
@@ -452,6 +459,7 @@ class StepRunner:
             for name in rec.deleted:
                 ns.pop(name, None)
             ns.update(restored)
+            ns.update(dbwrites.standins(rec, label))  # none unless dbwrites.decide said so
             for change in process:
                 change()
         except Exception as exc:  # a directory or module gone, an option pandas refuses
@@ -740,14 +748,22 @@ class StepRunner:
                 self.origins[var.name] = (ns[var.name], f"made by {ctx.version}")
         self.session.status[key] = ("recorded", "")
         events.emit("step-recorded", self.session.run_id, key, label=label, record=rec)
-        self._warn_recorded(key, label, saved, sorted(set(leaked) | set(in_source)), ctx)
+        db = dbwrites.decide(rec)
+        self._warn_recorded(key, label, saved, sorted(set(leaked) | set(in_source)), ctx, db)
         # calls made again, in one line, not one per call
         for line in remade_summary(ctx, plan.reason):
             warn(line)
-        self._warn_process(key, label, procstate.replayable_reasons(process), ctx)
+        self._warn_process(key, label, procstate.replayable_reasons(process), ctx, db)
         return rec
 
-    def _warn_process(self, key: str, label: str, reasons: list[str], ctx: StepContext) -> None:
+    def _warn_process(
+        self,
+        key: str,
+        label: str,
+        reasons: list[str],
+        ctx: StepContext,
+        db: dbwrites.Decision | None = None,
+    ) -> None:
         """One line when a step's process changes cannot be restored, when first recorded so.
 
         A later rerun whose previous record had the same reasons does not say it
@@ -758,12 +774,17 @@ class StepRunner:
         if reasons:
             warn(
                 f"step {label!r} was recorded, but its changes to the process cannot be "
-                f"restored: {'; '.join(reasons)}. On replay its body runs again "
-                f"({what_replays(ctx.http)})."
+                f"restored: {'; '.join(reasons)}. {_on_replay(db, ctx)}"
             )
 
     def _warn_recorded(
-        self, key: str, label: str, saved: recording.Saved, leaked: list[str], ctx: StepContext
+        self,
+        key: str,
+        label: str,
+        saved: recording.Saved,
+        leaked: list[str],
+        ctx: StepContext,
+        db: dbwrites.Decision | None = None,
     ) -> None:
         """One loud warning for each kind of thing a recorded step did not write."""
         # Said once, when first recorded so: rerunning the body is what it announced
@@ -774,8 +795,7 @@ class StepRunner:
         if unsaved:
             warn(
                 f"step {label!r} was recorded, but these variables cannot be saved: "
-                f"{'; '.join(unsaved)}. On replay this step's body runs again "
-                f"({what_replays(ctx.http)})."
+                f"{'; '.join(unsaved)}. {_on_replay(db, ctx, 'this step')}"
             )
         if secrets:
             warn(
@@ -823,6 +843,22 @@ def _not_replayable(rec: StepRecord) -> str:
     if reasons:
         parts.append(f"its changes to the process cannot be restored ({'; '.join(reasons)})")
     return " and ".join(parts) or "it was recorded not replayable"
+
+
+def _on_replay(db: dbwrites.Decision | None, ctx: StepContext, who: str = "its") -> str:
+    """What a replay of a step recorded not replayable does, as its warning ends."""
+    if db is None:
+        body = "this step's body" if who == "this step" else "its body"
+        return f"On replay {body} runs again ({what_replays(ctx.http)})."
+    if db.action == "standins":
+        return (
+            f"It wrote to {dbwrites.shown(db.files)}, which keeps the rows: on replay "
+            f"{', '.join(db.handles)} come back as stand-ins that raise NotRestored if used."
+        )
+    return (
+        f"It wrote to {dbwrites.shown(db.files)}: on replay it refuses to run its body "
+        "again (`%%step --force` runs it)."
+    )
 
 
 def _has_result(outputs: list[dict[str, Any]]) -> bool:

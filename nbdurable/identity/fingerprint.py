@@ -505,16 +505,39 @@ def _class(h: _Hasher, v: type) -> None:
     # A class of the notebook or a local module may change between runs: by content.
     if not _memo_begin(h, v, b"class"):
         return
+    own = vars(v)
+    # A SQLAlchemy declarative class: the ORM's machinery set on it (instrumented
+    # attributes, the class manager, the registry: sets in hash order, mappers
+    # configured on first use) differs in every process and after every query; the
+    # class is what its table is, written as the DDL that creates it.
+    orm = any(k.startswith("_sa_") for k in own)
     members = sorted(
         (
             (k, x)
-            for k, x in vars(v).items()
-            if (not k.startswith("__") or _is_code(x)) and k != "_abc_impl"  # an ABC's cache
+            for k, x in own.items()
+            if (not k.startswith("__") or _is_code(x))
+            and k != "_abc_impl"  # an ABC's cache
+            and not (orm and _from_sqlalchemy(x))
         ),
         key=lambda kx: kx[0],
     )
     h.put(b"class", _qual(v), *(k for k, _ in members))
+    if orm and own.get("__table__") is not None:
+        h.put(b"table", _table_ddl(own["__table__"]))
     h.push(v.__bases__, *(x for _, x in members))
+
+
+def _from_sqlalchemy(x: object) -> bool:
+    return str(getattr(type(x), "__module__", "")).partition(".")[0] == "sqlalchemy"
+
+
+def _table_ddl(table: Any) -> str:
+    try:
+        from sqlalchemy.schema import CreateTable
+
+        return str(CreateTable(table))
+    except Exception:  # not a Table after all: by its name
+        return str(getattr(table, "name", type(table).__name__))
 
 
 def _is_code(x: object) -> bool:
@@ -853,6 +876,38 @@ def _llama_callback_manager(h: _Hasher, v: Any) -> None:
     h.stack.append(getattr(v, "handlers", None))
 
 
+def sqlcontext_tables(ctx: Any) -> dict[str, Any] | None:
+    """The frames a polars ``SQLContext`` has registered, collected, by name.
+
+    They live in its native context, which neither pickles nor shows them; a
+    ``select *`` of each gives them back. None: catalogs are attached, or a
+    table cannot be read back (that context is not restored, its step runs again).
+    """
+    if getattr(ctx, "_catalogs", None):
+        return None
+    try:
+        out = {}
+        for name in sorted(ctx.tables()):
+            quoted = '"' + name.replace('"', '""') + '"'
+            frame = ctx.execute(f"select * from {quoted}", eager=False)
+            out[name] = frame.collect() if hasattr(frame, "collect") else frame
+        return out
+    except Exception:  # a scan whose file is gone, a frame polars cannot collect
+        return None
+
+
+def _sqlcontext(h: _Hasher, v: Any) -> None:
+    # A polars SQLContext's tables are native state its attributes do not show:
+    # `register` changed nothing nbdurable could see. By its tables' content.
+    tables = sqlcontext_tables(v)
+    h.put(b"polars-sqlcontext", str(getattr(v, "_eager_execution", None)))
+    if tables is None:
+        h.put(b"unreadable", str(id(v)))  # a change for each object: never taken as equal
+        return
+    h.put(b"tables", *tables)
+    h.push(*tables.values())
+
+
 def _is_tensor(t: type) -> bool:
     torch = sys.modules.get("torch")
     return torch is not None and issubclass(t, torch.Tensor)
@@ -892,6 +947,7 @@ def _storage(h: _Hasher, v: Any) -> None:
 _BY_NAME = {
     "matplotlib.cbook.CallbackRegistry": _callback_registry,
     "llama_index.core.callbacks.base.CallbackManager": _llama_callback_manager,
+    "polars.sql.context.SQLContext": _sqlcontext,
 }
 
 

@@ -37,6 +37,9 @@ part                seen as                              re-applied as
                     (files outside the stdlib and        stays the same list), or deleted
                     site-packages) and attributes the
                     step's source assigns on modules
+``dbfiles``         the SQLite files the step wrote to   nothing: the file keeps the rows (the
+                    (see :mod:`.sqlite`)                 step runner decides from it, see
+                                                         :mod:`nbdurable.dbwrites`)
 ==================  ===================================  =====================================
 
 A module (NumPy, pandas, matplotlib) is looked at only if already imported:

@@ -53,6 +53,8 @@ class Snapshot:
     threads: tuple[threading.Thread, ...] = ()
     #: writes so far per in-memory SQLite connection alive (see :mod:`.sqlite`)
     sqlite: dict[int, int] = field(default_factory=dict)
+    #: writes so far per SQLite database file (see :mod:`.sqlite`)
+    sqlite_files: dict[str, int] = field(default_factory=dict)
     #: the backend pyplot has loaded (None: none yet, or pyplot not imported)
     mplbackend: str | None = None
 
@@ -98,6 +100,7 @@ def snapshot(
         decimal=_decimal_context(),
         threads=tuple(threading.enumerate()),
         sqlite=sqlite.counts(),
+        sqlite_files=sqlite.file_counts(),
         mplbackend=_pyplot_backend(),
     )
 
@@ -263,6 +266,9 @@ def delta(
         why.append(f"it left {_said_threads(left)} running, which a replay cannot start again")
     if sqlite.written(before.sqlite, after.sqlite):
         why.append("it wrote to an in-memory SQLite database, whose rows a replay cannot restore")
+    files = sqlite.files_written(before.sqlite_files, after.sqlite_files)
+    if files:  # kept there: re-applying it does nothing (see nbdurable.durable.dbwrites)
+        out["dbfiles"] = files
     if secrets:
         for part in [k for k in out if k != "env"]:
             text = json.dumps(out[part], ensure_ascii=False)

@@ -1,4 +1,4 @@
-"""Writes to in-memory SQLite databases: process state no replay can restore.
+"""Writes to SQLite databases: in memory, state no replay restores; in a file, the file's.
 
 Agent frameworks keep sessions and memories in SQLite databases that live in
 the process (``":memory:"``): the OpenAI Agents SDK's ``SQLiteSession``,
@@ -23,13 +23,21 @@ Not seen: connections opened before ``%load_ext nbdurable`` or through a
 code replaced. (The audit hook's ``sqlite3.connect/handle`` event comes too
 early to set a callback: the connection is not initialized yet.) A database in
 a file is the file's: what a step wrote there stays written, and a replay need
-not write it.
+not write it. But a body that runs again (a step that bound a connection, an
+engine or a session, which cannot be saved) would write it a second time: so
+writes to files are counted too, per file (:func:`file_counts`,
+:func:`files_written`), and the step runner decides from them (see
+:mod:`nbdurable.dbwrites`). nbdurable's own store (diskcache, in
+SQLite) is not watched: a connection opened from :mod:`nbdurable.store` is
+left alone.
 """
 
 from __future__ import annotations
 
 import functools
+import os
 import re
+import sys
 import weakref
 from typing import Any
 
@@ -53,13 +61,21 @@ class _Entry:
 #: id(entry) -> weak reference to the entry of a connection alive
 _entries: dict[int, weakref.ref] = {}
 
+#: file database (absolute path) -> writes so far; never forgotten, so a
+#: connection closed (and freed) inside the step still counts
+_file_writes: dict[str, int] = {}
+
+# A `WITH` counts only when it leads to a write: a common table expression in a
+# SELECT is a read (and a read of a file must not make a step look like a writer).
 _WRITES = re.compile(
-    r"\s*(?:insert|update|delete|replace|create|drop|alter|with|upsert)\b", re.IGNORECASE
+    r"\s*(?:insert|update|delete|replace|create|drop|alter|upsert)\b"
+    r"|\s*with\b.*\b(?:insert|update|delete|replace)\b",
+    re.IGNORECASE | re.DOTALL,
 )
 
 
 def install() -> None:
-    """Watch in-memory SQLite connections opened from now on (once per process)."""
+    """Watch SQLite connections opened from now on (once per process)."""
     global _installed
     if _installed:
         return
@@ -74,6 +90,10 @@ def install() -> None:
         conn = original(database, *args, **kwargs)
         if _in_memory(database):
             _watch(conn, database)
+        elif not _ours():
+            path = _file_path(database)
+            if path is not None:
+                _watch_file(conn, path)
         return conn
 
     connect.__nbdurable_original__ = original  # type: ignore[attr-defined]
@@ -91,6 +111,52 @@ def _in_memory(database: Any) -> bool:
     return database in ("", ":memory:") or (
         database.startswith("file:") and ("mode=memory" in database or ":memory:" in database)
     )
+
+
+def _file_path(database: Any) -> str | None:
+    """The absolute path of a file database (None: not one this can name)."""
+    try:
+        database = os.fsdecode(database)
+    except TypeError:
+        return None
+    if database.startswith("file:"):
+        database = database[5:].partition("?")[0]
+        if database.startswith("//"):  # file:///abs/path
+            database = database[2:]
+    return os.path.abspath(database) if database else None
+
+
+def _ours() -> bool:
+    """Whether the connection is being opened by nbdurable's own store."""
+    frame = sys._getframe(2)
+    for _ in range(12):  # diskcache's Cache._con under nbdurable.store's engine
+        if frame is None:
+            return False
+        if str(frame.f_globals.get("__name__", "")).startswith("nbdurable.store"):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _watch_file(conn: Any, path: str) -> None:
+    def traced(statement: str) -> None:
+        if _WRITES.match(statement):
+            _file_writes[path] = _file_writes.get(path, 0) + 1
+
+    try:
+        conn.set_trace_callback(traced)
+    except Exception:  # a connection that refuses it: not seen
+        return
+
+
+def file_counts() -> dict[str, int]:
+    """Writes so far, per database file."""
+    return dict(_file_writes)
+
+
+def files_written(before: dict[str, int], after: dict[str, int]) -> list[str]:
+    """The database files written to between two :func:`file_counts`, sorted."""
+    return sorted(p for p, n in after.items() if n > before.get(p, 0))
 
 
 def _watch(conn: Any, database: Any) -> None:

@@ -14,6 +14,12 @@ ones below do not, and :class:`nbdurable.store.values._Pickler` asks
   in the recorded order (the dicts themselves are kept, as the child objects
   read them through their parent).
 
+* **polars** ``SQLContext``: its registered tables live in a native context
+  that does not pickle. It is written as its tables (each collected into a
+  ``DataFrame``) and loads as a new context with them registered again;
+  one with catalogs, or a table that cannot be read back, is not written
+  (the variable is unsaved, and its step runs again saying why).
+
 Only ``sys.modules`` is consulted: nothing here imports a library, so an
 object of a library the process never imported costs one dict look-up.
 """
@@ -24,13 +30,42 @@ import copy
 import sys
 from typing import Any
 
+from ..identity.fingerprint import sqlcontext_tables
+
 
 def reduce(obj: Any) -> tuple | None:
     """The reduction that makes ``obj`` load back exactly, or None for the usual one."""
     module = getattr(type(obj), "__module__", "") or ""
     if module.startswith("plotly."):
         return _plotly_reduce(obj)
+    if loads_anew(type(obj)):
+        return _sqlcontext_reduce(obj)
     return None
+
+
+def loads_anew(t: type) -> bool:
+    """Whether objects of ``t`` are written only as new ones (never loaded into the live one).
+
+    A polars ``SQLContext``'s state is its native context: there is no state to
+    set on the live object, so a context a step changed loads as a new one.
+    """
+    return t.__module__ == "polars.sql.context" and t.__name__ == "SQLContext"
+
+
+def _sqlcontext_reduce(ctx: Any) -> tuple | None:
+    tables = sqlcontext_tables(ctx)
+    if tables is None:
+        return None  # its own pickle fails and says why: the variable is unsaved
+    return _sqlcontext, (bool(getattr(ctx, "_eager_execution", False)), tables)
+
+
+def _sqlcontext(eager: bool, tables: dict[str, Any]) -> Any:
+    """A polars ``SQLContext`` with ``tables`` registered, as the recorded one had."""
+    polars = sys.modules.get("polars") or __import__("polars")
+    ctx = polars.SQLContext(eager=eager)
+    for name, frame in tables.items():
+        ctx.register(name, frame)
+    return ctx
 
 
 def _plotly_reduce(obj: Any) -> tuple | None:

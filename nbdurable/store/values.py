@@ -861,7 +861,7 @@ def _in_place_reduce(obj: Any, name: str) -> tuple | None:
     """
     t = type(obj)
     top = str(getattr(t, "__module__", "")).partition(".")[0]
-    if top == "numpy" or top == "pandas" and not _is_frame(t):
+    if top == "numpy" or top == "pandas" and not _is_frame(t) or libfix.loads_anew(t):
         return None
     try:
         reduced = _library_reduce(obj)

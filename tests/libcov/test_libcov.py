@@ -91,12 +91,6 @@ _REF = (
 
 #: case -> why it fails today. Strict: remove an entry when its case passes.
 FAILS_TODAY: dict[str, str] = {
-    # polars
-    "po_sqlcontext": (
-        "replay differs: the SQLContext cannot be saved (its make step reruns), and "
-        "register() changes only its native state, which nbdurable cannot see: the change "
-        "step replays as unchanged and the table is gone (relation 't' was not found)"
-    ),
     # llama-index-core
     "li_splitter": (
         "the case is broken on an install where the corpus' nltk (3.10's pathsec) refuses "

@@ -22,7 +22,11 @@ against one plain run (and one plain run of the edited notebook):
     (d) in another fresh store, the kernel is SIGKILLed in the middle of the
     step that makes the most model requests (by the server, when request
     ``k+1`` of that step arrives: ``k`` had returned), or for a notebook that
-    makes none, half way through its longest step; then run again: no
+    makes none, half way through its longest step by the work done: when the
+    kernel and its child processes have spent half the CPU time the plain
+    run's kernel spent in that cell (wall time would depend on the machine's
+    load, and on a busy machine the kill came after the step had finished;
+    see :func:`tree_cpu`); then run again: no
     request that had returned is sent again, and the outputs and values are
     those of plain. In a notebook that makes requests side by side
     (``Spec.concurrent``), a request had returned if its whole answer was
@@ -275,6 +279,8 @@ class Run:
     died: bool = False
     events: list[dict[str, Any]] = field(default_factory=list)
     durations: dict[int, float] = field(default_factory=dict)  # cell index -> seconds
+    #: cell index -> CPU seconds the kernel (and its child processes) spent in it
+    cpu: dict[int, float] = field(default_factory=dict)
 
     @property
     def probe(self) -> str:
@@ -348,8 +354,8 @@ class Runner:
         """Run `nb` (plus the probe cell) in folder `folder` and return what happened.
 
         `kill`: ``(cell index, m)``: SIGKILL the kernel when the server gets
-        request ``m + 1`` of that cell (``m`` returned); with ``m < 0``, after
-        ``-m`` milliseconds of that cell instead.
+        request ``m + 1`` of that cell (``m`` returned); with ``m < 0``, once the
+        kernel has spent ``-m`` milliseconds of CPU time in that cell instead.
         """
         if reset:
             self.server.reset()
@@ -392,7 +398,7 @@ class Runner:
             env["REALNB_EVENTS"] = str(events)
         per_cell: dict[int, tuple[int, int]] = {}
         starts: dict[int, int] = {}
-        timers: list[threading.Timer] = []
+        watchers: list[threading.Thread] = []
         start_n = self.server.n
         client_box: list[NotebookClient] = []
 
@@ -401,22 +407,29 @@ class Runner:
 
         began: dict[int, float] = {}
         durations: dict[int, float] = {}
+        cpu_began: dict[int, float] = {}
+        cpu: dict[int, float] = {}
+        done = threading.Event()  # the cell to kill in has finished (the watcher stops)
 
         def on_execute(cell, cell_index, **_):
             starts[cell_index] = self.server.n
             began[cell_index] = time.monotonic()
+            cpu_began[cell_index] = tree_cpu(pid())
             if kill is not None and kill[0] == cell_index:
                 if kill[1] >= 0:
                     self.server.kill_at = (self.server.n + kill[1] + 1, pid())
                 else:
-                    t = threading.Timer(-kill[1] / 1000, os.kill, (pid(), signal.SIGKILL))
-                    t.daemon = True
+                    at = cpu_began[cell_index] - kill[1] / 1000
+                    t = threading.Thread(target=kill_at_cpu, args=(pid(), at, done), daemon=True)
                     t.start()
-                    timers.append(t)
+                    watchers.append(t)
 
         def on_executed(cell, cell_index, **_):
             per_cell[cell_index] = (starts.get(cell_index, self.server.n), self.server.n)
             durations[cell_index] = time.monotonic() - began.get(cell_index, time.monotonic())
+            cpu[cell_index] = tree_cpu(pid()) - cpu_began.get(cell_index, 0.0)
+            if kill is not None and kill[0] == cell_index:
+                done.set()
 
         error = None
         died = False
@@ -448,8 +461,9 @@ class Runner:
                     died = True
                 else:
                     raise
-        for t in timers:
-            t.cancel()
+        done.set()
+        for t in watchers:
+            t.join()
         del client, client_box[:]
         gc.collect()
         seconds = time.monotonic() - t0
@@ -471,7 +485,53 @@ class Runner:
             died,
             evs,
             durations,
+            cpu,
         )
+
+
+def tree_cpu(pid: int) -> float:
+    """CPU seconds spent so far by process ``pid`` and its descendants (0.0: gone).
+
+    User and system time of each live process of the tree, plus what the
+    children each has waited for spent (a joblib or multiprocessing worker
+    that ended). Read from ``/proc``; the work a cell has done, whatever the
+    machine's load.
+    """
+    tick = os.sysconf("SC_CLK_TCK")
+    total, todo, seen = 0, [pid], set()
+    while todo:
+        p = todo.pop()
+        if p in seen:
+            continue
+        seen.add(p)
+        try:
+            stat = Path(f"/proc/{p}/stat").read_text()
+        except OSError:  # ended meanwhile
+            continue
+        fields = stat.rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
+        total += sum(int(x) for x in fields[11:15])  # utime stime cutime cstime
+        try:
+            tasks = os.listdir(f"/proc/{p}/task")
+        except OSError:
+            continue
+        for task in tasks:
+            try:
+                kids = Path(f"/proc/{p}/task/{task}/children").read_text().split()
+            except OSError:
+                continue
+            todo.extend(int(k) for k in kids)
+    return total / tick
+
+
+def kill_at_cpu(pid: int, at: float, done: threading.Event) -> None:
+    """SIGKILL ``pid`` once its process tree has spent ``at`` CPU seconds, unless ``done`` first."""
+    while not done.wait(0.01):
+        if tree_cpu(pid) >= at:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            return
 
 
 def _first_error(text: str) -> str:
@@ -773,9 +833,9 @@ def _resume(runner: Runner, nb: NotebookNode, plain: Run, steps: dict[int, str],
     n = counts[target]
     if n > 0:
         kill = (target, n // 2)
-    else:  # no model request: half way through the longest step
-        target = max(steps, key=lambda i: plain.durations.get(i, 0.0))
-        kill = (target, -max(50, int(plain.durations.get(target, 0.0) * 500)))
+    else:  # no model request: half way through the longest step, by the CPU it spends
+        target = max(steps, key=lambda i: plain.cpu.get(i, 0.0))
+        kill = (target, -max(50, int(plain.cpu.get(target, 0.0) * 500)))
     killed = runner.run(nb, "killed", durable=True, folder="kill", kill=kill)
     runner.server.killed = False
     if not killed.died:
