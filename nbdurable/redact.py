@@ -142,8 +142,15 @@ _NEAR = 300  # characters after an access key id in which a bare secret key is t
 # In bytes, a key may also follow a pickle opcode and its length: a short
 # string's (``\x8c`` and one byte, which may well be a letter: 0x2b is "+"),
 # short bytes' (``C`` and one byte: a 51-byte key's is "3"), a longer string's
-# or bytes' (``X`` or ``B`` and four bytes).
+# or bytes' (``X`` or ``B`` and four little-endian bytes, whose last is a letter
+# only for a string of 700 MB or more). A letter before ``C`` or ``X`` five
+# places back is common in text and base64 (one run in twenty), so a key
+# admitted only by such a lookbehind is kept only if the length it follows can
+# hold it (see :func:`_pickled_fits`).
 _PICKLED = r"|(?<=\x8c[\x00-\xff])|(?<=C[\x00-\xff])|(?<=[XB][\x00-\xff]{4})"
+#: Bytes that no edge lets stand before a key: a key after one of them was
+#: admitted by a pickle opcode's lookbehind.
+_KEY_CHARS = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_+-")
 _EDGE_BEFORE_BYTES = r"(?:(?<![A-Za-z0-9_+/=-])" + _PICKLED + ")"
 _EDGE_BEFORE_KEY_BYTES = r"(?:(?<![A-Za-z0-9_+-])" + _PICKLED + ")"
 
@@ -221,6 +228,31 @@ def _windows(data: Any, end: int) -> list[tuple[int, int]]:
     return merged
 
 
+def _pickled_fits(data: Any, start: int, end: int) -> bool:
+    r"""True unless ``data[start:end]`` stands after a key character (so a pickle
+    opcode's lookbehind admitted it) with no opcode whose length holds it.
+
+    A pickled string or bytes ends before the pickle does (at least its STOP
+    follows) and holds the whole key, or ends where the key's match runs on into
+    a memo opcode (``q`` or ``r`` of protocols 2 and 3, which are key
+    characters; protocol 4's ``\x94`` is not). Ordinary text or base64 that
+    merely has a ``C`` or ``X`` at the right place names a length that runs
+    past the end or stops inside the key.
+    """
+    if isinstance(data, str) or start == 0 or data[start - 1] not in _KEY_CHARS:
+        return True
+    lengths = []
+    if start >= 2 and data[start - 2] in (0x8C, 0x43):  # SHORT_BINUNICODE, SHORT_BINBYTES
+        lengths.append(data[start - 1])
+    if start >= 5 and data[start - 5] in (0x58, 0x42):  # BINUNICODE, BINBYTES
+        lengths.append(int.from_bytes(bytes(data[start - 4 : start]), "little"))
+    for n in lengths:
+        after = start + n
+        if after < len(data) and (after >= end or data[after] in (0x71, 0x72)):
+            return True
+    return False
+
+
 def _spans(data: Any, end: int | None = None) -> list[tuple[int, int, str]]:
     """``(start, end, kind)`` of every key in ``data[:end]``, not overlapping, in order.
 
@@ -228,7 +260,11 @@ def _spans(data: Any, end: int | None = None) -> list[tuple[int, int, str]]:
     """
     spans: list[tuple[int, int, str]] = []
     for a, b in _windows(data, len(data) if end is None else end):
-        spans += [(s + a, e + a, kind) for s, e, kind in _spans_in(data[a:b])]
+        spans += [
+            (s + a, e + a, kind)
+            for s, e, kind in _spans_in(data[a:b])
+            if _pickled_fits(data, s + a, e + a)
+        ]
     spans.sort()
     kept: list[tuple[int, int, str]] = []
     for span in spans:
