@@ -124,6 +124,10 @@ def planter(rng: random.Random, secrets: dict[str, tuple[str, str]]):
             left, right = rng.choice(["", "x", " ", "="]), rng.choice(["", "y", " ", "&"])
         else:
             left, right = rng.choice(_DELIMS), rng.choice(_DELIMS)
+            if kind in ("aws", "google") and left in "/=" and right in "/=+":
+                # between base64 characters on both sides, an AWS id or a Google key is
+                # taken for part of a base64 run (a documented limit): one side plain
+                right = rng.choice(_DELIMS[4:])
         head = words(rng.randint(0, 12) if before is None else before)
         return head + left + written + right + words(rng.randint(0, 12))
 
