@@ -97,12 +97,21 @@ def redact_text(text: str, secrets: dict[str, bytes] | None = None) -> tuple[str
 
 # Characters that may neither precede nor follow a key: those of keys and of
 # base64 (standard and URL-safe) runs.
-_EDGE_BEFORE = r"(?<![A-Za-z0-9_+/=-])"
+# (after an escape written in source or JSON, ``"\\nsk-..."``, a key starts too)
+_EDGE_BEFORE = r"(?:(?<![A-Za-z0-9_+/=-])|(?<=\\[nrt]))"
 _EDGE_AFTER = r"(?![A-Za-z0-9_+/=-])"
-# Before a key, ``=`` and ``/`` are also a delimiter (``api_key=sk-...``,
-# ``.../v1?key=AIza...``), where a base64 run would have to hold a whole key
-# by chance to match.
-_EDGE_BEFORE_KEY = r"(?<![A-Za-z0-9_+-])"
+# A key is found after any delimiter and before any: ``=``, ``/`` and ``+``
+# too (``api_key=sk-...``, ``.../v1/AIza.../models``). Where one edge is such
+# a character the other must be a plain one: a key-shaped run inside a base64
+# run (where ``/``, ``=`` and ``+`` abound) is no key. Keys whose fixed part
+# holds ``-``, ``_`` or ``.`` (:data:`_NOT_IN_BASE64`) cannot lie inside a
+# standard base64 run, nor beside ``/``, ``+`` in a URL-safe one: both their
+# edges may be loose. (``_`` joins a key to a name, as in ``f"ask_{key}"``:
+# :func:`name_key_names` looks after it, in names only, since in URL-safe
+# base64 it is as common as a letter.)
+_EDGE_BEFORE_KEY = r"(?:(?<![A-Za-z0-9_+-])|(?<=\\[nrt]))"
+_EDGE_AFTER_KEY = r"(?![A-Za-z0-9_-])"
+
 
 #: ``kind: pattern`` (as text); order matters where one prefix contains another.
 KEY_FORMATS: dict[str, str] = {
@@ -142,25 +151,43 @@ _NEAR = 300  # characters after an access key id in which a bare secret key is t
 # In bytes, a key may also follow a pickle opcode and its length: a short
 # string's (``\x8c`` and one byte, which may well be a letter: 0x2b is "+"),
 # short bytes' (``C`` and one byte: a 51-byte key's is "3"), a longer string's
-# or bytes' (``X`` or ``B`` and four bytes).
+# or bytes' (``X`` or ``B`` and four little-endian bytes, whose last is a letter
+# only for a string of 700 MB or more). A letter before ``C`` or ``X`` five
+# places back is common in text and base64 (one run in twenty), so a key
+# admitted only by such a lookbehind is kept only if the length it follows can
+# hold it (see :func:`_pickled_fits`).
 _PICKLED = r"|(?<=\x8c[\x00-\xff])|(?<=C[\x00-\xff])|(?<=[XB][\x00-\xff]{4})"
-_EDGE_BEFORE_BYTES = r"(?:(?<![A-Za-z0-9_+/=-])" + _PICKLED + ")"
-_EDGE_BEFORE_KEY_BYTES = r"(?:(?<![A-Za-z0-9_+-])" + _PICKLED + ")"
+#: Bytes that no edge lets stand before a key: a key after one of them was
+#: admitted by a pickle opcode's lookbehind.
+_KEY_CHARS = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_+-")
+_EDGE_BEFORE_BYTES = "(?:" + _EDGE_BEFORE + _PICKLED + ")"
+_EDGE_BEFORE_KEY_BYTES = "(?:" + _EDGE_BEFORE_KEY + _PICKLED + ")"
 
 
 def _compile(pattern: str) -> tuple[re.Pattern[str], re.Pattern[bytes]]:
+    """``pattern`` for text, and for bytes (where pickle opcodes may stand before a key)."""
     as_bytes = (
-        pattern.replace(_EDGE_BEFORE_KEY, _EDGE_BEFORE_KEY_BYTES)
+        pattern.replace("{KEY_BEFORE}", _EDGE_BEFORE_KEY_BYTES)
         .replace(_EDGE_BEFORE, _EDGE_BEFORE_BYTES)
         .encode("latin-1")
     )
-    return re.compile(pattern), re.compile(as_bytes)
+    return re.compile(pattern.replace("{KEY_BEFORE}", _EDGE_BEFORE_KEY)), re.compile(as_bytes)
 
 
-_KEYS = {
-    kind: _compile(_EDGE_BEFORE_KEY + pattern + _EDGE_AFTER)
-    for kind, pattern in KEY_FORMATS.items()
-}
+#: Kinds whose keys hold a ``-``, ``_`` or ``.`` in their fixed part (see _EDGE_BEFORE_KEY).
+_NOT_IN_BASE64 = frozenset({"openai", "anthropic", "github", "slack", "stripe", "jwt"})
+
+
+def _key_pattern(kind: str, pattern: str) -> str:
+    """``pattern`` between its edges: both may be loose, or one (see _EDGE_BEFORE_KEY)."""
+    if kind in _NOT_IN_BASE64:
+        return f"{{KEY_BEFORE}}(?:{pattern}){_EDGE_AFTER_KEY}"
+    return (
+        f"(?:{{KEY_BEFORE}}(?:{pattern}){_EDGE_AFTER}|{_EDGE_BEFORE}(?:{pattern}){_EDGE_AFTER_KEY})"
+    )
+
+
+_KEYS = {kind: _compile(_key_pattern(kind, pattern)) for kind, pattern in KEY_FORMATS.items()}
 _AWS_LABELLED = _compile(_AWS_SECRET_LABELLED)
 _AWS_NEAR = _compile(_AWS_SECRET_NEAR)
 _LABELLED_RE = {kind: [_compile(p) for p in patterns] for kind, patterns in _LABELLED.items()}
@@ -221,6 +248,33 @@ def _windows(data: Any, end: int) -> list[tuple[int, int]]:
     return merged
 
 
+def _pickled_fits(data: Any, start: int, end: int) -> bool:
+    r"""True unless ``data[start:end]`` stands after a key character (so a pickle
+    opcode's lookbehind admitted it) with no opcode whose length holds it.
+
+    A pickled string or bytes ends before the pickle does (at least its STOP
+    follows) and holds the whole key, or ends where the key's match runs on into
+    a memo opcode (``q`` or ``r`` of protocols 2 and 3, which are key
+    characters; protocol 4's ``\x94`` is not). Ordinary text or base64 that
+    merely has a ``C`` or ``X`` at the right place names a length that runs
+    past the end or stops inside the key.
+    """
+    if isinstance(data, str) or start == 0 or data[start - 1] not in _KEY_CHARS:
+        return True
+    if start >= 2 and data[start - 2] == 0x5C and data[start - 1] in b"nrt":
+        return True  # after an escape (see _EDGE_BEFORE_KEY)
+    lengths = []
+    if start >= 2 and data[start - 2] in (0x8C, 0x43):  # SHORT_BINUNICODE, SHORT_BINBYTES
+        lengths.append(data[start - 1])
+    if start >= 5 and data[start - 5] in (0x58, 0x42):  # BINUNICODE, BINBYTES
+        lengths.append(int.from_bytes(bytes(data[start - 4 : start]), "little"))
+    for n in lengths:
+        after = start + n
+        if after < len(data) and (after >= end or data[after] in (0x71, 0x72)):
+            return True
+    return False
+
+
 def _spans(data: Any, end: int | None = None) -> list[tuple[int, int, str]]:
     """``(start, end, kind)`` of every key in ``data[:end]``, not overlapping, in order.
 
@@ -228,7 +282,11 @@ def _spans(data: Any, end: int | None = None) -> list[tuple[int, int, str]]:
     """
     spans: list[tuple[int, int, str]] = []
     for a, b in _windows(data, len(data) if end is None else end):
-        spans += [(s + a, e + a, kind) for s, e, kind in _spans_in(data[a:b])]
+        spans += [
+            (s + a, e + a, kind)
+            for s, e, kind in _spans_in(data[a:b])
+            if _pickled_fits(data, s + a, e + a)
+        ]
     spans.sort()
     kept: list[tuple[int, int, str]] = []
     for span in spans:
@@ -246,6 +304,43 @@ def find_keys(data: Any, end: int | None = None) -> list[str]:
 def key_names(data: Any, end: int | None = None) -> list[str]:
     """:func:`find_keys` as finding names: ``["openai key"]`` (see :func:`said`)."""
     return [f"{kind} key" for kind in find_keys(data, end)]
+
+
+#: What joins words into a name: a key may follow any of them there.
+_NAME_JOINS = re.compile(r"[_.:]")
+
+
+def name_key_names(name: str) -> list[str]:
+    """:func:`key_names` of a name (a step's, a sub-step's id, a variable's).
+
+    In a name, ``_`` ``.`` and ``:`` join words, so a key is also looked for
+    after each of them (``ask_sk-proj-...``): a name is short, and one refused
+    by chance costs a rename, never a record.
+    """
+    found = set(key_names(name))
+    for m in _NAME_JOINS.finditer(name):
+        found.update(key_names(name[m.end() :]))
+    return sorted(found)
+
+
+def scrub(text: str, secrets: dict[str, bytes] | None = None) -> tuple[str, list[str]]:
+    """``text`` with environment secrets and well-known keys masked, and what was found.
+
+    The one gate of a text nbdurable writes: run it before any cut, so a secret
+    straddling the cut is masked whole.
+    """
+    text, names = redact_text(text, secrets)
+    text, kinds = redact_keys(text)
+    return text, names + [f"{kind} key" for kind in kinds]
+
+
+def scrub_name(name: str, secrets: dict[str, bytes] | None = None) -> tuple[str, list[str]]:
+    """A name (a variable's) masked as :func:`scrub` does, keys after ``_`` ``.`` ``:`` too."""
+    masked, found = scrub(name, secrets)
+    for kind in name_key_names(masked):
+        masked = f"[redacted {kind}]"  # a name is short: what is left of it says nothing
+        found.append(kind)
+    return masked, sorted(set(found))
 
 
 def said(names: list[str]) -> str:

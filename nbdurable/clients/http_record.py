@@ -114,7 +114,9 @@ def body_fingerprint(body: bytes | str | None) -> str:
 
 def safe_url(url: str) -> str:
     """``url`` with credential-looking query values and well-known keys masked."""
-    parts = urlsplit(str(url))
+    # Masked before the query is encoded again, which would hide a credential in a
+    # value from the patterns (``?next=https://me:pw@host`` becomes ``https%3A...``).
+    parts = urlsplit(redact_keys(str(url))[0])
     if parts.query:
         query = [
             (k, "[redacted]" if _SECRET_PARAM.search(k) else v)

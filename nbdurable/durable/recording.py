@@ -114,7 +114,17 @@ def save_variables(
     pending: list[str] = []
     for name in names:
         value = ns[name]
-        if unloadable and name in unloadable:
+        masked, found = redact.scrub_name(name, secrets)
+        if found:
+            # A name is written as it is (a record's header, every export): a variable
+            # named by a secret is not written at all, and its body runs again.
+            why = "its name holds " + redact.said(found)
+            out.secrets.append(f"{masked} ({redact.said(found)} in its name)")
+            tname = values.type_name(value)
+            out.variables.append(
+                VarRecord(masked, "unsaved", why, fingerprint(value, name), 0, tname)
+            )
+        elif unloadable and name in unloadable:
             _unsaved(out, name, values.type_name(value), unloadable[name], fingerprint(value, name))
         elif values.is_module(value):
             ref = values.module_ref(value, imported)
@@ -386,6 +396,7 @@ def _load_variables(
 
 
 def _unsaved(out: Saved, name: str, tname: str, why: str, fp: str) -> None:
+    why = redact.scrub(why)[0]  # an error's text may quote the value; masked before the cut
     out.unsaved.append(f"{name} ({tname}: {why})")
     out.unsaved_names.append(name)
     out.variables.append(VarRecord(name, "unsaved", why[:200], fp, 0, tname))

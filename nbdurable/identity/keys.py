@@ -130,7 +130,7 @@ def refuse_secret(text: str, what: str) -> None:
     record's key and header, never redacted there) holds a key or an environment
     secret; the message names what, never the text.
     """
-    found = redact.key_names(text)
+    found = redact.name_key_names(text)
     found += [n for n, v in redact.secrets_in_env().items() if v.decode("utf-8", "replace") in text]
     if found:
         raise UsageProblem(
