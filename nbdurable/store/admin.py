@@ -541,5 +541,11 @@ def set_aside(db_file: Path) -> Path:
 
 
 def check(store: Store, fix: bool = True) -> CheckReport:
-    """Check the store's medium and records; with ``fix``, repair what can be (see Store.check)."""
-    return CheckReport(str(store.path), not fix, store.check(fix=fix))
+    """Check the store's medium and records; with ``fix``, repair what can be (see Store.check).
+
+    Then every run's records against its manifest (see :mod:`.currency`).
+    """
+    from .currency import check_runs
+
+    found = store.check(fix=fix)
+    return CheckReport(str(store.path), not fix, found + check_runs(store, fix, _REPAIRED))

@@ -516,7 +516,8 @@ class Store(abc.ABC):
         if found is not None and self._domain(found) is not None:
             return found
         new = dict(found or {"format": FORMAT_VERSION, "created": time.time()})
-        new["store"] = _secrets.token_hex(16)
+        if self._domain(new) is None:  # an engine whose domain is its own name needs no id
+            new["store"] = _secrets.token_hex(16)
         self.write({layout.FORMAT_KEY: self._encode(layout.FORMAT_KEY, new)})
         return new
 

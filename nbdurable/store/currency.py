@@ -1,0 +1,53 @@
+"""``nbdurable check``'s look at every run's manifest: records that are no longer current.
+
+A record its run's manifest refuses (written before its step was cleared,
+an earlier step record rolled back in place, or stamped under a manifest
+that is now missing or unreadable; see :mod:`.manifest`) can never be used:
+its step runs again. ``check`` names each one; with ``fix`` it deletes them
+and, for a run whose manifest was missing, starts a new one, so the store
+is sound again. No value is unpickled.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+from ..errors import NbdurableWarning, StaleRecord
+from . import layout
+from .base import Store
+
+#: The kinds of keys a manifest speaks for (see :func:`layout.parse`).
+_GUARDED = ("step", "sub", "version", "vsub")
+
+
+def check_runs(store: Store, fix: bool, done: str) -> list[str]:
+    """One line per record no longer current (``done`` ends a line of one repaired)."""
+    problems: list[str] = []
+    stale: list[str] = []
+    unproven: set[str] = set()  # runs whose manifest is missing
+    for key in store.scan(layout.RUNS):
+        where = layout.parse(key)
+        if where is None or where.kind not in _GUARDED:
+            continue
+        try:
+            store.get(key)
+        except StaleRecord as exc:
+            stale.append(key)
+            problems.append(f"{exc}".removesuffix("; it is ignored") + (done if fix else ""))
+            if "manifest is missing" in str(exc):
+                unproven.add(where.run_hash)
+        except Exception:  # noqa: BLE001, S112 - a record failing its signature is not ours
+            continue
+    if fix and stale:
+        store.apply(deletes=stale)
+        with warnings.catch_warnings():
+            # check says it here, once per run, rather than as a warning
+            warnings.simplefilter("ignore", NbdurableWarning)
+            for run in sorted(unproven):
+                store._manifest_for_write(run)  # noqa: SLF001 - starts the run's new manifest
+    problems += [
+        f"run {run}: its manifest is missing or unreadable"
+        + ("; a new one was started" + done if fix else "")
+        for run in sorted(unproven)
+    ]
+    return problems
