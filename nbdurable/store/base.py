@@ -381,6 +381,8 @@ class Store(abc.ABC):
                 values[k] = value = self._encode(k, self._stamp(k, h), b)
                 if k[19:21] == "s/" and k.startswith(layout.RUNS):
                     manifests[k[2:18]].recorded(k[21:], codec.signature(value))  # type: ignore[union-attr]
+            # What the caller wrote: the manifest is the store's own bookkeeping.
+            written = sum(len(v) for v in values.values())
             for run, m in manifests.items():
                 mkey = layout.RunKeys.of_hash(run).manifest
                 values[mkey] = self._encode(mkey, m.to_header())  # type: ignore[union-attr]
@@ -390,7 +392,7 @@ class Store(abc.ABC):
             for run in runs:
                 self._manifests.pop(run, None)
             raise
-        return sum(len(v) for v in values.values())
+        return written
 
     def _lost(self, fence: Fence) -> LeaseLost:
         """The error of a write refused by ``fence`` (the kernel side names the new holder)."""
