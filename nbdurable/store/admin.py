@@ -425,7 +425,9 @@ def gc(
                 report.versions += sum(k.startswith(rk.versions(step)) for k in extra)
                 deletes += extra
             continue
-        keep = {rk.meta} if keep_steps else set()
+        # A run that keeps a pinned step keeps its manifest: without it the step's
+        # record could not be proven current (see .manifest), and would not replay.
+        keep = {rk.meta, rk.manifest} if keep_steps else set()
         for step in keep_steps:
             keep |= {rk.step(step), rk.state(step)}
             keep |= set(run.subs.get(step, ()))
