@@ -244,3 +244,33 @@ def test_check_says_a_missing_manifest(tmp_path, capsys):
     assert cli.main(["check", "--store", str(path)]) == 0
     with open_store(path) as s:
         assert s.has(rk.manifest)
+
+
+# -- crash safety: a record and its manifest are one transaction -------------------------
+
+_KILLED_WRITER = """
+import os, sys
+from nbdurable import faults
+from nbdurable.store import RunKeys, open_store
+s = open_store(sys.argv[1])
+rk = RunKeys("nb.ipynb")
+s.apply(puts=[(rk.step("name:s"), {"run": "nb.ipynb", "started": 1.0}, b"")])
+faults._spec, faults._loaded = ("store-write", 1), True  # die inside the next transaction
+s.apply(puts=[(rk.step("name:s"), {"run": "nb.ipynb", "started": 2.0}, b"")])
+"""
+
+
+def test_a_kill_while_a_step_record_is_written_leaves_the_one_before_usable(tmp_path):
+    import subprocess
+    import sys
+
+    path = tmp_path / "store"
+    done = subprocess.run([sys.executable, "-c", _KILLED_WRITER, str(path)], timeout=60)
+    assert done.returncode == 137, "the writer died inside its transaction"
+    with open_store(path) as s:
+        rk = RunKeys(RUN)
+        assert s.get(rk.step("name:s"))[0]["started"] == 1.0  # neither record nor manifest moved
+        manifest = s._read_manifest(rk.base[2:-1])
+        assert manifest.steps["name:s"][1] == codec.signature(s.read(rk.step("name:s")))
+        _record(s, started=3.0)  # and the step records again
+        assert s.get(rk.step("name:s"))[0]["started"] == 3.0
