@@ -274,3 +274,14 @@ def test_a_kill_while_a_step_record_is_written_leaves_the_one_before_usable(tmp_
         assert manifest.steps["name:s"][1] == codec.signature(s.read(rk.step("name:s")))
         _record(s, started=3.0)  # and the step records again
         assert s.get(rk.step("name:s"))[0]["started"] == 3.0
+
+
+def test_a_run_rolled_back_with_its_manifest_while_in_use_is_said(any_store):
+    rk = _record(any_store, started=1.0)
+    earlier = _raw(any_store, [rk.step("name:s"), rk.sub("name:s", "call"), rk.manifest])
+    _record(any_store, value=b"v2", started=2.0)
+    assert any_store.get(rk.step("name:s"))[0]["started"] == 2.0
+    any_store.write(earlier)  # the whole run, manifest and all, put back as it was
+    with pytest.warns(NbdurableWarning, match="went back from change 2 to 1"):
+        got = any_store.get(rk.step("name:s"))
+    assert got[0]["started"] == 1.0  # consistent: it replays (see docs/guarantees.md)

@@ -236,6 +236,16 @@ class Store(abc.ABC):
                 m = Manifest.from_header(codec.decode(self._macs, key, raw)[0])
             except (CorruptRecord, KeyError, TypeError, ValueError, IndexError):
                 m = None
+        before = self._manifests.get(run)
+        if m is not None and before is not None and m.seq < before.seq:
+            # Consistent, so nothing in it is refused; but this process saw a later one.
+            warnings.warn(
+                f"the manifest of run {run} in the store at {self.path} went back from change "
+                f"{before.seq} to {m.seq} while this process used it: the run was rolled back "
+                "to an earlier copy (a backup restored over it?)",
+                NbdurableWarning,
+                stacklevel=4,
+            )
         self._manifests[run] = m
         return m
 

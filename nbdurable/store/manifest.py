@@ -21,7 +21,8 @@ as well as the day it was written. The manifest, one signed row per run
 * A step's entry names the signature of its current step record, written in
   the same transaction as that record: a step record that is not that one
   (an earlier one rolled back in place) is refused.
-* ``seq`` counts the manifest's changes.
+* ``seq`` counts the manifest's changes: a process that reads a manifest with
+  a lower ``seq`` than one it read before says the run was rolled back.
 
 A record that does not match is refused like a record whose signature fails
 (:class:`~nbdurable.errors.CorruptRecord`): one line, and its step (or call)
