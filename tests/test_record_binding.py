@@ -285,3 +285,17 @@ def test_a_run_rolled_back_with_its_manifest_while_in_use_is_said(any_store):
     with pytest.warns(NbdurableWarning, match="went back from change 2 to 1"):
         got = any_store.get(rk.step("name:s"))
     assert got[0]["started"] == 1.0  # consistent: it replays (see docs/guarantees.md)
+
+
+def test_check_says_sub_step_rows_lost_since_their_step_was_recorded(tmp_path, capsys):
+    path = tmp_path / "store"
+    with open_store(path) as s:
+        rk = _record(s)
+        s.delete(rk.sub("name:s", "call"))  # lost, the step record left as it was
+        assert s.get(rk.step("name:s")) is not None  # the record itself still replays
+    assert cli.main(["check", "--store", str(path), "--dry-run"]) == 1
+    out = capsys.readouterr().out
+    assert "has lost 1 of its 1 sub-step rows" in out, out
+    assert cli.main(["check", "--store", str(path)]) == 0  # said once, noted
+    assert cli.main(["check", "--store", str(path)]) == 0
+    assert "sound" in capsys.readouterr().out

@@ -389,22 +389,28 @@ class Store(abc.ABC):
             if cleared is not None:
                 manifests[layout.run_hash(cleared[0])].cleared(cleared[1])  # type: ignore[union-attr]
             values = dict(blobs or {})
+            recorded = []
             for k, h, b in puts:
                 values[k] = value = self._encode(k, self._stamp(k, h), b)
                 if k[19:21] == "s/" and k.startswith(layout.RUNS):
-                    manifests[k[2:18]].recorded(k[21:], codec.signature(value))  # type: ignore[union-attr]
-            # What the caller wrote: the manifest is the store's own bookkeeping.
-            written = sum(len(v) for v in values.values())
+                    recorded.append((k, codec.signature(value)))
+            self.write(values, deletes, fence)
+            # Still inside the transaction: the manifest lands with the records, or neither.
+            for k, sig in recorded:
+                # the step's sub-step rows as this write left them (check says if rows go)
+                rows = self.stats(layout.RunKeys.of_hash(k[2:18]).subs_prefix(k[21:]))[0]
+                manifests[k[2:18]].recorded(k[21:], sig, rows)  # type: ignore[union-attr]
+            mine = {}
             for run, m in manifests.items():
                 mkey = layout.RunKeys.of_hash(run).manifest
-                values[mkey] = self._encode(mkey, m.to_header())  # type: ignore[union-attr]
-            self.write(values, deletes, fence)
+                mine[mkey] = self._encode(mkey, m.to_header())  # type: ignore[union-attr]
+            self.write(mine)
         except BaseException:
             # Changed in memory but perhaps not written: read again at the next use.
             for run in runs:
                 self._manifests.pop(run, None)
             raise
-        return written
+        return sum(len(v) for v in values.values())  # the manifest is the store's own
 
     def _lost(self, fence: Fence) -> LeaseLost:
         """The error of a write refused by ``fence`` (the kernel side names the new holder)."""

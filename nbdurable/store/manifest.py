@@ -8,7 +8,7 @@ as well as the day it was written. The manifest, one signed row per run
 (``r/<run>/manifest``), says which records are current::
 
     {"kind": "manifest", "seq": 7, "epoch": 1733390000123, "top": 1733390000456,
-     "steps": {"<scope>": [generation, "<signature of its step record>"]}}
+     "steps": {"<scope>": [generation, "<signature of its step record>", rows]}}
 
 * Every step, sub-step and archived-version record carries the *generation*
   of its scope (a step key, or ``~run``) when it was written, in its signed
@@ -20,7 +20,9 @@ as well as the day it was written. The manifest, one signed row per run
   was deleted and made anew.
 * A step's entry names the signature of its current step record, written in
   the same transaction as that record: a step record that is not that one
-  (an earlier one rolled back in place) is refused.
+  (an earlier one rolled back in place) is refused. It also counts the
+  step's sub-step rows then (``rows``): ``nbdurable check`` says when fewer
+  are left (a lost row is a call its body, run again, pays again).
 * ``seq`` counts the manifest's changes: a process that reads a manifest with
   a lower ``seq`` than one it read before says the run was rolled back.
 
@@ -75,7 +77,7 @@ class Manifest:
         steps = h["steps"]
         if not isinstance(steps, dict):
             raise TypeError("steps is not an object")
-        m.steps = {str(k): [int(v[0]), str(v[1])] for k, v in steps.items()}
+        m.steps = {str(k): [int(v[0]), str(v[1]), int(v[2])] for k, v in steps.items()}
         return m
 
     def to_header(self) -> dict[str, Any]:
@@ -93,9 +95,11 @@ class Manifest:
         entry = self.steps.get(scope)
         return self.epoch if entry is None else entry[0]
 
-    def recorded(self, scope: str, sig: str) -> None:
-        """Note ``sig`` as the signature of the step ``scope``'s current record."""
-        self.steps[scope] = [self.gen(scope), sig]
+    def recorded(self, scope: str, sig: str, rows: int) -> None:
+        """Note ``sig`` as the signature of the step ``scope``'s current record, written
+        when the step had ``rows`` sub-step rows.
+        """
+        self.steps[scope] = [self.gen(scope), sig, rows]
         self.seq += 1
 
     def cleared(self, scopes: list[str] | None) -> None:
@@ -105,7 +109,7 @@ class Manifest:
             self.epoch, self.steps = self.top, {}
         else:
             for scope in scopes:
-                self.steps[scope] = [self.top, ""]
+                self.steps[scope] = [self.top, "", 0]
         self.seq += 1
 
 
