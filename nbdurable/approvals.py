@@ -169,11 +169,19 @@ def read_pending(store: Store, rk: RunKeys, scope: str, approval_id: str) -> Pen
         return None
 
 
-def read_decision(store: Store, rk: RunKeys, scope: str, approval_id: str) -> Decision | None:
-    """The decision recorded for one approval; None if absent or unreadable (asked again)."""
+def read_decision(
+    store: Store, rk: RunKeys, scope: str, approval_id: str, strict: bool = False
+) -> Decision | None:
+    """The decision recorded for one approval; None if absent or unreadable (asked again).
+
+    With ``strict``, a record that fails its check (or is no longer current: see
+    :mod:`nbdurable.store.manifest`) raises :class:`CorruptRecord`, for the asker to say.
+    """
     try:
         got = store.get(rk.sub(scope, APPROVAL_PREFIX + approval_id))
     except CorruptRecord:
+        if strict:
+            raise
         return None
     if got is None:
         return None

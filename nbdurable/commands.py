@@ -209,7 +209,11 @@ def clear(store: Store, run_id: str, step_keys: list[str]) -> list[str]:
                 b"",
             )
         )
-    store.apply(puts=[*puts, changed_mark(rk, "clear")], deletes=deletes)
+    # The manifest gives the cleared steps a new generation in the same transaction:
+    # a cleared record written back later is refused (see store.manifest).
+    store.apply(
+        puts=[*puts, changed_mark(rk, "clear")], deletes=deletes, cleared=(run_id, step_keys)
+    )
     return sorted(stale)
 
 
@@ -221,8 +225,9 @@ def clear_all(store: Store, run_id: str) -> int:
     taken the run over, and stopped recording until restarted.
     """
     rk = RunKeys(run_id)
-    keys = [k for k in store.scan(rk.base) if k not in (rk.lease, rk.changed)]
-    store.apply(puts=[changed_mark(rk, "clear-all")], deletes=keys)
+    # The manifest stays, with a new epoch: every record cleared is refused if written back.
+    keys = [k for k in store.scan(rk.base) if k not in (rk.lease, rk.changed, rk.manifest)]
+    store.apply(puts=[changed_mark(rk, "clear-all")], deletes=keys, cleared=(run_id, None))
     return len(keys)
 
 

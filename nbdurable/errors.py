@@ -76,6 +76,12 @@ class CorruptRecord(NbdurableError, ValueError):
     """
 
 
+class StaleRecord(CorruptRecord):
+    """A record that verifies but is not current: its run's manifest says it was cleared
+    or replaced since (see :mod:`nbdurable.store.manifest`). Its step runs again.
+    """
+
+
 class LiveCallRefused(UsageProblem):
     """Verify mode (``configure(mode="verify")``, ``nbdurable verify``) met live work.
 

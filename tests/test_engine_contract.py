@@ -104,7 +104,10 @@ def test_apply_writes_and_deletes_in_one_call_and_load_prefix_reads_a_range(engi
     rk = RunKeys("nb.ipynb")
     engine.put(rk.meta, {"run": "nb.ipynb", "last": 1.0})
     engine.apply(puts=[(rk.step(f"k{i}"), {"i": i}, b"x" * i) for i in range(5)])
-    assert engine.get(rk.step("k3")) == ({"i": 3}, b"xxx")
+    header, body = engine.get(rk.step("k3"))
+    # stamped with its step's generation (see nbdurable.store.manifest)
+    assert header == {"i": 3, "gen": header["gen"]} and isinstance(header["gen"], int)
+    assert body == b"xxx"
     assert engine.scan(rk.steps) == [rk.step(f"k{i}") for i in range(5)]
     loaded = engine.load_prefix(rk.steps)
     assert [engine.get_loaded(k, v)[0]["i"] for k, v in loaded.items()] == [0, 1, 2, 3, 4]

@@ -160,7 +160,9 @@ def test_a_fork_holds_exactly_the_steps_asked_for_on_both_engines(any_store):
     report = fork_run(store, "a", "b", {"s1"})
     b = RunKeys("b")
     got = {k[len(b.base) :]: store.get(k) for k in store.scan(b.base)}
-    assert sorted(got) == ["fork", "meta", "s/s1", "t/s1", "u/s1/q", "u/~run/setup"], sorted(got)
+    assert sorted(got) == ["fork", "manifest", "meta", "s/s1", "t/s1", "u/s1/q", "u/~run/setup"], (
+        sorted(got)
+    )
     assert report.records == 5
     assert got["fork"][0]["parent"] == "a" and got["meta"][0]["run"] == "b"
     assert bytes(got["u/s1/q"][1]) == b"one" and got["s/s1"][0]["run"] == "b"

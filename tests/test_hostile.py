@@ -568,8 +568,9 @@ def test_a_planted_pickled_key_is_never_unpickled(store, tmp_path):
     (raw,) = store._rows.cache._sql("SELECT raw FROM Cache WHERE typeof(key) = 'blob'").fetchone()
     assert raw == 0 and not target.exists()
 
-    assert store.scan("r/") == [RunKeys("nb.ipynb").step("name:a")]
-    assert store.stats("r/")[0] == 1 and store.scan("b/") == []
+    rk = RunKeys("nb.ipynb")
+    assert store.scan("r/") == [rk.manifest, rk.step("name:a")]  # and the run's manifest
+    assert store.stats("r/")[0] == 2 and store.scan("b/") == []
     assert len(runs.list_runs(store)) == 1  # the run of 'name:a', known by its hash only
     assert store.check(fix=False) == []
     store.check(fix=True)

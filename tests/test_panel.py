@@ -204,8 +204,9 @@ def test_buttons_change_the_store_and_the_rows(every_state):
         p.clear_all_button.click()
         assert confirming(p) and p.confirm_box in p._confirm_slot.children
         p.confirm_button.click()
-        # what was recorded is gone; the lease stays, so this kernel goes on recording
-        assert sorted(s.store.scan(rk.base)) == sorted([rk.lease, rk.changed])
+        # what was recorded is gone; the lease stays, so this kernel goes on recording (and
+        # the manifest, which refuses what was cleared)
+        assert sorted(s.store.scan(rk.base)) == sorted([rk.lease, rk.changed, rk.manifest])
         assert set(states(p).values()) == {"pending"}
         assert "gone" not in states(p)  # orphans go with their records
     finally:

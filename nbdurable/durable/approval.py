@@ -37,7 +37,7 @@ from typing import Any
 
 from .. import approvals, events
 from ..approvals import Decision, Pending
-from ..errors import ApprovalPending, BadArgument, Rejected, UsageProblem
+from ..errors import ApprovalPending, BadArgument, CorruptRecord, Rejected, UsageProblem
 from ..identity import keys
 from ..store.layout import RUN_SCOPE
 from .context import warn
@@ -109,7 +109,12 @@ def _ask(session: Session, aid: str, summary: str, details: Any, parts: dict[str
     store, rk = session.store, session.keys
     fp = approvals.digest(parts)
     where = f"approval {aid!r}" + (f" of step {ctx.label!r}" if ctx is not None else "")
-    old = approvals.read_decision(store, rk, scope, aid)
+    try:
+        old = approvals.read_decision(store, rk, scope, aid, strict=True)
+    except CorruptRecord as exc:
+        # Never the old decision, never in silence: it is asked again, and why is said.
+        warn(f"{where}: its recorded decision cannot be used ({exc}); asking again.")
+        old = None
     again = ""
     if old is not None and old.args_fp == fp:
         if ctx is not None:

@@ -425,7 +425,9 @@ def gc(
                 report.versions += sum(k.startswith(rk.versions(step)) for k in extra)
                 deletes += extra
             continue
-        keep = {rk.meta} if keep_steps else set()
+        # A run that keeps a pinned step keeps its manifest: without it the step's
+        # record could not be proven current (see .manifest), and would not replay.
+        keep = {rk.meta, rk.manifest} if keep_steps else set()
         for step in keep_steps:
             keep |= {rk.step(step), rk.state(step)}
             keep |= set(run.subs.get(step, ()))
@@ -541,5 +543,11 @@ def set_aside(db_file: Path) -> Path:
 
 
 def check(store: Store, fix: bool = True) -> CheckReport:
-    """Check the store's medium and records; with ``fix``, repair what can be (see Store.check)."""
-    return CheckReport(str(store.path), not fix, store.check(fix=fix))
+    """Check the store's medium and records; with ``fix``, repair what can be (see Store.check).
+
+    Then every run's records against its manifest (see :mod:`.currency`).
+    """
+    from .currency import check_runs
+
+    found = store.check(fix=fix)
+    return CheckReport(str(store.path), not fix, found + check_runs(store, fix, _REPAIRED))

@@ -17,15 +17,25 @@ from __future__ import annotations
 import abc
 import contextlib
 import hashlib
+import secrets as _secrets
 import time
+import warnings
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from .. import redact
-from ..errors import CorruptRecord, FormatVersionError, LeaseLost, StoreError
+from ..errors import (
+    CorruptRecord,
+    FormatVersionError,
+    LeaseLost,
+    NbdurableWarning,
+    StaleRecord,
+    StoreError,
+)
 from . import blobs, codec, layout
+from .manifest import Manifest, refusal
 from .records import FORMAT_VERSION
 
 #: load_prefix holds values of at most this many bytes, and this many bytes in all.
@@ -88,7 +98,10 @@ class Store(abc.ABC):
         """Called by an engine once open: the signing key, then the format check."""
         # Keys that failed to verify, or blobs found missing: put_blob rewrites them.
         self._suspect: set[str] = set()
-        self._mac = codec.signer(secret)
+        # Until the format record names the store's domain, only it can be read.
+        self._macs = codec.Macs(codec.signer(secret))
+        #: run hash -> its manifest as last read or written (None: absent or unreadable)
+        self._manifests: dict[str, Manifest | None] = {}
         self._check_format()
 
     # -- what an engine implements (over bytes) ----------------------------------------
@@ -175,17 +188,116 @@ class Store(abc.ABC):
         Raises :class:`CorruptRecord` if the record is present but does not verify.
         """
         raw = self.read(key)
-        return None if raw is None else self._decode(key, raw)
+        if raw is None:
+            return None
+        got = self._decode(key, raw)
+        # A step record is read once per step: read its run's manifest afresh
+        # then, so a clear made by another process since is seen.
+        self._check_current(key, raw, got[0], refresh=key[19:21] == "s/")
+        return got
 
     def _decode(self, key: str, raw: bytes) -> Record:
         try:
-            return codec.decode(self._mac, key, raw)
+            return codec.decode(self._macs, key, raw)
         except CorruptRecord:
             self._suspect.add(key)
             raise
 
     def _encode(self, key: str, header: Header, body: bytes | memoryview = b"") -> bytes:
-        return codec.encode(self._mac, key, header, body)
+        if key == layout.FORMAT_KEY:  # it names the domain, so it cannot be bound to it
+            return codec.encode(self._macs.v1, key, header, body, magic=codec.MAGIC)
+        return codec.encode(self._macs.v2, key, header, body)
+
+    # -- freshness: the run's manifest (see .manifest) -------------------------------------
+    def _check_current(self, key: str, raw: bytes, header: Header, refresh: bool) -> None:
+        """Raise :class:`StaleRecord` if ``key`` is a run's record its manifest does not name."""
+        # r/<16 hex>/<kind>/...: the kinds a manifest speaks for are s, u, v and w.
+        if key[20:21] != "/" or key[19] not in "suvw" or not key.startswith(layout.RUNS):
+            return
+        run, kind = key[2:18], key[19]
+        m = self._read_manifest(run) if refresh or run not in self._manifests else None
+        if m is None:
+            m = self._manifests[run]
+        scope = key[21:].partition("/")[0]
+        if kind != "s" and m is not None and header.get("gen", -1) == m.gen(scope):
+            return  # the replay path of a sub-step: current
+        sig = codec.signature(raw) if kind == "s" else ""
+        why = refusal(m, kind, scope, header, sig)
+        if why:
+            raise StaleRecord(f"record {key!r} {why}; it is ignored")
+
+    def _read_manifest(self, run: str) -> Manifest | None:
+        """The run's manifest as the store holds it now (None: absent or unreadable)."""
+        key = layout.RunKeys.of_hash(run).manifest
+        raw = self.read(key)
+        m = None
+        if raw is not None:
+            try:
+                m = Manifest.from_header(codec.decode(self._macs, key, raw)[0])
+            except (CorruptRecord, KeyError, TypeError, ValueError, IndexError):
+                m = None
+        before = self._manifests.get(run)
+        if m is not None and before is not None and m.seq < before.seq:
+            # Consistent, so nothing in it is refused; but this process saw a later one.
+            warnings.warn(
+                f"the manifest of run {run} in the store at {self.path} went back from change "
+                f"{before.seq} to {m.seq} while this process used it: the run was rolled back "
+                "to an earlier copy (a backup restored over it?)",
+                NbdurableWarning,
+                stacklevel=4,
+            )
+        self._manifests[run] = m
+        return m
+
+    def _manifest_for_write(self, run: str) -> Manifest:
+        """The run's manifest, made (in its own transaction) if the run has none yet."""
+        m = self._manifests.get(run)
+        if m is None:
+            m = self._read_manifest(run)
+        if m is None:
+            m = self._atomically(layout.RunKeys.of_hash(run).manifest, lambda: self._begin(run))
+        return m
+
+    def _begin(self, run: str) -> Manifest:
+        """Start the manifest of ``run`` (inside a transaction): see :mod:`.manifest`."""
+        m = self._read_manifest(run)
+        if m is not None:
+            return m  # another process started it meanwhile
+        rk = layout.RunKeys.of_hash(run)
+        stamped = unstamped = 0
+        for prefix in (rk.steps, rk.all_subs):
+            for k, value in self.read_prefix(prefix, LOAD_ROW_MAX):
+                try:
+                    header = codec.decode(self._macs, k, value)[0] if value else None
+                except CorruptRecord:
+                    continue
+                if header is not None:
+                    stamped += "gen" in header
+                    unstamped += "gen" not in header
+        m = Manifest.new(adopted=bool(unstamped) and not stamped)
+        if stamped:
+            warnings.warn(
+                f"the manifest of run {rk.base[2:-1]} in the store at {self.path} was missing "
+                "or unreadable (deleted or damaged): a new one was started, and the records "
+                "written under the old one are not trusted (their steps run again)",
+                NbdurableWarning,
+                stacklevel=4,
+            )
+        self.write({rk.manifest: self._encode(rk.manifest, m.to_header())})
+        self._manifests[run] = m
+        return m
+
+    def _atomically(self, lock: str, fn: Callable[[], Any]) -> Any:
+        """``fn()`` in one transaction, serialized with every other that names ``lock``."""
+        with self.transaction():
+            return fn()
+
+    def _stamp(self, key: str, header: Header) -> Header:
+        """``header`` with the generation of its scope, for a record a manifest speaks for."""
+        if key[20:21] != "/" or key[19] not in "suvw" or not key.startswith(layout.RUNS):
+            return header
+        m = self._manifest_for_write(key[2:18])
+        return {**header, "gen": m.gen(key[21:].partition("/")[0])}
 
     def load_prefix(self, prefix: str) -> dict[str, bytes | None]:
         """Every key under ``prefix`` with its stored bytes, unverified (one range read).
@@ -197,6 +309,9 @@ class Store(abc.ABC):
         """
         out: dict[str, bytes | None] = {}
         total = 0
+        if prefix.startswith(layout.RUNS) and len(prefix) >= 19:
+            # A step's sub-steps are loaded at its start: the manifest is read afresh then.
+            self._read_manifest(prefix[2:18])
         for key, value in self.read_prefix(prefix, LOAD_ROW_MAX):
             if value is not None:
                 total += len(value)
@@ -207,13 +322,15 @@ class Store(abc.ABC):
 
     def get_loaded(self, key: str, raw: bytes | None) -> Record | None:
         """Verified ``(header, body)`` of an entry of :meth:`load_prefix` (None: read it now)."""
-        return self.get(key) if raw is None else self._decode(key, raw)
+        if raw is None:
+            return self.get(key)
+        got = self._decode(key, raw)
+        self._check_current(key, raw, got[0], refresh=False)
+        return got
 
     def put(self, key: str, header: Header, body: bytes = b"", fence: Fence | None = None) -> int:
         """Write one record atomically (under ``fence``, see :meth:`write`); return its size."""
-        value = self._encode(key, header, body)
-        self.write({key: value}, (), fence)
-        return len(value)
+        return self.apply([(key, header, body)], fence=fence)
 
     def apply(
         self,
@@ -221,16 +338,79 @@ class Store(abc.ABC):
         deletes: Iterable[str] = (),
         blobs: dict[str, bytes] | None = None,
         fence: Fence | None = None,
+        cleared: tuple[str, list[str] | None] | None = None,
     ) -> int:
         """Write and delete in one transaction: all of it happens or none of it.
 
         ``blobs`` are small blobs deferred by :meth:`put_blob` (already encoded);
-        ``fence``: see :meth:`write`.
+        ``fence``: see :meth:`write`. ``cleared``: ``(run id, step keys)`` whose
+        records this clears (None: the whole run), so its manifest refuses them
+        if they are ever written back.
+
+        Every record of a run's step, sub-step or version is stamped with its
+        scope's generation; a step record, and a clear, also rewrite the run's
+        manifest, read and written in this same transaction (see :mod:`.manifest`):
+        a crash leaves the record and the manifest that names it both or neither.
         """
-        values = dict(blobs or {})
-        values.update((k, self._encode(k, h, b)) for k, h, b in puts)
-        self.write(values, list(deletes), fence)
-        return sum(len(v) for v in values.values())
+        puts = list(puts)
+        deletes = list(deletes)
+        steps = {k[2:18] for k, _, _ in puts if k[19:21] == "s/" and k.startswith(layout.RUNS)}
+        if cleared is not None:
+            steps.add(layout.run_hash(cleared[0]))
+        if not steps:  # the hot path (a sub-step): no manifest is written
+            values = dict(blobs or {})
+            values.update((k, self._encode(k, self._stamp(k, h), b)) for k, h, b in puts)
+            self.write(values, deletes, fence)
+            return sum(len(v) for v in values.values())
+        return int(
+            self._atomically(
+                layout.RunKeys.of_hash(min(steps)).manifest,
+                lambda: self._apply_recording(puts, deletes, blobs, fence, steps, cleared),
+            )
+        )
+
+    def _apply_recording(
+        self,
+        puts: list[tuple[str, Header, bytes]],
+        deletes: list[str],
+        blobs: dict[str, bytes] | None,
+        fence: Fence | None,
+        runs: set[str],
+        cleared: tuple[str, list[str] | None] | None,
+    ) -> int:
+        """:meth:`apply` of step records or a clear: the manifests are read, changed and
+        written with them (inside :meth:`_atomically`).
+        """
+        # Read afresh inside the transaction: another process may have cleared meanwhile.
+        manifests = {run: self._read_manifest(run) for run in sorted(runs)}
+        try:
+            for run in runs:
+                manifests[run] = manifests[run] or self._manifest_for_write(run)
+            if cleared is not None:
+                manifests[layout.run_hash(cleared[0])].cleared(cleared[1])  # type: ignore[union-attr]
+            values = dict(blobs or {})
+            recorded = []
+            for k, h, b in puts:
+                values[k] = value = self._encode(k, self._stamp(k, h), b)
+                if k[19:21] == "s/" and k.startswith(layout.RUNS):
+                    recorded.append((k, codec.signature(value)))
+            self.write(values, deletes, fence)
+            # Still inside the transaction: the manifest lands with the records, or neither.
+            for k, sig in recorded:
+                # the step's sub-step rows as this write left them (check says if rows go)
+                rows = self.stats(layout.RunKeys.of_hash(k[2:18]).subs_prefix(k[21:]))[0]
+                manifests[k[2:18]].recorded(k[21:], sig, rows)  # type: ignore[union-attr]
+            mine = {}
+            for run, m in manifests.items():
+                mkey = layout.RunKeys.of_hash(run).manifest
+                mine[mkey] = self._encode(mkey, m.to_header())  # type: ignore[union-attr]
+            self.write(mine)
+        except BaseException:
+            # Changed in memory but perhaps not written: read again at the next use.
+            for run in runs:
+                self._manifests.pop(run, None)
+            raise
+        return sum(len(v) for v in values.values())  # the manifest is the store's own
 
     def _lost(self, fence: Fence) -> LeaseLost:
         """The error of a write refused by ``fence`` (the kernel side names the new holder)."""
@@ -258,7 +438,7 @@ class Store(abc.ABC):
                 if current is not None:
                     self.delete(key)
             else:
-                self.put(key, new)
+                self.write({key: self._encode(key, new)})
         return current
 
     # -- blobs: variables stored once by content (format: see .blobs) --------------------
@@ -310,7 +490,7 @@ class Store(abc.ABC):
 
     def _blob_from_bytes(self, sha: str, key: str, value: bytes) -> blobs.Blob:
         """A small blob kept as a record's bytes: format 2, or a format-1 signed record."""
-        if value.startswith(codec.MAGIC):  # format 1: a signed record
+        if value.startswith(codec.MAGIC):  # format 1: a signed record (of the first scheme)
             return blobs.Blob(self._decode(key, value)[1])
         return blobs.writable(blobs.parse(sha, value))
 
@@ -319,12 +499,7 @@ class Store(abc.ABC):
         # Read past the per-record format check: a newer store must be reported as
         # such (FormatVersionError), not as one unreadable record.
         try:
-            raw = self.read(layout.FORMAT_KEY)
-            found = (
-                None
-                if raw is None
-                else codec.decode(self._mac, layout.FORMAT_KEY, raw, newer_ok=True)
-            )
+            found = self._read_format()
         except CorruptRecord as exc:
             raise StoreError(
                 f"the nbdurable store at {self.path} cannot be verified: its format record "
@@ -332,15 +507,48 @@ class Store(abc.ABC):
                 "(NBDURABLE_KEY, or the key file, differs from the one it was written with) or "
                 f"that record was damaged. Restore the key, or {self.elsewhere}."
             ) from exc
-        if found is None:
-            self.put(layout.FORMAT_KEY, {"format": FORMAT_VERSION, "created": time.time()})
-            return
-        version = found[0].get("format")
+        version = FORMAT_VERSION if found is None else found.get("format")
         if version != FORMAT_VERSION:
             raise FormatVersionError(
                 f"the store at {self.path} has format {version}; this nbdurable reads format "
                 f"{FORMAT_VERSION}. Upgrade nbdurable, or {self.elsewhere}."
             )
+        if found is None or self._domain(found) is None:
+            found = self._atomically(layout.FORMAT_KEY, self._name_store)
+        domain = self._domain(found)
+        assert domain is not None
+        self._macs = codec.Macs(self._macs.v1, codec.bind(self._macs.v1, domain))
+
+    def _read_format(self) -> Header | None:
+        raw = self.read(layout.FORMAT_KEY)
+        if raw is None:
+            return None
+        return codec.decode(self._macs, layout.FORMAT_KEY, raw, newer_ok=True)[0]
+
+    def _name_store(self) -> Header:
+        """Write the format record, with a store id if it has none (inside a transaction).
+
+        The format record is signed with the first scheme (no domain): it is
+        what names the domain. Read again inside the transaction, so two
+        processes opening a new store at once agree on one id.
+        """
+        found = self._read_format()
+        if found is not None and self._domain(found) is not None:
+            return found
+        new = dict(found or {"format": FORMAT_VERSION, "created": time.time()})
+        if self._domain(new) is None:  # an engine whose domain is its own name needs no id
+            new["store"] = _secrets.token_hex(16)
+        self.write({layout.FORMAT_KEY: self._encode(layout.FORMAT_KEY, new)})
+        return new
+
+    def _domain(self, fmt: Header) -> str | None:
+        """What a record's signature binds it to (see :mod:`.codec`): this store's id.
+
+        None while the format record holds none (a store made by an earlier
+        version gets one once). An engine shared by a team overrides this.
+        """
+        store = fmt.get("store")
+        return f"store:{store}" if isinstance(store, str) and store else None
 
     def __enter__(self) -> Store:
         return self

@@ -1,7 +1,18 @@
-"""How a record becomes signed bytes and back: pure functions, no I/O but the key file.
+r"""How a record becomes signed bytes and back: pure functions, no I/O but the key file.
 
-Every value is ``MAGIC + HMAC-SHA256(secret, key + NUL + payload) + payload``
-where payload is a 4-byte header length, a JSON header and an optional body.
+Every value is ``MAGIC + signature + payload``, where payload is a 4-byte
+header length, a JSON header and an optional body. Two schemes:
+
+* ``NBD\x02`` (written now): ``HMAC-SHA256(secret, "NBD2" + domain + NUL +
+  key + NUL + payload)``. The *domain* names the store the record was written
+  into: a PostgreSQL store's namespace, or the random id an embedded store
+  keeps in its format record. A record copied into another namespace, or
+  into another store directory that shares the key, does not verify there.
+* ``NBD\x01`` (written by earlier versions, and still for the format record,
+  which holds the domain): ``HMAC-SHA256(secret, key + NUL + payload)``. Such
+  records still verify; they are bound to their key but not to a store, so
+  one copied between stores sharing a key verifies (documented as weaker).
+
 A value whose signature does not verify is refused *before* anything is
 unpickled. The key is part of what is signed, so a valid record copied under
 another key does not verify either. The secret comes from ``NBDURABLE_KEY``
@@ -16,12 +27,15 @@ import os
 import secrets
 import struct
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..errors import CorruptRecord, StoreError
 from .records import FORMAT_VERSION, RECORD_FORMAT
 
+#: The marker of records signed without a domain (format 1, and the format record).
 MAGIC = b"NBD\x01"
+#: The marker of records whose signature covers the store's domain.
+MAGIC2 = b"NBD\x02"
 _SIG = 32
 _HDR = struct.Struct(">I")
 #: A body at least this large is returned as a memoryview of the stored bytes, not a copy.
@@ -31,9 +45,29 @@ _JSON = json.JSONEncoder(separators=(",", ":"), default=str)
 _JSON_DECODE = json.JSONDecoder().decode
 
 
+class Macs(NamedTuple):
+    r"""A store's keyed HMAC states: ``v1`` verifies ``NBD\x01`` records, ``v2`` signs
+    and verifies ``NBD\x02`` ones (None until the store's domain is known).
+    """
+
+    v1: Any
+    v2: Any = None
+
+
 def signer(secret: bytes) -> Any:
     """The keyed HMAC state of a store: computed once, copied per record."""
     return hmac.new(secret, digestmod="sha256")
+
+
+def bind(mac: Any, domain: str) -> Any:
+    """``mac`` fed with ``domain`` once: every record it signs is bound to that store.
+
+    The domain goes in before the key, so binding costs nothing per record
+    (the state is copied per record either way).
+    """
+    bound = mac.copy()
+    bound.update(b"NBD2" + domain.encode("utf-8", "surrogatepass") + b"\0")
+    return bound
 
 
 def sign(mac: Any, key: str, *parts: bytes | memoryview) -> bytes:
@@ -48,29 +82,45 @@ def sign(mac: Any, key: str, *parts: bytes | memoryview) -> bytes:
     return mac.digest()
 
 
-def encode(mac: Any, key: str, header: dict[str, Any], body: bytes | memoryview = b"") -> bytes:
-    """The signed bytes stored for ``key``."""
+def encode(
+    mac: Any,
+    key: str,
+    header: dict[str, Any],
+    body: bytes | memoryview = b"",
+    magic: bytes = MAGIC2,
+) -> bytes:
+    """The signed bytes stored for ``key``: ``mac`` is bound (:func:`bind`) for ``MAGIC2``."""
     head = _JSON.encode(header).encode("utf-8")
     prefix = _HDR.pack(len(head)) + head
-    return b"".join((MAGIC, sign(mac, key, prefix, body), prefix, body))
+    return b"".join((magic, sign(mac, key, prefix, body), prefix, body))
 
 
-def decode(mac: Any, key: str, raw: Any, *, newer_ok: bool = False) -> tuple[dict[str, Any], bytes]:
-    """Verify and split a stored value; the body is a memoryview when large (no copy).
+def signature(raw: bytes) -> str:
+    """The hex signature of stored bytes (what a run's manifest names a record by)."""
+    return raw[len(MAGIC) : len(MAGIC) + _SIG].hex()
+
+
+def decode(
+    macs: Macs, key: str, raw: Any, *, newer_ok: bool = False
+) -> tuple[dict[str, Any], bytes]:
+    r"""Verify and split a stored value; the body is a memoryview when large (no copy).
 
     Raises :class:`CorruptRecord` for anything but a record signed with this
-    store's secret under this very key, or one of a newer format (unless ``newer_ok``).
+    store's secret under this very key (and, for ``NBD\x02``, in this very
+    store), or one of a newer format (unless ``newer_ok``).
     """
     start = len(MAGIC) + _SIG
     if not isinstance(raw, bytes) or len(raw) < start + _HDR.size:
         raise CorruptRecord(f"record {key!r} is truncated or not an nbdurable record")
-    if not raw.startswith(MAGIC):
+    magic = raw[: len(MAGIC)]
+    mac = macs.v2 if magic == MAGIC2 else macs.v1 if magic == MAGIC else None
+    if mac is None:
         raise CorruptRecord(f"record {key!r} does not start with the nbdurable marker")
     view = memoryview(raw)
     if not hmac.compare_digest(view[len(MAGIC) : start], sign(mac, key, view[start:])):
         raise CorruptRecord(
-            f"record {key!r} failed its signature check (damaged, planted, or written "
-            "with another store key); it is ignored"
+            f"record {key!r} failed its signature check (damaged, planted, copied from "
+            "another store or namespace, or written with another store key); it is ignored"
         )
     (n,) = _HDR.unpack_from(raw, start)
     body_at = start + _HDR.size + n

@@ -3,11 +3,13 @@
 Every record of the run is read and verified against the source's key
 before anything is written; then the saved variables its steps refer to
 are read (each verified against its SHA-256) and stored by content in the
-destination; then every record is re-signed with the destination's key and
-written in ONE transaction. A record that fails its check stops the copy
-before any record is written; a damaged saved variable stops it before the
-records are written (variables already copied are unreferenced, and
-``nbdurable gc`` removes them). The run's lease is not copied: whoever
+destination; then every record is re-signed with the destination's key (and
+bound to the destination store, see :mod:`.codec`) and written in ONE
+transaction, with a manifest of the destination's own (see :mod:`.manifest`).
+A record that fails its check stops the copy before any record is written;
+a damaged saved variable stops it before the records are written
+(variables already copied are unreferenced, and ``nbdurable gc`` removes
+them). The run's lease is not copied: whoever
 records into the copy takes its own.
 """
 
@@ -43,10 +45,12 @@ def copy_run(src: Store, dst: Store, run_id: str) -> CopyReport:
     fails its check or ``dst`` already holds the run.
     """
     rk = RunKeys(run_id)
-    keys = [k for k in src.scan(rk.base) if k != rk.lease]
+    # The manifest is the source store's: the destination writes its own with the records.
+    own = (rk.lease, rk.manifest)
+    keys = [k for k in src.scan(rk.base) if k not in own]
     if not keys:
         raise UsageProblem(f"no run {run_id!r} in {src.path}: see `nbdurable ls`")
-    if any(k != rk.lease for k in dst.scan(rk.base)):
+    if any(k not in own for k in dst.scan(rk.base)):
         raise UsageProblem(
             f"run {run_id!r} already has records in {dst.path}; nothing was copied. "
             f"Clear it there first (nbdurable clear --all --run NAME --store ...)"
@@ -107,7 +111,7 @@ def fork_run(store: Store, run_id: str, new_run: str, steps: set[str] | None) ->
     so clearing or deleting the parent keeps what the fork shares.
     """
     src, dst = RunKeys(run_id), RunKeys(new_run)
-    if any(k != dst.lease for k in store.scan(dst.base)):
+    if any(k not in (dst.lease, dst.manifest) for k in store.scan(dst.base)):
         raise UsageProblem(
             f"run {new_run!r} already has records; nothing was forked. Choose another name, "
             f"or clear it first (nbdurable clear --all --run {new_run})"
@@ -117,7 +121,8 @@ def fork_run(store: Store, run_id: str, new_run: str, steps: set[str] | None) ->
     for key in store.scan(src.base):
         where = layout.parse(key)
         # A pending approval is the parent's question: a fork that reaches it asks again.
-        if where is None or where.kind in ("lease", "changed", "fork", "pending"):
+        # The manifest is the source run's own: the fork's records get the fork's.
+        if where is None or where.kind in ("lease", "changed", "fork", "pending", "manifest"):
             continue
         if steps is not None and where.kind in ("step", "state", "version", "vsub", "sub"):
             if where.step not in steps and where.step != layout.RUN_SCOPE:

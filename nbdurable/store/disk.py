@@ -298,6 +298,14 @@ class DiskStore(Store):
                     faults.point("store-write")
         self._suspect.difference_update(values)
 
+    def _atomically(self, lock: str, fn: Callable[[], Any]) -> Any:
+        """``fn()`` in one SQLite transaction (SQLite serializes every writer)."""
+        with self._guard("write"):
+            self._db  # noqa: B018 - reopens a store found replaced before
+            # A store deleted under a step: the write's own message, before any read in fn.
+            self._ensure_same("recorded for this write")
+        return super()._atomically(lock, fn)
+
     @contextlib.contextmanager
     def transaction(self) -> Iterator[None]:
         """A context manager: reads and writes inside it are one SQLite transaction."""

@@ -4,6 +4,7 @@ Every key is a plain string, every value signed bytes (see :mod:`.codec`)::
 
     meta/format                      format version of the store
     r/<run>/meta                     run id, notebook, last activity
+    r/<run>/manifest                 which records are current (see .manifest)
     r/<run>/lease                    who records into the run now (see nbdurable.durable.lease)
     r/<run>/fork                     the run it was forked from, and when (nbdurable fork)
     r/<run>/s/<step key>             StepRecord header (JSON)
@@ -86,6 +87,11 @@ class RunKeys:
         return self.base + "changed"
 
     @property
+    def manifest(self) -> str:
+        """The key of the run's manifest (see :mod:`.manifest`)."""
+        return self.base + "manifest"
+
+    @property
     def steps(self) -> str:
         """The prefix of every step record of the run."""
         return self.base + "s/"
@@ -143,8 +149,8 @@ class RunKeys:
 
 
 class Parsed(NamedTuple):
-    """A run's key taken apart: ``kind`` is meta, lease, step, state, sub, version, vsub,
-    pending or other.
+    """A run's key taken apart: ``kind`` is meta, lease, changed, fork, manifest, step,
+    state, sub, version, vsub, pending or other.
 
     For ``version`` and ``vsub`` keys, ``sub`` is the version (``vsub``:
     ``<version>/<sub id>``).
@@ -168,7 +174,7 @@ def parse(key: str) -> Parsed | None:
     parts = key.split("/", 3)
     if not key.startswith(RUNS) or len(parts) < 3:
         return None
-    if len(parts) == 3 and parts[2] in ("meta", "lease", "changed", "fork"):
+    if len(parts) == 3 and parts[2] in ("meta", "lease", "changed", "fork", "manifest"):
         return Parsed(parts[1], parts[2])
     if len(parts) < 4 or parts[2] not in _KINDS:
         return Parsed(parts[1], "other")

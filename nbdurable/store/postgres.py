@@ -191,6 +191,8 @@ class PgStore(Store):
         """
         pinned = getattr(self._local, "conn", None)
         if pinned is not None:
+            if getattr(self._local, "retried", False):
+                return fn(pinned)  # inside _atomically: its own _run retries the whole
             return self._guarded(doing, lambda: fn(pinned))
         for attempt in range(RETRIES):
             conn = None
@@ -442,6 +444,27 @@ class PgStore(Store):
         except (psycopg.Error, psycopg_pool.PoolTimeout) as exc:
             raise self._failure("write", exc) from exc
 
+    def _domain(self, fmt: Header) -> str | None:
+        """Records of a team store are bound to its namespace (see :mod:`.codec`)."""
+        return f"namespace:{self.namespace}"
+
+    def _atomically(self, lock: str, fn: Callable[[], Any]) -> Any:
+        """``fn()`` in one transaction holding ``lock``'s advisory lock; run again whole on a
+        lost connection (``fn`` reads what it changes inside, so it can be).
+        """
+        if getattr(self._local, "conn", None) is not None:
+            return fn()  # nested: part of the outer transaction
+
+        def body(conn: Any) -> Any:
+            conn.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (self._space, lock))
+            self._local.conn, self._local.retried = conn, True
+            try:
+                return fn()
+            finally:
+                self._local.conn, self._local.retried = None, False
+
+        return self._run("write", body)
+
     def swap(self, key: str, update: Callable[[Header | None], Header | None]) -> Header | None:
         """The lease's compare-and-set: read, ``update``, write under the key's own lock.
 
@@ -459,7 +482,7 @@ class PgStore(Store):
             current = None
             if row is not None:
                 with contextlib.suppress(CorruptRecord):
-                    current = codec.decode(self._mac, key, bytes(row[0]))[0]
+                    current = codec.decode(self._macs, key, bytes(row[0]))[0]
             new = update(current)
             if new is None:
                 if row is not None:

@@ -160,6 +160,9 @@ class StepRecord(_Header):
     #: beside what the value is now (see :mod:`nbdurable.why`)
     seen: dict[str, str] = field(default_factory=dict)
     made: dict[str, str] = field(default_factory=dict)
+    #: the generation of its step when written: the store stamps it (see
+    #: :mod:`nbdurable.store.manifest`); absent from records written before manifests
+    gen: int = 0
 
     @property
     def replayable(self) -> bool:
@@ -222,6 +225,9 @@ class SubRecord(_Header):
     #: cell's outputs of that span): shown again when the call replays in a body
     #: that runs again; absent from the header when it printed nothing
     printed: list[dict[str, Any]] = field(default_factory=list)
+    #: the generation of its scope when written: the store stamps it (see
+    #: :mod:`nbdurable.store.manifest`); absent from records written before manifests
+    gen: int = 0
 
     def _encode(self, d: dict[str, Any]) -> dict[str, Any]:
         if not d["printed"]:
