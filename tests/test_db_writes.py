@@ -211,3 +211,14 @@ def cli(root: Path, *args: str) -> str:
         timeout=120,
     )
     return done.stdout + done.stderr
+
+
+def test_a_step_run_again_in_its_own_kernel_keeps_its_live_handle(tmp_path):
+    # The cell run a second time in the kernel that recorded it replays (the rows are
+    # not written twice) and leaves the connection that kernel made in place.
+    setup, write, handle = CASES["sqlite3"]
+    again = f"get_ipython().run_cell({write!r})\nprint({handle}.execute('select 1').fetchone())"
+    nb = durable(tmp_path, setup, write, again)
+    assert replayed(nb, 4), said(nb, 4)
+    assert stream_text(outputs_of(nb, 4)).endswith("(1,)\n"), outputs_of(nb, 4)
+    assert rows(tmp_path) == 2
