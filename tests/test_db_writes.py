@@ -20,6 +20,10 @@ import pytest
 from kernel_util import make_notebook, outputs_of, run_notebook, stream_text
 from nbclient.exceptions import DeadKernelError
 
+from nbdurable import status
+from nbdurable.ipython.rows import row_html
+from nbdurable.store import open_store
+
 pytestmark = pytest.mark.kernel
 
 HEAD = "%load_ext nbdurable"
@@ -127,9 +131,12 @@ def test_a_step_that_wrote_to_a_database_file_replays_with_stand_ins(tmp_path, c
     assert replayed(resumed, 2), said(resumed, 2)
     assert rows(root) == expected
 
-    status = cli(root, "status", "--why", "write")
+    said_status = cli(root, "status", "--why", "write")
     # (The ORM case reads classes of plain cells, which only a kernel can compare.)
-    assert "next run: replays" in status and "stand-ins" in status, status
+    assert "next run: replays" in said_status, said_status
+    assert "stand-ins" in said_status, said_status
+    if case != "orm":
+        assert "come back as stand-ins" in panel_row(root), panel_row(root)
 
 
 def test_a_step_that_wrote_to_a_file_and_cannot_be_replayed_refuses_to_write_again(tmp_path):
@@ -145,9 +152,11 @@ def test_a_step_that_wrote_to_a_file_and_cannot_be_replayed_refuses_to_write_aga
     )
     durable(tmp_path, setup, write)
     assert rows(tmp_path) == 1
-    status = cli(tmp_path, "status", "--why", "write")
-    assert "refuses to run its body again" in status and "shop.db" in status, status
-    assert "--force" in status, status
+    said_status = cli(tmp_path, "status", "--why", "write")
+    assert "refuses to run its body again" in said_status, said_status
+    assert "shop.db" in said_status and "--force" in said_status, said_status
+    row = panel_row(tmp_path)
+    assert "would write to shop.db again" in row and "runs again" not in row, row
 
     again = durable(tmp_path, setup, write, allow_errors=True)
     error = said(again, 2)  # IPython shows a UsageError as one line on stderr
@@ -180,6 +189,13 @@ def test_reading_a_database_file_is_not_a_write(tmp_path):
     assert stream_text(outputs_of(again, 2)) == "1\n"
 
 
+def panel_row(root: Path) -> str:
+    """The panel's row of step 'write', as the panel draws it from the store."""
+    with open_store(root / "store") as store:
+        infos = {i.label: i for i in status.step_infos(store, "db.ipynb", root / "db.ipynb")}
+    return " ".join(row_html(infos["write"]).split())
+
+
 def cli(root: Path, *args: str) -> str:
     env = {
         **os.environ,
@@ -195,3 +211,14 @@ def cli(root: Path, *args: str) -> str:
         timeout=120,
     )
     return done.stdout + done.stderr
+
+
+def test_a_step_run_again_in_its_own_kernel_keeps_its_live_handle(tmp_path):
+    # The cell run a second time in the kernel that recorded it replays (the rows are
+    # not written twice) and leaves the connection that kernel made in place.
+    setup, write, handle = CASES["sqlite3"]
+    again = f"get_ipython().run_cell({write!r})\nprint({handle}.execute('select 1').fetchone())"
+    nb = durable(tmp_path, setup, write, again)
+    assert replayed(nb, 4), said(nb, 4)
+    assert stream_text(outputs_of(nb, 4)).endswith("(1,)\n"), outputs_of(nb, 4)
+    assert rows(tmp_path) == 2

@@ -1091,3 +1091,52 @@ def test_a_llama_index_callback_manager_is_its_handlers_not_its_last_trace():
     assert fingerprint(used) == fingerprint(fresh)
     debug = callbacks.LlamaDebugHandler()
     assert fingerprint(callbacks.CallbackManager([debug])) != fingerprint(fresh)
+
+
+_ORM = """
+import sys
+from sqlalchemy import create_engine
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
+from nbdurable.durable.plan import input_fingerprint
+
+def fingerprint(v):  # as a step's input is fingerprinted
+    return input_fingerprint(v, None)[0]
+
+class Base(DeclarativeBase):
+    pass
+
+class Item(Base):
+    __tablename__ = "items"
+    id: Mapped[int] = mapped_column(primary_key=True)
+    text: Mapped[TYPE]
+
+print(fingerprint(Item), fingerprint(Base))
+if sys.argv[1:]:  # used: the mapper is configured, the session registered
+    engine = create_engine("sqlite:///" + sys.argv[1])
+    Base.metadata.create_all(engine)
+    with Session(engine) as session:
+        session.add(Item(text=TYPE(1)))
+        session.commit()
+    print(fingerprint(Item), fingerprint(Base))
+"""
+
+
+def test_a_sqlalchemy_declarative_class_is_its_table(tmp_path):
+    # The ORM sets its bookkeeping on a mapped class (instrumented attributes, the
+    # class manager, the registry): sets in hash order, mappers configured on first
+    # use. A step reading the class never replayed, and its body wrote its rows again.
+    pytest.importorskip("sqlalchemy")
+
+    def run(kind: str, seed: str, *args: str) -> list[str]:
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        code = _ORM.replace("TYPE", kind)
+        out = subprocess.run(
+            [sys.executable, "-c", code, *args], env=env, capture_output=True, text=True
+        )
+        assert out.returncode == 0, out.stderr
+        return out.stdout.splitlines()
+
+    first = run("str", "1", str(tmp_path / "shop.db"))
+    assert first[0] == first[1]  # used, the same class
+    assert run("str", "2") == first[:1]  # another process
+    assert run("int", "1")[0].split()[0] != first[0].split()[0]  # a column of another type

@@ -679,3 +679,35 @@ def test_a_write_to_an_in_memory_sqlite_database_makes_the_step_unreplayable(tmp
     assert procstate.replayable_reasons(procstate.delta(before, procstate.snapshot())) == []
     memory.close()
     on_disk.close()
+
+
+def test_the_database_files_a_step_writes_are_kept_with_its_process_changes(tmp_path):
+    # A step that inserts into a SQLite file through a handle it keeps would insert
+    # again if its body ran on replay: the files it wrote are recorded (see dbwrites).
+    import sqlite3
+
+    from nbdurable.store import open_store
+
+    procstate.watch_sqlite()
+    con = sqlite3.connect(tmp_path / "shop.db")
+    con.execute("create table t (x)")
+    con.execute("insert into t values (1)")
+
+    before = procstate.snapshot()
+    con.execute("with v as (select x from t) select count(*) from v").fetchall()  # a read
+    assert "dbfiles" not in procstate.delta(before, procstate.snapshot())
+
+    before = procstate.snapshot()
+    con.execute("insert into t values (2)")
+    con.commit()
+    con.close()  # closed and freed inside the step: still counted
+    del con
+    delta = procstate.delta(before, procstate.snapshot())
+    assert delta["dbfiles"] == [str(tmp_path / "shop.db")]
+    assert procstate.replayable_reasons(delta) == []  # the file keeps the rows
+
+    # nbdurable's own store (diskcache, in SQLite) is not the step's database.
+    before = procstate.snapshot()
+    with open_store(tmp_path / "store") as store:
+        store.put("k", b"header", b"body")
+    assert "dbfiles" not in procstate.delta(before, procstate.snapshot())

@@ -459,7 +459,13 @@ class StepRunner:
             for name in rec.deleted:
                 ns.pop(name, None)
             ns.update(restored)
-            ns.update(dbwrites.standins(rec, label))  # none unless dbwrites.decide said so
+            # Handles a replay cannot restore (none unless dbwrites.decide said so); one
+            # this step made in this kernel is kept live (the cell run again in its kernel).
+            ns.update(
+                (name, standin)
+                for name, standin in dbwrites.standins(rec, label).items()
+                if not (name in ns and self.producers.get(name) == rec.key)
+            )
             for change in process:
                 change()
         except Exception as exc:  # a directory or module gone, an option pandas refuses

@@ -22,11 +22,14 @@ against one plain run (and one plain run of the edited notebook):
     (d) in another fresh store, the kernel is SIGKILLed in the middle of the
     step that makes the most model requests (by the server, when request
     ``k+1`` of that step arrives: ``k`` had returned), or for a notebook that
-    makes none, half way through its longest step by the work done: when the
-    kernel and its child processes have spent half the CPU time the plain
-    run's kernel spent in that cell (wall time would depend on the machine's
-    load, and on a busy machine the kill came after the step had finished;
-    see :func:`tree_cpu`); then run again: no
+    makes none, in its longest step by the work done: once the step's body
+    has started (nbdurable's ``step-start`` event) and the kernel and its
+    child processes have spent half the CPU time the plain run's kernel spent
+    in that cell (see :func:`tree_cpu`; wall time depends on the machine's
+    load, and on a busy machine the kill came after the step had finished).
+    Spinning BLAS threads make CPU time a loose measure of progress: if the
+    step still finishes first, the kill is tried again in a fresh store at
+    the moment its body starts. Then run again: no
     request that had returned is sent again, and the outputs and values are
     those of plain. In a notebook that makes requests side by side
     (``Spec.concurrent``), a request had returned if its whole answer was
@@ -350,12 +353,14 @@ class Runner:
         folder: str,
         reset: bool = True,
         kill: tuple[int, int] | None = None,
+        kill_step: str | None = None,
     ) -> Run:
         """Run `nb` (plus the probe cell) in folder `folder` and return what happened.
 
         `kill`: ``(cell index, m)``: SIGKILL the kernel when the server gets
-        request ``m + 1`` of that cell (``m`` returned); with ``m < 0``, once the
-        kernel has spent ``-m`` milliseconds of CPU time in that cell instead.
+        request ``m + 1`` of that cell (``m`` returned); with ``m <= 0`` and
+        `kill_step` (the step's name), once that step's body has started and the
+        kernel has spent ``-m`` milliseconds of CPU time since (see :func:`kill_in_step`).
         """
         if reset:
             self.server.reset()
@@ -416,11 +421,12 @@ class Runner:
             began[cell_index] = time.monotonic()
             cpu_began[cell_index] = tree_cpu(pid())
             if kill is not None and kill[0] == cell_index:
-                if kill[1] >= 0:
+                if kill_step is None:
                     self.server.kill_at = (self.server.n + kill[1] + 1, pid())
                 else:
-                    at = cpu_began[cell_index] - kill[1] / 1000
-                    t = threading.Thread(target=kill_at_cpu, args=(pid(), at, done), daemon=True)
+                    budget = -kill[1] / 1000
+                    args = (pid(), events, kill_step, budget, done)
+                    t = threading.Thread(target=kill_in_step, args=args, daemon=True)
                     t.start()
                     watchers.append(t)
 
@@ -523,10 +529,30 @@ def tree_cpu(pid: int) -> float:
     return total / tick
 
 
-def kill_at_cpu(pid: int, at: float, done: threading.Event) -> None:
-    """SIGKILL ``pid`` once its process tree has spent ``at`` CPU seconds, unless ``done`` first."""
-    while not done.wait(0.01):
-        if tree_cpu(pid) >= at:
+def kill_in_step(pid: int, events: Path, step: str, budget: float, done: threading.Event) -> None:
+    """SIGKILL ``pid`` in step ``step``: once its body has started (its ``step-start``
+    event is in ``events``, see :data:`STARTUP`) and the process tree has spent
+    ``budget`` CPU seconds since; nothing if ``done`` is set first.
+    """
+    start = None
+    seen = 0
+    while not done.wait(0.005):
+        if start is None:
+            try:
+                with open(events) as f:
+                    f.seek(seen)
+                    text = f.read()
+            except OSError:  # not written yet
+                continue
+            lines = text.split("\n")
+            seen += len(text) - len(lines[-1])  # a line being written is read again
+            for line in lines[:-1]:
+                e = json.loads(line) if line.strip() else {}
+                if e.get("kind") == "step-start" and e.get("data", {}).get("label") == step:
+                    start = tree_cpu(pid)
+            if start is None:
+                continue
+        if tree_cpu(pid) - start >= budget:
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
@@ -831,12 +857,20 @@ def _resume(runner: Runner, nb: NotebookNode, plain: Run, steps: dict[int, str],
     if target is None:
         return "the notebook has no step"
     n = counts[target]
+    folder = "kill"
     if n > 0:
-        kill = (target, n // 2)
+        killed = runner.run(nb, "killed", durable=True, folder=folder, kill=(target, n // 2))
     else:  # no model request: half way through the longest step, by the CPU it spends
-        target = max(steps, key=lambda i: plain.cpu.get(i, 0.0))
-        kill = (target, -max(50, int(plain.cpu.get(target, 0.0) * 500)))
-    killed = runner.run(nb, "killed", durable=True, folder="kill", kill=kill)
+        target = max(steps, key=lambda i: plain.durations.get(i, 0.0))
+        budget = int(plain.cpu.get(target, 0.0) * 500)
+        for attempt, ms in enumerate((budget, 0)):  # then: as its body starts
+            folder = f"kill{attempt}" if attempt else "kill"
+            kill = (target, -ms)
+            killed = runner.run(
+                nb, "killed", durable=True, folder=folder, kill=kill, kill_step=steps[target]
+            )
+            if killed.died:
+                break
     runner.server.killed = False
     if not killed.died:
         return f"the kernel was not killed in step {steps[target]!r} (it finished first)"
@@ -856,7 +890,7 @@ def _resume(runner: Runner, nb: NotebookNode, plain: Run, steps: dict[int, str],
     else:
         returned = Counter(r["digest"] for r in killed.requests[:-1] if n > 0)
         inflight = Counter([killed.requests[-1]["digest"]] if n > 0 and killed.requests else [])
-    resumed = runner.run(nb, "resumed", durable=True, folder="kill", reset=False)
+    resumed = runner.run(nb, "resumed", durable=True, folder=folder, reset=False)
     problem = _same(plain, resumed, True, fresh=False)
     if problem:
         return problem
