@@ -229,11 +229,32 @@ _HINTS_B = tuple(h.encode() for h in _HINTS)
 _BEFORE, _AFTER = 64, 640
 
 
+#: Every hint's start in a buffer that has no ``find`` (a zero-width match at each).
+_HINTS_AT = re.compile(b"(?=" + b"|".join(re.escape(h) for h in _HINTS_B) + b")")
+
+
+def searchable(data: Any) -> Any:
+    """``data`` as text, bytes, a bytearray or a byte-format memoryview, never copied.
+
+    A view of a whole ``bytes`` or ``bytearray`` (a value's out-of-band buffer)
+    is that object, whose ``find`` is a substring search; ``x in view`` is not.
+    """
+    if isinstance(data, memoryview):
+        base = data.obj
+        if isinstance(base, bytes | bytearray) and data.nbytes == len(base) and data.contiguous:
+            return base
+        return data.cast("B") if data.format != "B" or data.ndim != 1 else data
+    return data
+
+
 def _windows(data: Any, end: int) -> list[tuple[int, int]]:
     """Merged ``(start, end)`` windows of ``data[:end]`` around every hint."""
-    hints = _HINTS if isinstance(data, str) else _HINTS_B
     found = []
-    for hint in hints:
+    if isinstance(data, memoryview):
+        for m in _HINTS_AT.finditer(data, 0, end):
+            found.append((max(0, m.start() - _BEFORE), min(end, m.start() + _AFTER)))
+    hints = _HINTS if isinstance(data, str) else _HINTS_B
+    for hint in () if isinstance(data, memoryview) else hints:
         i = data.find(hint, 0, end)
         while i >= 0:
             found.append((max(0, i - _BEFORE), min(end, i + _AFTER)))
@@ -297,8 +318,11 @@ def _spans(data: Any, end: int | None = None) -> list[tuple[int, int, str]]:
 
 
 def find_keys(data: Any, end: int | None = None) -> list[str]:
-    """The kinds of well-known keys (``"openai"``, ``"aws"``, ...) in ``data[:end]``."""
-    return sorted({kind for _, _, kind in _spans(data, end)})
+    """The kinds of well-known keys (``"openai"``, ``"aws"``, ...) in ``data[:end]``.
+
+    ``data``: text, bytes, a bytearray or a memoryview of bytes (not copied).
+    """
+    return sorted({kind for _, _, kind in _spans(searchable(data), end)})
 
 
 def key_names(data: Any, end: int | None = None) -> list[str]:
