@@ -86,10 +86,12 @@ SUBSTEP = """
     store.close()
     store, second, same2 = run("b")  # an input changed: the body runs, the sub-step replays
     removed = gc(store, older_than=10**9).blobs
+    stored = sum(p.stat().st_size for p in __import__("pathlib").Path("store").rglob("*")
+                 if p.is_file())
     store.close()
     store, third, same3 = run("c")  # after gc: the sub-step's blob is still there
     print(json.dumps(dict(states=[first, second, third], same=[same1, same2, same3],
-                          calls=len(calls), removed=removed)))
+                          calls=len(calls), removed=removed, stored=stored)))
 """
 
 
@@ -99,6 +101,8 @@ def test_a_large_bytes_sub_step_result_replays_from_its_blob(tmp_path):
     assert got["same"] == [True, True, True], got
     assert got["calls"] == 1, "the sub-step was called again"
     assert got["removed"] == 0, "gc removed a blob a sub-step record uses"
+    # the result and the step variable bound to it: one copy in the store, not two
+    assert got["stored"] < 1.1 * 20 * 1024 * 1024, got["stored"]
 
 
 def test_keys_and_secrets_are_found_in_a_view_without_copying_it():
