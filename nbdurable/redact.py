@@ -1,4 +1,4 @@
-"""Keeping secrets out of the store.
+r"""Keeping secrets out of the store.
 
 The values of environment variables whose names look secret (``*KEY*``,
 ``*TOKEN*``, ``*SECRET*``, ``*PASSWORD*``, any case; not those that name a
@@ -10,15 +10,22 @@ and the environment variable, never the secret itself.
 
 Keys typed literally into a notebook (``client = OpenAI(api_key="sk-...")``)
 are found by their well-known formats (OpenAI, Anthropic, AWS, GitHub,
-Google, Slack, Stripe, JWTs: :data:`KEY_FORMATS`) after any delimiter
-(``api_key=sk-...``, ``.../v1?key=AIza...``) and inside a pickle (after a
-string's or bytes' opcode and length), and credentials by what stands before
-them (an ``Authorization`` scheme's token, a URL's password, a URL's ``key``,
-``token`` or ``password`` parameter), wherever nbdurable writes: a value holding
-one is not written, like an environment secret; outputs and a step's source
-have it replaced by ``[redacted openai key]``. Such a finding is named
+Google, Slack, Stripe, JWTs: :data:`KEY_FORMATS`) after any delimiter and
+before any (``api_key=sk-...``, ``.../v1/AIza.../models``, ``"\nsk-..."``
+written in source), but not inside a base64 run (see ``_EDGE_BEFORE_KEY``),
+and inside a pickle (after a string's or bytes' opcode and a length that can
+hold the key); credentials by what stands before them (an ``Authorization``
+scheme's token, a URL's password, a URL's ``key``, ``token`` or ``password``
+parameter), wherever nbdurable writes: a value holding one is not written,
+like an environment secret; outputs and a step's source have it replaced by
+``[redacted openai key]`` (:func:`scrub` masks both kinds, before any cut).
+In a name (a step's, a sub-step id, a variable's) a key is also found after
+``_``, ``.`` and ``:`` (:func:`name_key_names`). Such a finding is named
 ``"openai key"`` (a kind and `` key``) where an environment secret is named
 by its variable; :func:`said` words a list of both for a warning.
+
+Text, bytes, bytearrays and memoryviews of bytes are searched where they lie,
+never copied (:func:`searchable`: ``secret in view`` is no substring search).
 """
 
 from __future__ import annotations
