@@ -1,4 +1,4 @@
-"""Keeping secrets out of the store.
+r"""Keeping secrets out of the store.
 
 The values of environment variables whose names look secret (``*KEY*``,
 ``*TOKEN*``, ``*SECRET*``, ``*PASSWORD*``, any case; not those that name a
@@ -10,15 +10,22 @@ and the environment variable, never the secret itself.
 
 Keys typed literally into a notebook (``client = OpenAI(api_key="sk-...")``)
 are found by their well-known formats (OpenAI, Anthropic, AWS, GitHub,
-Google, Slack, Stripe, JWTs: :data:`KEY_FORMATS`) after any delimiter
-(``api_key=sk-...``, ``.../v1?key=AIza...``) and inside a pickle (after a
-string's or bytes' opcode and length), and credentials by what stands before
-them (an ``Authorization`` scheme's token, a URL's password, a URL's ``key``,
-``token`` or ``password`` parameter), wherever nbdurable writes: a value holding
-one is not written, like an environment secret; outputs and a step's source
-have it replaced by ``[redacted openai key]``. Such a finding is named
+Google, Slack, Stripe, JWTs: :data:`KEY_FORMATS`) after any delimiter and
+before any (``api_key=sk-...``, ``.../v1/AIza.../models``, ``"\nsk-..."``
+written in source), but not inside a base64 run (see ``_EDGE_BEFORE_KEY``),
+and inside a pickle (after a string's or bytes' opcode and a length that can
+hold the key); credentials by what stands before them (an ``Authorization``
+scheme's token, a URL's password, a URL's ``key``, ``token`` or ``password``
+parameter), wherever nbdurable writes: a value holding one is not written,
+like an environment secret; outputs and a step's source have it replaced by
+``[redacted openai key]`` (:func:`scrub` masks both kinds, before any cut).
+In a name (a step's, a sub-step id, a variable's) a key is also found after
+``_``, ``.`` and ``:`` (:func:`name_key_names`). Such a finding is named
 ``"openai key"`` (a kind and `` key``) where an environment secret is named
 by its variable; :func:`said` words a list of both for a warning.
+
+Text, bytes, bytearrays and memoryviews of bytes are searched where they lie,
+never copied (:func:`searchable`: ``secret in view`` is no substring search).
 """
 
 from __future__ import annotations
@@ -229,11 +236,32 @@ _HINTS_B = tuple(h.encode() for h in _HINTS)
 _BEFORE, _AFTER = 64, 640
 
 
+#: Every hint's start in a buffer that has no ``find`` (a zero-width match at each).
+_HINTS_AT = re.compile(b"(?=" + b"|".join(re.escape(h) for h in _HINTS_B) + b")")
+
+
+def searchable(data: Any) -> Any:
+    """``data`` as text, bytes, a bytearray or a byte-format memoryview, never copied.
+
+    A view of a whole ``bytes`` or ``bytearray`` (a value's out-of-band buffer)
+    is that object, whose ``find`` is a substring search; ``x in view`` is not.
+    """
+    if isinstance(data, memoryview):
+        base = data.obj
+        if isinstance(base, bytes | bytearray) and data.nbytes == len(base) and data.contiguous:
+            return base
+        return data.cast("B") if data.format != "B" or data.ndim != 1 else data
+    return data
+
+
 def _windows(data: Any, end: int) -> list[tuple[int, int]]:
     """Merged ``(start, end)`` windows of ``data[:end]`` around every hint."""
-    hints = _HINTS if isinstance(data, str) else _HINTS_B
     found = []
-    for hint in hints:
+    if isinstance(data, memoryview):
+        for m in _HINTS_AT.finditer(data, 0, end):
+            found.append((max(0, m.start() - _BEFORE), min(end, m.start() + _AFTER)))
+    hints = _HINTS if isinstance(data, str) else _HINTS_B
+    for hint in () if isinstance(data, memoryview) else hints:
         i = data.find(hint, 0, end)
         while i >= 0:
             found.append((max(0, i - _BEFORE), min(end, i + _AFTER)))
@@ -297,8 +325,11 @@ def _spans(data: Any, end: int | None = None) -> list[tuple[int, int, str]]:
 
 
 def find_keys(data: Any, end: int | None = None) -> list[str]:
-    """The kinds of well-known keys (``"openai"``, ``"aws"``, ...) in ``data[:end]``."""
-    return sorted({kind for _, _, kind in _spans(data, end)})
+    """The kinds of well-known keys (``"openai"``, ``"aws"``, ...) in ``data[:end]``.
+
+    ``data``: text, bytes, a bytearray or a memoryview of bytes (not copied).
+    """
+    return sorted({kind for _, _, kind in _spans(searchable(data), end)})
 
 
 def key_names(data: Any, end: int | None = None) -> list[str]:

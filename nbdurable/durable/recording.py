@@ -303,10 +303,12 @@ def _secret_holders(
         end, last, _plain, _nb = joint.parts[i]
         part = joint.stream[start:end]
         # As the store searches (see its put_blob): environment secrets everywhere,
-        # well-known keys typed literally in the pickle stream only.
+        # well-known keys typed literally in the pickle stream and in bytes' buffers.
         found: set[str] = set(blobs.scan(part, secrets) or redact.key_names(part))
         for buf in joint.buffers[first:last]:
             found.update(blobs.scan(buf, secrets))
+            if isinstance(buf.obj, bytes | bytearray):
+                found.update(redact.key_names(buf))
         start, first = end, last
         if found:
             holders.append((name, sorted(found)))

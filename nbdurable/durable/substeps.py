@@ -64,7 +64,7 @@ from ..identity.callables import (
     callable_parts,
     first_change,
 )
-from ..store import values
+from ..store import blobs, values
 from ..store.layout import RUN_SCOPE
 from ..store.records import FORMAT_VERSION
 from . import recording
@@ -428,7 +428,12 @@ class _Call:
             self.remade(why, f"{where}: {why}", loud=True)
             return _ENOVAL
         try:
-            value = values.loads(body, session.user_ns)
+            buffers = _result_buffers(session.store, header.get("buffers"))
+            if buffers is None:
+                self.miss = "has a recorded value whose blob is missing"
+                warn(f"{where}: its recorded value's blob is missing; calling again.")
+                return _ENOVAL
+            value = values.loads(body, session.user_ns, buffers)
             mutated = header.get("mutated")
             if mutated:  # (result, {argument: its state after the call})
                 value = self.put_back(value, mutated)
@@ -515,8 +520,19 @@ class _Call:
         parts = self.callee.parts
         after = _callee_parts(fn, where)  # what the call changed in its callee
         volatile = sorted(k for k, v in parts.items() if after.get(k) != v)
+        refs: list[str] = []  # blobs holding the result's memory (see _put_result)
         try:
-            body = values.dumps(saved)
+            if type(saved) in (bytes, bytearray) and len(saved) >= blobs.MAP_OVER:
+                body, refs = _put_result(self.session.store, saved)
+            else:
+                body = values.dumps(saved)
+        except blobs.SecretFound as exc:
+            warn(
+                f"{where} returned a value holding {redact.said(exc.names)}; secrets "
+                "are never written to the store, so it was NOT recorded and will be called "
+                "again on the next run."
+            )
+            return
         except values.Unsaveable as exc:
             warn(
                 f"{where} returned a {values.type_name(result)}"
@@ -538,9 +554,10 @@ class _Call:
                 "again on the next run."
             )
             return
-        if len(body) > config.get().warn_size_mb * 1024 * 1024:
+        size = len(body) + (len(saved) if refs else 0)
+        if size > config.get().warn_size_mb * 1024 * 1024:
             warn(
-                f"{where} returned {len(body) / 1e6:.1f} MB (over warn_size_mb="
+                f"{where} returned {size / 1e6:.1f} MB (over warn_size_mb="
                 f"{config.get().warn_size_mb:g}); it is recorded, but consider returning less."
             )
         # SubRecord's header, built directly (a frozen dataclass costs more than the write).
@@ -556,13 +573,15 @@ class _Call:
             "mutated": mutated,
             "started": self.started,
             "duration": duration,
-            "size": len(body),
+            "size": size,
             "type": values.type_name(result),
             "format": FORMAT_VERSION,
             "returns": returns,
             "tokens": tokens.to_json(),
             "kind": "sub",
         }
+        if refs:
+            header["buffers"] = refs
         if self.printed:
             printed, leaked = recording.scrub_outputs(self.printed, redact.secrets_in_env())
             if not leaked:  # shown masked, a replay would differ: such prints are not kept
@@ -584,6 +603,31 @@ class _Call:
         events.emit(
             "sub-recorded", self.session.run_id, self.scope, id=self.sub_id, duration=duration
         )
+
+
+def _put_result(store: Any, result: bytes | bytearray) -> tuple[bytes, list[str]]:
+    """Store a large ``bytes`` result's memory as a blob of its own; ``(stream, [sha])``.
+
+    The record keeps only the pickle stream. The blob is the one a step
+    variable bound to the same value spills (see :mod:`nbdurable.store.spill`),
+    so a result the step keeps is stored once, and it is written from where
+    it lies, never copied into a pickle first. Raises
+    :class:`blobs.SecretFound` (nothing written) if it holds a secret.
+    """
+    stream, buffers = values.dumps_parts(result)
+    refs = [store.put_blob(b"", [buf], secrets=redact.secrets_in_env())[0] for buf in buffers]
+    return stream, refs
+
+
+def _result_buffers(store: Any, refs: Any) -> list[memoryview] | None:
+    """The out-of-band buffers of a sub-step record (``[]`` for most); None if one is gone."""
+    out: list[memoryview] = []
+    for sha in refs if isinstance(refs, list) else ():
+        blob = store.get_blob(sha) if isinstance(sha, str) else None
+        if blob is None or len(blob.buffers) != 1:
+            return None
+        out.append(blob.buffers[0])
+    return out
 
 
 def _replayed(value: Any, returns: str | None, fn: Callable[..., Any]) -> Any:

@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .. import redact
 from ..errors import CorruptRecord, UsageProblem
 from ..text import plural
 from . import layout
@@ -175,7 +176,8 @@ def _jsonable(value: Any) -> Any:
         json.dumps(value, allow_nan=False)
         return value
     except (TypeError, ValueError, RecursionError):
-        text = repr(value)
+        # masked whole, then cut (a value written before a key format was known)
+        text = redact.scrub(repr(value))[0]
         return {"type": type_name(value), "repr": text if len(text) <= 500 else text[:500] + "…"}
 
 
@@ -323,7 +325,11 @@ def substep_rows(store: Store, prefix: str, with_values: bool) -> list[dict[str,
         }
         sub["sha256"] = hashlib.sha256(body).hexdigest()
         if with_values:
-            sub["value"] = _load_value(body, header.get("type", ""))
+            buffers = []
+            for sha in header.get("buffers") or ():  # a large bytes result's memory
+                blob = store.get_blob(sha) if isinstance(sha, str) else None
+                buffers += blob.buffers if blob is not None else []
+            sub["value"] = _load_value(body, header.get("type", ""), buffers)
         subs.append(sub)
     # In call order; keys sort as text, so "search:10" would come before "search:2".
     return sorted(subs, key=lambda s: (s["started"] is None, s["started"] or 0))
@@ -458,6 +464,19 @@ def gc(
                 unreadable.append(f"{run.run_id or run.hash}: {step}")
             else:
                 refs |= _blob_refs(header)
+        # A sub-step whose result is a large bytes keeps its memory in a blob.
+        for prefix in (rk.all_subs, rk.all_version_subs):
+            for key, raw in store.load_prefix(prefix).items():
+                if key in deleted:
+                    continue
+                try:
+                    got = store.get_loaded(key, raw)
+                except CorruptRecord:
+                    got = None
+                if got is None:
+                    unreadable.append(f"{run.run_id or run.hash}: sub-step {key}")
+                else:
+                    refs |= _blob_refs(got[0])
     if unreadable:
         report.notes.append(
             f"kept every saved variable: {len(unreadable)} step record(s) cannot be read "

@@ -462,11 +462,15 @@ class Store(abc.ABC):
         ``secrets``: they are searched in the very copy that is hashed and written;
         or if ``stream`` holds a well-known key (:func:`nbdurable.redact.key_names`).
         """
-        # Keys typed literally are text, so in the pickle stream: the out-of-band
-        # buffers (array data) are not searched for them (it would cost more than
-        # the write; environment secrets are searched everywhere).
+        # Keys typed literally are text: in the pickle stream, or in the buffer of a
+        # large bytes or bytearray (searched where it lies, see redact.searchable).
+        # Array data is not searched for them (it would cost more than the write;
+        # environment secrets are searched everywhere).
         # An environment secret is named by its variable, even when it is a key too.
         found = blobs.scan(stream, secrets or {}) or redact.key_names(stream)
+        for buf in buffers:
+            if not found and isinstance(memoryview(buf).obj, bytes | bytearray):
+                found = redact.key_names(buf)
         if found:
             raise blobs.SecretFound(found)
         bufs = [memoryview(b).cast("B") for b in buffers]

@@ -28,6 +28,7 @@ import hashlib
 import json
 import mmap
 import queue
+import re
 import struct
 import sys
 import threading
@@ -37,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import IO, Any
 
 from ..errors import CorruptRecord
+from ..redact import searchable
 
 BLOB_MAGIC = b"NBB\x02"
 BLOB_FORMAT = 2
@@ -81,8 +83,17 @@ class SecretFound(Exception):
 
 
 def scan(data: Buffer, secrets: dict[str, bytes]) -> list[str]:
-    """Names of the ``secrets`` whose value occurs in ``data``."""
-    return sorted(n for n, v in secrets.items() if v in data) if secrets else []
+    """Names of the ``secrets`` whose value occurs in ``data`` (searched where it lies).
+
+    ``secret in view`` is no substring search on a memoryview (it compares
+    items): a view is searched as the bytes object it shows, or by a pattern.
+    """
+    if not secrets:
+        return []
+    data = searchable(data)
+    if isinstance(data, memoryview):
+        return sorted(n for n, v in secrets.items() if re.search(re.escape(v), data))
+    return sorted(n for n, v in secrets.items() if v in data)
 
 
 def write(f: IO[bytes], parts: Sequence[Buffer], secrets: dict[str, bytes]) -> str:

@@ -143,6 +143,11 @@ class RunKeys:
         """The key of an earlier version's step record."""
         return f"{self.base}v/{step_key}/{version}"
 
+    @property
+    def all_version_subs(self) -> str:
+        """The prefix of every earlier version's sub-steps, of every step."""
+        return f"{self.base}w/"
+
     def version_subs(self, step_key: str, version: str | None = None) -> str:
         """The prefix of an earlier version's sub-steps (None: of every earlier version)."""
         return f"{self.base}w/{step_key}/" + ("" if version is None else f"{version}/")

@@ -240,7 +240,7 @@ BLOB_KINDS = ("value", "shared")
 
 
 def blob_refs(header: dict[str, Any]) -> list[str]:
-    """The blobs a step record's header refers to: its saved variables' and its result's.
+    """The blobs a record's header refers to: a step's variables' and result's, a sub-step's.
 
     Spilled buffers (see :mod:`nbdurable.store.spill`) are blobs too.
     """
@@ -253,6 +253,8 @@ def blob_refs(header: dict[str, Any]) -> list[str]:
     if isinstance(result, dict) and isinstance(result.get("ref"), str):
         refs.append(result["ref"])
         refs += [sha for _pos, sha in result.get("spilled") or ()]
+    # a sub-step record's: the memory of a large bytes result
+    refs += [sha for sha in header.get("buffers") or () if isinstance(sha, str)]
     return refs
 
 

@@ -42,7 +42,7 @@ import re
 import sys
 import threading
 import types
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Container, Iterable, Iterator, Mapping
 from typing import Any, NamedTuple
 
 import cloudpickle
@@ -254,7 +254,7 @@ def dump_value(value: Any) -> Pickled:
     per object.
     """
     buffers, keep = _out_of_band()
-
+    value = _out_of_band_items([value], ())[0]
     try:
         stream, plain, notebook = _deep_safe(_dump, value, keep)
         return Pickled(stream, buffers, plain and not buffers, notebook)
@@ -262,6 +262,49 @@ def dump_value(value: Any) -> Pickled:
         raise Unsaveable(f"too deeply nested to pickle ({exc})") from exc
     except Exception as exc:  # pickling runs arbitrary __reduce__ code
         raise Unsaveable(f"{type(exc).__name__}: {exc}") from exc
+
+
+#: A ``bytes`` or ``bytearray`` value at least this large is written out of
+#: band, as an array's memory is: the pickler would copy it into the stream.
+BYTES_OUT_OF_BAND = 64 * 1024
+
+
+class _BytesOutOfBand:
+    """A large ``bytes`` or ``bytearray`` item, pickled as ``type(<its buffer>)``.
+
+    CPython's pickler writes both types itself, in band, without asking
+    ``reducer_override``; an item wrapped in this is asked about, and its
+    memory goes to the buffer callback as a view, not a copy. It loads back as
+    its own type (one copy, from the blob's mapping into the new object).
+    """
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: bytes | bytearray) -> None:
+        self.value = value
+
+    def __reduce_ex__(self, protocol: Any) -> tuple[type, tuple[pickle.PickleBuffer]]:
+        return type(self.value), (pickle.PickleBuffer(self.value),)
+
+
+def _out_of_band_items(items: list[Any], keep_as_is: Container[int]) -> list[Any]:
+    """``items`` with each large ``bytes``/``bytearray`` wrapped (see :class:`_BytesOutOfBand`).
+
+    Not those whose ids are in ``keep_as_is`` (written as references to where
+    they live, or restored in place). One wrapper per object, so a value bound
+    to two names is written once and loads back as one object.
+    """
+    wrapped: dict[int, _BytesOutOfBand] = {}
+    out = []
+    for item in items:
+        if (
+            type(item) in (bytes, bytearray)
+            and len(item) >= BYTES_OUT_OF_BAND
+            and id(item) not in keep_as_is
+        ):
+            item = wrapped.setdefault(id(item), _BytesOutOfBand(item))
+        out.append(item)
+    return out
 
 
 class Joint(NamedTuple):
@@ -308,6 +351,7 @@ def dump_values(
 
     def run(cls: type[_Pickler]) -> tuple[Joint, Any]:
         del buffers[:]
+        wrapped[:] = _out_of_band_items(items, {*refs, *(in_place or ())})
         out = io.BytesIO()
         pickler = cls(out, protocol=PROTOCOL, buffer_callback=keep)
         pickler.refs, pickler.ref_fp, pickler.standins = refs, ref_fp, standins
@@ -316,7 +360,7 @@ def dump_values(
         last[:] = [pickler]
         parts = []
         so_far = True  # every part before this one is plain data
-        for i, item in enumerate(items):
+        for i, item in enumerate(wrapped):
             pickler.plain, pickler.notebook = True, False
             pickler.top = item
             n = len(buffers)
@@ -346,6 +390,7 @@ def dump_values(
     # objects written up to the failure, the client among them; if any lives
     # elsewhere, the values are written again with references.
     refs: dict[int, tuple[sharing.Path, Any]] = {}
+    wrapped: list[Any] = []  # the items as this pass writes them (see _out_of_band_items)
     cls: type[_Pickler] = _Pickler
     while True:
         try:
@@ -360,6 +405,8 @@ def dump_values(
                 return joint
         del last[:]
         held = set(pickler.memo.copy())
+        # a wrapped bytearray is not in the memo (its buffer is): it may live elsewhere
+        held.update(id(w.value) for w in wrapped if type(w) is _BytesOutOfBand)
         if failed is not None and pickler.asked is not None:
             # What a failed pass failed on is not in its memo, and may live
             # elsewhere itself: a SQLite checkpointer's connection, made in a
