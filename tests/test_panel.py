@@ -717,3 +717,10 @@ def test_the_compare_view_shows_how_a_fork_differs(session):
         assert p.compare is None and p._compare_slot.children == ()
     finally:
         p.close()
+
+
+def test_a_step_waiting_for_an_approval_reads_as_waiting_not_failed():
+    line = "approval 'send' of step 'email' waits for a decision: Send the draft to bob"
+    html = row_html(status.StepInfo("name:email", "email", "waiting", line, position=1))
+    assert "◷" in html and "waiting" in html and line.replace("'", "&#x27;") in html, html
+    assert "✗" not in html and "failed" not in html
