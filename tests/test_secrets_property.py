@@ -5,10 +5,10 @@ Google, Slack, Stripe, JWTs, ``Authorization`` Bearer and Basic credentials,
 a URL's password, a URL's ``key``/``token``/``password`` value) and values of
 secret-looking environment variables are drawn at random from a seed, then
 planted at random positions, after random delimiters, into everything a
-notebook controls: printed output (stdout, stderr, a cell's result), values
-(strings, nested structures, ``bytes`` and ``bytearray`` of random lengths,
-a large ``bytes``), variable names, step names, sub-step ids and arguments,
-URLs, errors (a message long enough to be cut), and HTTP requests and
+notebook controls: printed output (stdout, stderr, a display, a cell's
+result), values (strings, nested structures, ``bytes`` and ``bytearray`` of
+random lengths, a large ``bytes``), variable names, step names, sub-step ids,
+arguments and results (``step()`` and ``@recorded``), URLs, errors (a message long enough to be cut), and HTTP requests and
 responses of a ``--http`` step (an echo server on 127.0.0.1 sends every
 request header back as a response header and in its body).
 
@@ -152,7 +152,8 @@ def build_cells(rng: random.Random, secrets: dict[str, tuple[str, str]], echo: s
     cells = [
         "%load_ext nbdurable\nimport os, sys, requests\nfrom nbdurable import step, recorded\n"
         "def echo(x):\n    return x\n"
-        "def size(x):\n    return len(x)"
+        "def size(x):\n    return len(x)\n"
+        "@recorded\ndef passthrough(x):\n    return x"
     ]
     # printed output: stdout, stderr, a display and the cell's own result
     body = ["%%step printed"]
@@ -191,6 +192,7 @@ def build_cells(rng: random.Random, secrets: dict[str, tuple[str, str]], echo: s
         )
         body.append(f"n_{kind} = step('size_{kind}', size, {lit(kind)})")
         body.append(f"r_{kind} = step('echo_{kind}', echo, {lit(kind)})")
+        body.append(f"p_{kind} = passthrough({lit(kind)})")
     body.append(f"raw = step('raw', echo, {lit(rng.choice(kinds))}.encode())")
     cells.append("\n".join(body))
     # errors: a message long enough to be cut, the secret anywhere (across the cut too)
