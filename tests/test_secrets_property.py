@@ -8,9 +8,10 @@ planted at random positions, after random delimiters, into everything a
 notebook controls: printed output (stdout, stderr, a display, a cell's
 result), values (strings, nested structures, ``bytes`` and ``bytearray`` of
 random lengths, a large ``bytes``), variable names, step names, sub-step ids,
-arguments and results (``step()`` and ``@recorded``), URLs, errors (a message long enough to be cut), and HTTP requests and
-responses of a ``--http`` step (an echo server on 127.0.0.1 sends every
-request header back as a response header and in its body).
+arguments and results (``step()`` and ``@recorded``), URLs, errors (a
+message long enough to be cut), and HTTP requests and responses of a
+``--http`` step (an echo server on 127.0.0.1 sends every request header back
+as a response header and in its body).
 
 One real kernel runs the notebook per engine (a diskcache directory, a
 PostgreSQL namespace); then every byte of the store (every file; every row of
