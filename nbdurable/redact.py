@@ -374,6 +374,73 @@ def scrub_name(name: str, secrets: dict[str, bytes] | None = None) -> tuple[str,
     return masked, sorted(set(found))
 
 
+def masked_header(
+    header: dict[str, Any], secrets: dict[str, bytes] | None = None
+) -> dict[str, Any]:
+    """A record's header with every secret in it masked: the store's last gate.
+
+    The write paths mask what they know to be text (outputs, source, errors:
+    :data:`_SCRUBBED`, not searched again) and refuse names; what else a
+    header holds (the names of a step's inputs, a variable's name, a repr) is
+    masked here, as it is written: a string by :func:`scrub`, a mapping's key
+    (a name) by :func:`scrub_name`. A masked name never equals the live one,
+    so a record that held one is not replayed as if it matched: its body runs
+    again. Returns ``header`` itself (no copy) when its strings, joined, hold
+    no hint of a key and no environment secret: a few ``find`` calls.
+    """
+    secrets = secrets_in_env() if secrets is None else secrets
+    strings: list[str] = []
+    _strings(header, strings)
+    if not _suspect("\n".join(strings), secrets):
+        return header
+    return _masked(header, secrets)
+
+
+#: Any hint (see _HINTS) in a text, in one pass.
+_ANY_HINT = re.compile("|".join(re.escape(h) for h in _HINTS))
+
+
+def _suspect(text: str, secrets: dict[str, bytes]) -> bool:
+    """Whether ``text`` may hold a key (a hint of one) or holds an environment secret."""
+    return bool(_ANY_HINT.search(text)) or any(
+        v.decode("utf-8", "replace") in text for v in secrets.values()
+    )
+
+
+#: Header fields their write paths masked already (outputs, a step's source).
+_SCRUBBED = frozenset({"outputs", "printed", "source"})
+
+
+def _strings(value: Any, out: list[str]) -> None:
+    if isinstance(value, str):
+        out.append(value)
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            if k in _SCRUBBED:
+                continue
+            if isinstance(k, str):
+                out.append(k)
+            _strings(v, out)
+    elif isinstance(value, list | tuple):
+        for v in value:
+            _strings(v, out)
+
+
+def _masked(value: Any, secrets: dict[str, bytes]) -> Any:
+    if isinstance(value, str):
+        return scrub(value, secrets)[0] if _suspect(value, secrets) else value
+    if isinstance(value, dict):
+        return {
+            (scrub_name(k, secrets)[0] if isinstance(k, str) and _suspect(k, secrets) else k): (
+                v if k in _SCRUBBED else _masked(v, secrets)
+            )
+            for k, v in value.items()
+        }
+    if isinstance(value, list | tuple):
+        return [_masked(v, secrets) for v in value]
+    return value
+
+
 def said(names: list[str]) -> str:
     """Findings for a warning: ``the value of $OPENAI_API_KEY``, ``literal aws and github keys``."""
     env = [f"${n}" for n in names if not n.endswith(" key")]

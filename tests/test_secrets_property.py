@@ -183,6 +183,7 @@ def build_cells(rng: random.Random, secrets: dict[str, tuple[str, str]], echo: s
     # variable names, and a step name, holding an identifier-shaped secret
     names = [secrets[k][0] for k in ("github", "aws", "stripe")] + ["Tk_" + secrets["env_name"][0]]
     cells.append("%%step named\n" + "\n".join(f"{n} = {i}" for i, n in enumerate(names)))
+    cells.append("%%step reads_named\ntotal = " + " + ".join(names))  # names as inputs
     for kind in ("openai", "aws", "jwt", "env_name"):
         cells.append(f"%%step ask_{secrets[kind][0]}\nx = 1")
     # sub-step ids (refused), arguments and results

@@ -185,7 +185,8 @@ class Store(abc.ABC):
             raise
 
     def _encode(self, key: str, header: Header, body: bytes | memoryview = b"") -> bytes:
-        return codec.encode(self._mac, key, header, body)
+        # Every header passes the redaction gate as it is written (see redact.masked_header).
+        return codec.encode(self._mac, key, redact.masked_header(header), body)
 
     def load_prefix(self, prefix: str) -> dict[str, bytes | None]:
         """Every key under ``prefix`` with its stored bytes, unverified (one range read).
