@@ -236,8 +236,12 @@ _HINTS_B = tuple(h.encode() for h in _HINTS)
 _BEFORE, _AFTER = 64, 640
 
 
-#: Every hint's start in a buffer that has no ``find`` (a zero-width match at each).
-_HINTS_AT = re.compile(b"(?=" + b"|".join(re.escape(h) for h in _HINTS_B) + b")")
+#: Any hint, in one pass: twice as fast as a ``find`` per hint, and works on a
+#: memoryview. A hint that starts inside another's match is not reported; its
+#: window would reach at most a hint's length (11) further than the other's,
+#: well within the margin of _AFTER.
+_ANY_HINT = re.compile("|".join(re.escape(h) for h in _HINTS))
+_ANY_HINT_B = re.compile(b"|".join(re.escape(h) for h in _HINTS_B))
 
 
 def searchable(data: Any) -> Any:
@@ -256,17 +260,11 @@ def searchable(data: Any) -> Any:
 
 def _windows(data: Any, end: int) -> list[tuple[int, int]]:
     """Merged ``(start, end)`` windows of ``data[:end]`` around every hint."""
-    found = []
-    if isinstance(data, memoryview):
-        for m in _HINTS_AT.finditer(data, 0, end):
-            found.append((max(0, m.start() - _BEFORE), min(end, m.start() + _AFTER)))
-    hints = _HINTS if isinstance(data, str) else _HINTS_B
-    for hint in () if isinstance(data, memoryview) else hints:
-        i = data.find(hint, 0, end)
-        while i >= 0:
-            found.append((max(0, i - _BEFORE), min(end, i + _AFTER)))
-            i = data.find(hint, i + 1, end)
-    found.sort()
+    hints = _ANY_HINT if isinstance(data, str) else _ANY_HINT_B
+    found = [
+        (max(0, m.start() - _BEFORE), min(end, m.start() + _AFTER))
+        for m in hints.finditer(data, 0, end)
+    ]  # in order of start
     merged: list[tuple[int, int]] = []
     for a, b in found:
         if merged and a <= merged[-1][1]:
@@ -394,10 +392,6 @@ def masked_header(
     if not _suspect("\n".join(strings), secrets):
         return header
     return _masked(header, secrets)
-
-
-#: Any hint (see _HINTS) in a text, in one pass.
-_ANY_HINT = re.compile("|".join(re.escape(h) for h in _HINTS))
 
 
 def _suspect(text: str, secrets: dict[str, bytes]) -> bool:
