@@ -236,8 +236,12 @@ _HINTS_B = tuple(h.encode() for h in _HINTS)
 _BEFORE, _AFTER = 64, 640
 
 
-#: Every hint's start in a buffer that has no ``find`` (a zero-width match at each).
-_HINTS_AT = re.compile(b"(?=" + b"|".join(re.escape(h) for h in _HINTS_B) + b")")
+#: Any hint, in one pass: twice as fast as a ``find`` per hint, and works on a
+#: memoryview. A hint that starts inside another's match is not reported; its
+#: window would reach at most a hint's length (11) further than the other's,
+#: well within the margin of _AFTER.
+_ANY_HINT = re.compile("|".join(re.escape(h) for h in _HINTS))
+_ANY_HINT_B = re.compile(b"|".join(re.escape(h) for h in _HINTS_B))
 
 
 def searchable(data: Any) -> Any:
@@ -256,17 +260,11 @@ def searchable(data: Any) -> Any:
 
 def _windows(data: Any, end: int) -> list[tuple[int, int]]:
     """Merged ``(start, end)`` windows of ``data[:end]`` around every hint."""
-    found = []
-    if isinstance(data, memoryview):
-        for m in _HINTS_AT.finditer(data, 0, end):
-            found.append((max(0, m.start() - _BEFORE), min(end, m.start() + _AFTER)))
-    hints = _HINTS if isinstance(data, str) else _HINTS_B
-    for hint in () if isinstance(data, memoryview) else hints:
-        i = data.find(hint, 0, end)
-        while i >= 0:
-            found.append((max(0, i - _BEFORE), min(end, i + _AFTER)))
-            i = data.find(hint, i + 1, end)
-    found.sort()
+    hints = _ANY_HINT if isinstance(data, str) else _ANY_HINT_B
+    found = [
+        (max(0, m.start() - _BEFORE), min(end, m.start() + _AFTER))
+        for m in hints.finditer(data, 0, end)
+    ]  # in order of start
     merged: list[tuple[int, int]] = []
     for a, b in found:
         if merged and a <= merged[-1][1]:
@@ -372,6 +370,69 @@ def scrub_name(name: str, secrets: dict[str, bytes] | None = None) -> tuple[str,
         masked = f"[redacted {kind}]"  # a name is short: what is left of it says nothing
         found.append(kind)
     return masked, sorted(set(found))
+
+
+def masked_header(
+    header: dict[str, Any], secrets: dict[str, bytes] | None = None
+) -> dict[str, Any]:
+    """A record's header with every secret in it masked: the store's last gate.
+
+    The write paths mask what they know to be text (outputs, source, errors:
+    :data:`_SCRUBBED`, not searched again) and refuse names; what else a
+    header holds (the names of a step's inputs, a variable's name, a repr) is
+    masked here, as it is written: a string by :func:`scrub`, a mapping's key
+    (a name) by :func:`scrub_name`. A masked name never equals the live one,
+    so a record that held one is not replayed as if it matched: its body runs
+    again. Returns ``header`` itself (no copy) when its strings, joined, hold
+    no hint of a key and no environment secret: a few ``find`` calls.
+    """
+    secrets = secrets_in_env() if secrets is None else secrets
+    strings: list[str] = []
+    _strings(header, strings)
+    if not _suspect("\n".join(strings), secrets):
+        return header
+    return _masked(header, secrets)
+
+
+def _suspect(text: str, secrets: dict[str, bytes]) -> bool:
+    """Whether ``text`` may hold a key (a hint of one) or holds an environment secret."""
+    return bool(_ANY_HINT.search(text)) or any(
+        v.decode("utf-8", "replace") in text for v in secrets.values()
+    )
+
+
+#: Header fields their write paths masked already (outputs, a step's source).
+_SCRUBBED = frozenset({"outputs", "printed", "source"})
+
+
+def _strings(value: Any, out: list[str]) -> None:
+    if isinstance(value, str):
+        out.append(value)
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            if k in _SCRUBBED:
+                continue
+            if isinstance(k, str):
+                out.append(k)
+            _strings(v, out)
+    elif isinstance(value, list | tuple):
+        for v in value:
+            _strings(v, out)
+
+
+def _masked(value: Any, secrets: dict[str, bytes]) -> Any:
+    if isinstance(value, str):
+        return scrub(value, secrets)[0] if _suspect(value, secrets) else value
+    if isinstance(value, dict):
+        return {
+            (scrub_name(k, secrets)[0] if isinstance(k, str) and _suspect(k, secrets) else k): (
+                v if k in _SCRUBBED else _masked(v, secrets)
+            )
+            for k, v in value.items()
+        }
+    if isinstance(value, list | tuple):
+        return [_masked(v, secrets) for v in value]
+    return value
 
 
 def said(names: list[str]) -> str:

@@ -196,3 +196,47 @@ def test_a_pickle_opcode_by_chance_in_base64_does_not_fire():
             for value in (key, key.encode(), [key, 1], {"k": key.encode()}):
                 raw = pickle.dumps(value, protocol=protocol)
                 assert find_keys(raw) == ["openai"], (protocol, n, raw[:12])
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        f"#{OPENAI}/p and more",  # a plain edge before, a slash after
+        f"url=/{GITHUB}=x",  # both loose: a key with _ or - cannot lie in base64
+        f"print('a\\n{AWS_ID}=')",  # after an escape written in source
+        f"x = '\\t{ANTHROPIC}'",
+    ],
+)
+def test_a_key_before_a_slash_or_after_an_escape_is_found(text):
+    out, kinds = redact_keys(text)
+    assert kinds and not any(k in out for k in (OPENAI, GITHUB, AWS_ID, ANTHROPIC)), out
+    assert find_keys(text.encode()) == kinds
+
+
+def test_a_key_joined_to_a_name_is_found_in_names_only():
+    from nbdurable.redact import name_key_names
+
+    assert name_key_names(f"ask_{OPENAI}") == ["openai key"]
+    assert name_key_names(f"run.{AWS_ID}") == ["aws key"]
+    assert name_key_names("task_size.v2:final_sk_test") == []
+    # in a value, _ glues a key-shaped run to URL-safe base64: no key there
+    assert find_keys(f"abc_{OPENAI}") == []
+
+
+def test_every_header_is_masked_as_the_store_writes_it(store):
+    from nbdurable.redact import masked_header
+
+    header = {"inputs": {AWS_ID: "fp", "plain": "fp"}, "why": f"auth {GITHUB}", "n": 3}
+    masked = masked_header(header, {})
+    assert masked == {
+        "inputs": {"[redacted aws key]": "fp", "plain": "fp"},
+        "why": "auth [redacted github key]",
+        "n": 3,
+    }
+    ordinary = {"inputs": {"x": "fp"}, "fn": "POST http://127.0.0.1:8000/v1?page=2"}
+    assert masked_header(ordinary, {}) == ordinary
+    plain = {"inputs": {"x": "fp"}, "fn": "__main__.ask", "n": 1}
+    assert masked_header(plain, {}) is plain  # no hint of a key: not even copied
+    store.put("r/x", header)
+    raw = store.read("r/x")
+    assert AWS_ID.encode() not in raw and GITHUB.encode() not in raw

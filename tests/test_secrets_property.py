@@ -5,12 +5,13 @@ Google, Slack, Stripe, JWTs, ``Authorization`` Bearer and Basic credentials,
 a URL's password, a URL's ``key``/``token``/``password`` value) and values of
 secret-looking environment variables are drawn at random from a seed, then
 planted at random positions, after random delimiters, into everything a
-notebook controls: printed output (stdout, stderr, a cell's result), values
-(strings, nested structures, ``bytes`` and ``bytearray`` of random lengths,
-a large ``bytes``), variable names, step names, sub-step ids and arguments,
-URLs, errors (a message long enough to be cut), and HTTP requests and
-responses of a ``--http`` step (an echo server on 127.0.0.1 sends every
-request header back as a response header and in its body).
+notebook controls: printed output (stdout, stderr, a display, a cell's
+result), values (strings, nested structures, ``bytes`` and ``bytearray`` of
+random lengths, a large ``bytes``), variable names, step names, sub-step ids,
+arguments and results (``step()`` and ``@recorded``), URLs, errors (a
+message long enough to be cut), and HTTP requests and responses of a
+``--http`` step (an echo server on 127.0.0.1 sends every request header back
+as a response header and in its body).
 
 One real kernel runs the notebook per engine (a diskcache directory, a
 PostgreSQL namespace); then every byte of the store (every file; every row of
@@ -152,7 +153,8 @@ def build_cells(rng: random.Random, secrets: dict[str, tuple[str, str]], echo: s
     cells = [
         "%load_ext nbdurable\nimport os, sys, requests\nfrom nbdurable import step, recorded\n"
         "def echo(x):\n    return x\n"
-        "def size(x):\n    return len(x)"
+        "def size(x):\n    return len(x)\n"
+        "@recorded\ndef passthrough(x):\n    return x"
     ]
     # printed output: stdout, stderr, a display and the cell's own result
     body = ["%%step printed"]
@@ -181,6 +183,7 @@ def build_cells(rng: random.Random, secrets: dict[str, tuple[str, str]], echo: s
     # variable names, and a step name, holding an identifier-shaped secret
     names = [secrets[k][0] for k in ("github", "aws", "stripe")] + ["Tk_" + secrets["env_name"][0]]
     cells.append("%%step named\n" + "\n".join(f"{n} = {i}" for i, n in enumerate(names)))
+    cells.append("%%step reads_named\ntotal = " + " + ".join(names))  # names as inputs
     for kind in ("openai", "aws", "jwt", "env_name"):
         cells.append(f"%%step ask_{secrets[kind][0]}\nx = 1")
     # sub-step ids (refused), arguments and results
@@ -191,6 +194,7 @@ def build_cells(rng: random.Random, secrets: dict[str, tuple[str, str]], echo: s
         )
         body.append(f"n_{kind} = step('size_{kind}', size, {lit(kind)})")
         body.append(f"r_{kind} = step('echo_{kind}', echo, {lit(kind)})")
+        body.append(f"p_{kind} = passthrough({lit(kind)})")
     body.append(f"raw = step('raw', echo, {lit(rng.choice(kinds))}.encode())")
     cells.append("\n".join(body))
     # errors: a message long enough to be cut, the secret anywhere (across the cut too)

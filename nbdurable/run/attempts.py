@@ -59,6 +59,7 @@ from typing import Any
 
 from ..errors import UsageProblem
 from ..identity import locate
+from ..redact import scrub
 from ..text import clip
 from .notebook import check_path, kernel_log_tail, read_notebook, replay_note, write_atomic
 from .progress import Progress
@@ -374,7 +375,7 @@ class _Run:
                     key,
                     label or f"cell #{index + 1}",
                     outcome,
-                    clip(what, 200),
+                    clip(scrub(what)[0], 200),  # masked whole, then cut
                     time.perf_counter() - t0,
                 )
             )

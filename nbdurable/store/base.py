@@ -204,6 +204,8 @@ class Store(abc.ABC):
             raise
 
     def _encode(self, key: str, header: Header, body: bytes | memoryview = b"") -> bytes:
+        # Every header passes the redaction gate as it is written (see redact.masked_header).
+        header = redact.masked_header(header)
         if key == layout.FORMAT_KEY:  # it names the domain, so it cannot be bound to it
             return codec.encode(self._macs.v1, key, header, body, magic=codec.MAGIC)
         return codec.encode(self._macs.v2, key, header, body)
