@@ -74,7 +74,7 @@ class StepInfo:
     why: tuple[str, ...] = ()
     #: what the next run does when the state alone does not say it ("" : as the state
     #: says); a step that wrote to a database file (see nbdurable.dbwrites)
-    next: str = ""
+    next_run: str = ""
 
     @property
     def cell(self) -> int | None:
@@ -281,7 +281,7 @@ def _info(
         replayable=rec.replayable if rec else True,
         calls=rec.substeps if rec else subs,
         tokens=Tally.from_json(rec.tokens).total.total if rec else 0,
-        next=_db_next(rec, state),
+        next_run=_db_next(rec, state),
         version=step_version(rec.source_fp, rec.inputs)[:8] if rec else "",
         versions=len(versions.kept(view.store, view.keys, key)),
         why=lines,
@@ -597,7 +597,7 @@ def why_text(info: StepInfo) -> str:
         head += f" (stale: {info.detail})"
     elif info.detail:
         head += f": {info.detail}"
-    lines = [head, f"  next run: {info.next or _NEXT.get(info.state, info.state)}"]
+    lines = [head, f"  next run: {info.next_run or _NEXT.get(info.state, info.state)}"]
     lines += [f"  {line}" for line in info.why]
     return "\n".join(lines)
 

@@ -799,9 +799,10 @@ class StepRunner:
         unsaved = saved.unsaved_beyond(known)
         secrets = [s for s in saved.secrets if s.split(" (", 1)[0] not in known]
         if unsaved:
+            then = _on_replay(db, ctx, "this step's body")
             warn(
                 f"step {label!r} was recorded, but these variables cannot be saved: "
-                f"{'; '.join(unsaved)}. {_on_replay(db, ctx, 'this step')}"
+                f"{'; '.join(unsaved)}. {then}"
             )
         if secrets:
             warn(
@@ -851,10 +852,9 @@ def _not_replayable(rec: StepRecord) -> str:
     return " and ".join(parts) or "it was recorded not replayable"
 
 
-def _on_replay(db: dbwrites.Decision | None, ctx: StepContext, who: str = "its") -> str:
+def _on_replay(db: dbwrites.Decision | None, ctx: StepContext, body: str = "its body") -> str:
     """What a replay of a step recorded not replayable does, as its warning ends."""
     if db is None:
-        body = "this step's body" if who == "this step" else "its body"
         return f"On replay {body} runs again ({what_replays(ctx.http)})."
     if db.action == "standins":
         return (
