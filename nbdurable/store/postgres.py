@@ -165,8 +165,11 @@ class PgStore(Store):
             # One is held by the main thread (see _connection); four for the others.
             max_size=5,
             # Autocommit: a one-statement write commits in one round trip; every
-            # other write is an explicit transaction (see _run).
-            kwargs={**self._options, "autocommit": True},
+            # other write is an explicit transaction (see _run). No statement
+            # prepared by psycopg itself: after a rolled-back transaction it
+            # sends DEALLOCATE ALL, which drops _pg's prepared statements too
+            # (the next one "does not exist", inside a step record's transaction).
+            kwargs={**self._options, "autocommit": True, "prepare_threshold": None},
             timeout=self._connect_timeout + 5,
             open=False,
             name=f"nbdurable-{self.namespace}",
