@@ -36,11 +36,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from . import redact
-from .commands import Done, changed_mark
 from .errors import CorruptRecord, NotPending, UnknownApproval, UsageProblem
 from .identity.keys import APPROVAL_PREFIX
-from .store import RUN_SCOPE, RunKeys, Store
-from .store.records import FORMAT_VERSION, SubRecord
+from .store import RunKeys, Store
+from .store.records import FORMAT_VERSION, SubRecord, changed_mark
 from .text import clip
 
 #: How much of a summary and of the details a record keeps (the rest is cut, with "…").
@@ -306,28 +305,3 @@ def decisions(store: Store, run_id: str) -> list[tuple[tuple[str, str], tuple[st
         # A named step's label is its name; an unnamed one is known by its scope.
         out.append(((scope.removeprefix("name:"), scope), (aid, got)))
     return out
-
-
-def decide(
-    store: Store, run_id: str, name: str, approved: bool, reason: str = "", by: str | None = None
-) -> Done:
-    """``nbdurable approve`` / ``reject``: decide a pending approval, in one transaction.
-
-    The one way a decision is made outside the waiting kernel: the CLI and the
-    side panel's buttons (:func:`nbdurable.server.marks.act`) call it. Raises
-    :class:`~nbdurable.errors.UnknownApproval` when nothing is named ``name``,
-    :class:`~nbdurable.errors.NotPending` when it was decided already.
-    """
-    # One transaction from the look to the write: of two people deciding at once
-    # (the side panel, a terminal, a waiting kernel's widget), the second finds the
-    # first decision and is refused; the two never both act.
-    with store.transaction():
-        p = find(store, run_id, name)
-        puts, deletes, decision = decided(p, approved, by or decider(), reason)
-        store.apply(puts=puts, deletes=deletes)
-    return Done(
-        "approve" if approved else "reject",
-        f"{p.where}: {decision.said()}; a kernel waiting for it goes on now, "
-        "else the next run continues from it",
-        (p.scope,) if p.scope != RUN_SCOPE else (),
-    )

@@ -888,10 +888,10 @@ def cmd_approvals(args: argparse.Namespace) -> int:
 
 def cmd_decide(args: argparse.Namespace) -> int:
     """``nbdurable approve`` / ``reject``."""
-    from . import approvals
+    from . import commands
 
     with _recorded_run(args) as (_, store, run_id, _dir):
-        done = approvals.decide(store, run_id, args.approval, args.approved, args.reason)
+        done = commands.decide(store, run_id, args.approval, args.approved, args.reason)
     print(done.message)
     return 0
 

@@ -10,16 +10,16 @@ IPython: the CLI runs these without a kernel.
 from __future__ import annotations
 
 import dataclasses
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from . import approvals
 from .errors import UsageProblem
 from .identity.keys import _shown
 from .status import StepInfo, step_infos
 from .store import RUN_SCOPE, RunKeys, RunView, Store
-from .store.records import StepState
+from .store.records import StepState, changed_mark
 
 
 @dataclass(frozen=True)
@@ -246,6 +246,26 @@ def set_pin(store: Store, run_id: str, key: str, pinned: bool) -> None:
         store.apply(puts=[(rk.state(key), new.to_header(), b""), mark])
 
 
-def changed_mark(rk: RunKeys, action: str) -> tuple[str, dict[str, Any], bytes]:
-    """The run's ``changed`` mark, written with a command's change (see ``RunKeys.changed``)."""
-    return (rk.changed, {"kind": "changed", "action": action, "at": time.time()}, b"")
+def decide(
+    store: Store, run_id: str, name: str, approved: bool, reason: str = "", by: str | None = None
+) -> Done:
+    """``nbdurable approve`` / ``reject``: decide a pending approval, in one transaction.
+
+    The one way a decision is made outside the waiting kernel: the CLI and the
+    side panel's buttons (:func:`nbdurable.server.marks.act`) call it. Raises
+    :class:`~nbdurable.errors.UnknownApproval` when nothing is named ``name``,
+    :class:`~nbdurable.errors.NotPending` when it was decided already.
+    """
+    # One transaction from the look to the write: of two people deciding at once
+    # (the side panel, a terminal, a waiting kernel's widget), the second finds the
+    # first decision and is refused; the two never both act.
+    with store.transaction():
+        p = approvals.find(store, run_id, name)
+        puts, deletes, decision = approvals.decided(p, approved, by or approvals.decider(), reason)
+        store.apply(puts=puts, deletes=deletes)
+    return Done(
+        "approve" if approved else "reject",
+        f"{p.where}: {decision.said()}; a kernel waiting for it goes on now, "
+        "else the next run continues from it",
+        (p.scope,) if p.scope != RUN_SCOPE else (),
+    )

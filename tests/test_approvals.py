@@ -1,7 +1,7 @@
 """approve() and @recorded(approve=True) on the engine, without a kernel, on both engines.
 
 A host that answers (or records that it was asked) stands in for the
-widget; the CLI's side is :func:`nbdurable.approvals.decide`, called as
+widget; the CLI's side is :func:`nbdurable.commands.decide`, called as
 ``nbdurable approve`` calls it. Real kernels and the CLI are in
 tests/test_approval_kernels.py.
 """
@@ -94,7 +94,7 @@ def test_headless_stops_with_the_approval_pending_and_the_cli_decides(any_store,
         approve("send", "Send the draft to bob@example.com", "Hello Bob")
     (again,) = approvals.pending(any_store, RUN)
     assert again == p
-    done = approvals.decide(any_store, RUN, "send", True, by="bob@other-host")
+    done = commands.decide(any_store, RUN, "send", True, by="bob@other-host")
     assert "approved by bob@other-host" in done.message
     assert approvals.pending(any_store, RUN) == []
     _session(any_store, monkeypatch)
@@ -108,7 +108,7 @@ def test_a_decision_made_elsewhere_ends_the_wait(store, monkeypatch):
         deadline = time.monotonic() + 30
         while not approvals.pending(store, RUN) and time.monotonic() < deadline:
             time.sleep(0.05)
-        approvals.decide(store, RUN, "mail/send", False, "not today", by="ann@desk")
+        commands.decide(store, RUN, "mail/send", False, "not today", by="ann@desk")
 
     t = threading.Thread(target=cli)
     t.start()
@@ -164,10 +164,10 @@ def test_cli_names_unknown_and_ambiguous_approvals(store, monkeypatch):
         with pytest.raises(ApprovalPending):
             approve("send", "Send it")
     with pytest.raises(UsageProblem, match="2 pending approvals are named 'send'.*a/send"):
-        approvals.decide(store, RUN, "send", True)
+        commands.decide(store, RUN, "send", True)
     with pytest.raises(UsageProblem, match="no pending approval 'nope'"):
-        approvals.decide(store, RUN, "nope", True)
-    approvals.decide(store, RUN, "b/send", True)
+        commands.decide(store, RUN, "nope", True)
+    commands.decide(store, RUN, "b/send", True)
     assert [p.step for p in approvals.pending(store, RUN)] == ["a"]
 
 
@@ -230,7 +230,7 @@ def test_an_approval_that_stopped_the_run_may_be_asked_again_in_the_step(store, 
     for _ in range(2):  # a retry loop around approve() in one step
         with pytest.raises(ApprovalPending):
             approve("send", "Send it")
-    approvals.decide(store, RUN, "send", True)
+    commands.decide(store, RUN, "send", True)
     assert session.current is not None and approve("send", "Send it") is True
 
 

@@ -196,7 +196,7 @@ def _decide(session: Session, p: Pending) -> Callable[[bool, str], Decision]:
     """Called by the host when the person decides here: the decision, recorded."""
 
     def decide(approved: bool, reason: str = "") -> Decision:
-        # One transaction from the look to the write, as approvals.decide does: a
+        # One transaction from the look to the write, as commands.decide does: a
         # decision made elsewhere at the same moment is either seen here or waits.
         with session.store.transaction():
             got = approvals.read_decision(session.store, session.keys, p.scope, p.id)

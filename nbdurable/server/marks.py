@@ -144,7 +144,7 @@ def act(
 
     The sidebar's buttons and the cell menu's commands: the same operations as
     ``nbdurable pin`` / ``clear`` (:mod:`nbdurable.commands`) and ``nbdurable
-    approve`` / ``reject`` (:func:`nbdurable.approvals.decide`; ``key`` is then
+    approve`` / ``reject`` (:func:`nbdurable.commands.decide`; ``key`` is then
     the approval's id, or ``STEP/ID``, and ``reason`` what a rejection says), on
     the store :func:`step_marks` reads, so the answer is ``{"message": <the line
     the CLI prints>}`` with the marks as they are after it. A kernel recording
@@ -170,7 +170,7 @@ def act(
     run_id = locate.run_id_for(notebook, directory)
     with open_store(directory) as store:
         if deciding:
-            done = approvals.decide(store, run_id, str(key), action == "approve", reason)
+            done = commands.decide(store, run_id, str(key), action == "approve", reason)
         elif action == "clear-all":
             done = commands.clear_run(store, run_id)
         elif action == "clear":

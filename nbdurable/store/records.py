@@ -11,8 +11,12 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import time
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
+
+if TYPE_CHECKING:
+    from .layout import RunKeys
 
 #: On-disk format of the store (its key layout). Increment on breaking change;
 #: a store whose format is newer than this is refused on open with a clear message.
@@ -300,3 +304,12 @@ class StepState(_Header):
     def empty(self) -> bool:
         """True when the state says nothing worth keeping."""
         return not (self.pinned or self.failed or self.stale or self.confirmed)
+
+
+def changed_mark(rk: RunKeys, action: str) -> tuple[str, dict[str, Any], bytes]:
+    """The run's ``changed`` mark, written with a command's change (see ``RunKeys.changed``).
+
+    What views poll to learn that a run changed under them: written with every
+    clear, pin and decision, in the same write.
+    """
+    return (rk.changed, {"kind": "changed", "action": action, "at": time.time()}, b"")
