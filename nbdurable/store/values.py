@@ -34,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import copyreg
+import gc
 import importlib
 import io
 import pickle
@@ -326,23 +327,29 @@ class PartFailed(Unsaveable):
 
 def dump_values(
     items: list[Any],
-    find_refs: Callable[[set[int]], dict[int, tuple[sharing.Path, Any]]] | None = None,
+    find_refs: Callable[[dict[int, Any]], dict[int, tuple[sharing.Path, Any]]] | None = None,
     ref_fp: Callable[[sharing.Path, Any], str | None] | None = None,
     in_place: Mapping[int, str] | None = None,
     standins: tuple[str, ...] = (),
+    known_refs: Mapping[int, tuple[sharing.Path, Any]] | None = None,
 ) -> Joint:
     """Pickle ``items`` one after the other with one pickler, so they share its memo.
 
     An object two items hold is written once and loads back as one object.
-    ``find_refs(ids)`` returns, of the objects whose ids are given (those the
-    pickle holds), the ones that live elsewhere, as ``id -> (path, obj)``:
+    ``find_refs(ids)`` returns, of the objects whose ids are given (the keys
+    of a dict made for the call: those the pickle holds), the ones that live
+    elsewhere, as ``id -> (path, obj)``:
     each is written as a reference to where it lives (see
     :mod:`nbdurable.store.sharing`) carrying ``ref_fp(path, obj)``.
     ``in_place`` maps the ids of items changed in place to their names: each
     loads into the live object of its name where a replay offers one (see
     :func:`sharing.in_place`); ``standins`` are the names ``ref_fp`` let stand in
     (see :func:`sharing.in_place_standins`), written with each reference that
-    carries a fingerprint. Raises :class:`PartFailed` naming the first
+    carries a fingerprint. ``known_refs`` are objects known beforehand to live
+    elsewhere, as ``find_refs`` would name them (the other variables' own
+    values, see :func:`sharing.top_level`): written as references from the
+    first pass, so a step whose values only share those (instances of a
+    notebook class) is pickled once. Raises :class:`PartFailed` naming the first
     item that cannot be pickled (the caller pickles the others again without
     it: a failed item leaves the memo half written).
     """
@@ -390,8 +397,14 @@ def dump_values(
     # objects written up to the failure, the client among them; if any lives
     # elsewhere, the values are written again with references.
     refs: dict[int, tuple[sharing.Path, Any]] = {}
+    # Only references the pickler meets through reducer_override: a known list
+    # or dict would need persistent_id, a Python call per object (see below).
+    for key, got in (known_refs or {}).items():
+        if type(got[1]) not in _NO_OVERRIDE:
+            refs[key] = got
+    searched = False  # refs hold what find_refs found: the next pass is the last
     wrapped: list[Any] = []  # the items as this pass writes them (see _out_of_band_items)
-    cls: type[_Pickler] = _Pickler
+    cls: type[_Pickler] = _RefReducer if refs else _Pickler
     while True:
         try:
             joint, pickler = _deep_safe(run, cls)
@@ -401,25 +414,37 @@ def dump_values(
             failed, pickler = exc, last[0]
         else:
             failed = None
-            if find_refs is None or refs:  # a pass with references is the last
+            if find_refs is None or searched:
                 return joint
         del last[:]
-        held = set(pickler.memo.copy())
-        # a wrapped bytearray is not in the memo (its buffer is): it may live elsewhere
-        held.update(id(w.value) for w in wrapped if type(w) is _BytesOutOfBand)
-        if failed is not None and pickler.asked is not None:
-            # What a failed pass failed on is not in its memo, and may live
-            # elsewhere itself: a SQLite checkpointer's connection, made in a
-            # plain cell and bound to a name there, is written as a reference.
-            held.add(id(pickler.asked))
-        del pickler
-        found = {k: v for k, v in find_refs(held).items() if k not in refs}
-        del held
+        # The ids of what the pass wrote, as the keys of a copy of its memo: the
+        # copy makes a tuple per object, a million for a large step, and with the
+        # collector on each thousand of them would set off a collection walking
+        # all the rest (four times the copy itself). They hold no cycle, and are
+        # freed by reference counting once the search is done.
+        paused = gc.isenabled()
+        gc.disable()
+        try:
+            held: dict[int, Any] = pickler.memo.copy()
+            # a wrapped bytearray is not in the memo (its buffer is): it may live elsewhere
+            held.update((id(w.value), None) for w in wrapped if type(w) is _BytesOutOfBand)
+            if failed is not None and pickler.asked is not None:
+                # What a failed pass failed on is not in its memo, and may live
+                # elsewhere itself: a SQLite checkpointer's connection, made in a
+                # plain cell and bound to a name there, is written as a reference.
+                held[id(pickler.asked)] = None
+            del pickler
+            found = {k: v for k, v in find_refs(held).items() if k not in refs}
+            del held
+        finally:
+            if paused:
+                gc.enable()
         if not found:
             if failed is not None:
                 raise failed
             return joint
         refs.update(found)
+        searched = True
         # A reference to a list, dict, str... must be asked about (persistent_id):
         # the pickler writes those types without calling reducer_override. Any
         # other (a class, a function, an instance) can be written from
