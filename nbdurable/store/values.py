@@ -761,6 +761,10 @@ class _Pickler(cloudpickle.Pickler):
     #: the names whose objects stand in in a reference's fingerprint (see sharing.in_place_standins)
     standins: tuple[str, ...] = ()
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.usual: dict[type, bool] = {}  # type -> _usual(type), for this pickler's dumps
+
     def reference(self, got: tuple[sharing.Path, Any], obj: Any) -> tuple | None:
         """The persistent id of ``obj``, found as ``got`` in ``refs`` (None: an id reused)."""
         if got[1] is not obj:
@@ -773,7 +777,20 @@ class _Pickler(cloudpickle.Pickler):
 
     def reducer_override(self, obj: Any) -> Any:
         self.asked = obj  # the last object asked about: the one a failed pass failed on
-        if type(obj) is types.CodeType:
+        t = type(obj)
+        # An instance of a type no rule below is about (a notebook class's or a
+        # library's plain object) is pickled the default way: answered from one
+        # lookup per type, since a step may hold a million of them. Per pickler,
+        # so a class changed between records is looked at again.
+        usual = self.usual.get(t)
+        if usual is None:
+            usual = self.usual[t] = _usual(t)
+        if usual and id(obj) not in self.in_place:
+            self.plain = False
+            if t.__module__ == "__main__":
+                self.notebook = True
+            return NotImplemented
+        if t is types.CodeType:
             return _code_reduce(obj)
         reduced = None
         if self.refs is not None:  # values pickled together: views and storages kept
@@ -783,7 +800,6 @@ class _Pickler(cloudpickle.Pickler):
         if reduced is None and self.in_place:
             name = self.in_place.get(id(obj))
             reduced = _in_place_reduce(obj, name) if name is not None else None
-        t = type(obj)
         if reduced is not None:
             self.plain = False
             return _with_fields_set(reduced) if _restores_fields_set(t) else reduced
@@ -840,6 +856,35 @@ class _Pickler(cloudpickle.Pickler):
             # pickle (LlamaIndex): reduced here, it is given back (see reduction).
             return _library_reduce(obj)
         return super().reducer_override(obj)
+
+
+def _usual(t: type) -> bool:
+    """True if :meth:`_Pickler.reducer_override` leaves every instance of ``t`` to pickle.
+
+    That is, none of its rules is about ``t``: not a class, function, code
+    object, exception or lock, no numpy, torch, plotly, polars or tiktoken
+    type, no lazy attributes, no library pickling to guard, no pydantic state
+    setter of its own, not a bare ``object()``; then cloudpickle's own
+    ``reducer_override`` answers ``NotImplemented`` too. (Objects restored in
+    place are asked about one by one all the same.)
+    """
+    module = getattr(t, "__module__", None)
+    if type(module) is not str or module.startswith(("numpy", "torch", "plotly.", "tiktoken")):
+        return False
+    try:
+        if issubclass(t, (type, types.FunctionType, types.CodeType, BaseException)):
+            return False
+        return not (
+            t is object
+            or t in _PLAIN_CONTAINERS
+            or t in _SYNC
+            or libfix.loads_anew(t)
+            or localcode.lazy_names(t)
+            or _restores_fields_set(t)
+            or reduction.guarded(t)
+        )
+    except Exception:  # a type that will not be looked at: the full rules, per object
+        return False
 
 
 def _library_reduce(obj: Any) -> Any:
