@@ -120,3 +120,28 @@ def test_instances_of_an_ordinary_class_are_looked_at_once_per_type(monkeypatch)
     got = values.load_values(joint.stream, 1, {"Point": cls}, joint.buffers)[0][0]
     assert [p.x for p in got] == list(range(200)) and all(type(p) is cls for p in got)
     assert joint.parts[0][3], "still known as notebook code"
+
+
+class _Registered:
+    def __init__(self, x):
+        self.x = x
+
+
+def _registered_reduce(obj):
+    return _Registered, (obj.x * 10,)
+
+
+def test_reducers_are_one_dict_and_a_copyreg_registration_made_later_counts():
+    """The C pickler looks reducers up per object: a dict, not cloudpickle's ChainMap."""
+    import copyreg
+    import io
+
+    pickler = values._Pickler(io.BytesIO(), protocol=values.PROTOCOL)
+    assert type(pickler.dispatch_table) is dict
+    copyreg.pickle(_Registered, _registered_reduce)
+    try:
+        assert values.loads(values.dumps([_Registered(2)]))[0].x == 20
+        joint = values.dump_values([[_Registered(3)]])
+        assert values.load_values(joint.stream, 1, {}, joint.buffers)[0][0][0].x == 30
+    finally:
+        del copyreg.dispatch_table[_Registered]
