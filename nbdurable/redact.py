@@ -30,6 +30,8 @@ never copied (:func:`searchable`: ``secret in view`` is no substring search).
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import os
 import re
 from typing import Any
@@ -51,12 +53,19 @@ def secrets_in_env(environ: dict[str, str] | None = None) -> dict[str, bytes]:
     remembers which names look secret, instead of decoding every variable
     each time (a few microseconds, not a hundred).
     """
+    global _last_env
     if environ is not None:
         items: Any = ((k.encode(), v.encode("utf-8")) for k, v in environ.items())
     else:
         raw = getattr(os.environ, "_data", None)
         if raw is None:  # pragma: no cover - every CPython has it
             return secrets_in_env(dict(os.environ))
+        # The environment as last read, compared whole (names and values, in C):
+        # a changed or added variable is seen at once, and an unchanged one costs
+        # no loop in Python per write.
+        seen, found = _last_env  # (one read: another thread may replace the pair)
+        if raw == seen:
+            return dict(found)
         items = raw.items()
     out: dict[str, bytes] = {}
     for key, value in items:
@@ -73,10 +82,14 @@ def secrets_in_env(environ: dict[str, str] | None = None) -> dict[str, bytes]:
             if len(val.strip()) >= MIN_SECRET_LENGTH:
                 name = key.decode("utf-8", "replace") if isinstance(key, bytes) else key
                 out[name] = val
+    if environ is None:
+        _last_env = (dict(raw), dict(out))
     return out
 
 
 _looks_secret: dict[Any, bool] = {}
+#: (os.environ's raw storage as last read, the secrets found in it)
+_last_env: tuple[Any, dict[str, bytes]] = (None, {})
 
 
 def find_secrets(data: bytes | str, secrets: dict[str, bytes] | None = None) -> list[str]:
@@ -240,8 +253,34 @@ _BEFORE, _AFTER = 64, 640
 #: memoryview. A hint that starts inside another's match is not reported; its
 #: window would reach at most a hint's length (11) further than the other's,
 #: well within the margin of _AFTER.
-_ANY_HINT = re.compile("|".join(re.escape(h) for h in _HINTS))
-_ANY_HINT_B = re.compile(b"|".join(re.escape(h) for h in _HINTS_B))
+def _trie(words: tuple[str, ...]) -> str:
+    """A pattern matching any of ``words``, factored on common prefixes.
+
+    ``re`` tries an alternation of literals one by one at each position; as
+    a trie (``A(?:KIA|SIA|...)``) a position is left at its first character
+    that starts no word: a header's few hundred characters take a third of
+    the time. Where one word extends another, the longer one is matched.
+    """
+    tree: dict[str, Any] = {}
+    for word in words:
+        node = tree
+        for ch in word:
+            node = node.setdefault(ch, {})
+        node[""] = {}
+
+    def pattern(node: dict[str, Any]) -> str:
+        alts = [re.escape(ch) + pattern(node[ch]) for ch in sorted(node) if ch]
+        if not alts:
+            return ""
+        if "" in node:
+            return "(?:" + "|".join(alts) + ")?"
+        return alts[0] if len(alts) == 1 else "(?:" + "|".join(alts) + ")"
+
+    return pattern(tree)
+
+
+_ANY_HINT = re.compile(_trie(_HINTS))
+_ANY_HINT_B = re.compile(_trie(_HINTS).encode())
 
 
 def searchable(data: Any) -> Any:
@@ -383,29 +422,48 @@ def masked_header(
     masked here, as it is written: a string by :func:`scrub`, a mapping's key
     (a name) by :func:`scrub_name`. A masked name never equals the live one,
     so a record that held one is not replayed as if it matched: its body runs
-    again. Returns ``header`` itself (no copy) when its strings, joined, hold
-    no hint of a key and no environment secret: a few ``find`` calls.
+    again. Returns ``header`` itself (no copy) when masking would change
+    nothing: when its strings, joined, hold no hint of a key and no
+    environment secret (one regular-expression pass and a ``find`` per
+    secret), or when the strings that do (an URL holds ``://``) mask to
+    themselves.
     """
     secrets = secrets_in_env() if secrets is None else secrets
     strings: list[str] = []
-    _strings(header, strings)
-    if not _suspect("\n".join(strings), secrets):
+    names: set[int] = set()  # indices in strings of a mapping's keys
+    _strings(header, strings, names)
+    text = "\n".join(strings)
+    hints = [m.start() for m in _ANY_HINT.finditer(text)]
+    found = [v for v in (v.decode("utf-8", "replace") for v in secrets.values()) if v in text]
+    if not hints and not found:
         return header
-    return _masked(header, secrets)
-
-
-def _suspect(text: str, secrets: dict[str, bytes]) -> bool:
-    """Whether ``text`` may hold a key (a hint of one) or holds an environment secret."""
-    return bool(_ANY_HINT.search(text)) or any(
-        v.decode("utf-8", "replace") in text for v in secrets.values()
-    )
+    # Which strings _masked would scrub: those holding a hint (no hint holds
+    # the newline that joins them) or a secret found in the whole.
+    starts = list(itertools.accumulate((len(x) + 1 for x in strings[:-1]), initial=0))
+    suspects = {bisect.bisect_right(starts, at) - 1 for at in hints}
+    suspects.update(i for i, x in enumerate(strings) if any(v in x for v in found))
+    # A string is masked by what it holds alone: each suspect once, as a name or a value.
+    masks: tuple[dict[str, str], dict[str, str]] = ({}, {})
+    for i in suspects:
+        x, as_name = strings[i], i in names
+        masks[as_name][x] = (scrub_name if as_name else scrub)(x, secrets)[0]
+    if all(k == v for m in masks for k, v in m.items()):
+        return header
+    return _masked(header, masks)
 
 
 #: Header fields their write paths masked already (outputs, a step's source).
 _SCRUBBED = frozenset({"outputs", "printed", "source"})
+#: Types whose values hold no string: not walked.
+_NO_STRINGS = frozenset((int, float, bool, type(None)))
 
 
-def _strings(value: Any, out: list[str]) -> None:
+def _strings(value: Any, out: list[str], names: set[int]) -> None:
+    """Every string in ``value`` (as :func:`_masked` walks it) into ``out``; mapping keys'
+    indices into ``names``.
+    """
+    if type(value) in _NO_STRINGS:
+        return
     if isinstance(value, str):
         out.append(value)
     elif isinstance(value, dict):
@@ -413,25 +471,33 @@ def _strings(value: Any, out: list[str]) -> None:
             if k in _SCRUBBED:
                 continue
             if isinstance(k, str):
+                names.add(len(out))
                 out.append(k)
-            _strings(v, out)
+            if type(v) is str:
+                out.append(v)
+            elif type(v) not in _NO_STRINGS:
+                _strings(v, out, names)
     elif isinstance(value, list | tuple):
         for v in value:
-            _strings(v, out)
+            if type(v) is str:
+                out.append(v)
+            elif type(v) not in _NO_STRINGS:
+                _strings(v, out, names)
 
 
-def _masked(value: Any, secrets: dict[str, bytes]) -> Any:
+def _masked(value: Any, masks: tuple[dict[str, str], dict[str, str]]) -> Any:
+    """``value`` rebuilt with each string of ``masks`` (values, names) replaced by its mask."""
     if isinstance(value, str):
-        return scrub(value, secrets)[0] if _suspect(value, secrets) else value
+        return masks[0].get(value, value)
     if isinstance(value, dict):
         return {
-            (scrub_name(k, secrets)[0] if isinstance(k, str) and _suspect(k, secrets) else k): (
-                v if k in _SCRUBBED else _masked(v, secrets)
+            (masks[1].get(k, k) if isinstance(k, str) else k): (
+                v if k in _SCRUBBED else _masked(v, masks)
             )
             for k, v in value.items()
         }
     if isinstance(value, list | tuple):
-        return [_masked(v, secrets) for v in value]
+        return [_masked(v, masks) for v in value]
     return value
 
 

@@ -36,6 +36,7 @@ SECTIONS = [
     "4. Restart and replay",
     "5a. Store size",
     "5b. Store size",
+    "6. Costs against the floor",
     "Targets (issue #6)",
 ]
 
@@ -92,6 +93,16 @@ def test_bench_quick_runs_every_section_and_system(tmp_path):
     for row in ("bare kernel", "first run", "rerun after restart"):
         assert row in e2e, e2e
     assert "none on the reruns" in e2e, e2e
+
+    costs = _section(out, "6. Costs against the floor")
+    for row in (
+        "-object step: record ",
+        "-object step: replay ",
+        "%load_ext nbdurable",
+        "first %%step",
+        "store bytes per recorded 100 B sub-step",
+    ):
+        assert sum(1 for r in costs.splitlines() if row in r) == 1, costs
 
 
 @pytest.mark.postgres

@@ -240,3 +240,53 @@ def test_every_header_is_masked_as_the_store_writes_it(store):
     store.put("r/x", header)
     raw = store.read("r/x")
     assert AWS_ID.encode() not in raw and GITHUB.encode() not in raw
+
+
+def test_a_header_whose_hints_mask_to_nothing_is_not_copied_and_masks_what_it_must():
+    """The gate's answer for each string is :func:`scrub`'s (a name's: scrub_name's)."""
+    from nbdurable.redact import masked_header, scrub, scrub_name
+
+    url = {"id": "https://api.example.com/v1/models?x=1", "t": ("a", 1), "callee": {"c": "fp"}}
+    assert masked_header(url, {}) is url  # a URL is a hint (://), yet holds no key
+    env = {"MY_TOKEN": b"s3cr3t-value-1"}
+    cases = [
+        {"id": f"https://api.example.com/v1?key={GITHUB}", "n": None},
+        {"inputs": {f"ask_{OPENAI}": "fp", "x": "://"}, "why": ["plain", "s3cr3t-value-1"]},
+        {"a": "line one\ns3cr3t", "b": "-value-1 next", "outputs": [f"auth {GITHUB}"]},
+        {"nested": [{"k": (f"Bearer {GITHUB}", 2.5)}], "same": f"Bearer {GITHUB}"},
+    ]
+
+    def reference(value, secrets):  # every string scrubbed alone, as before the gate
+        if isinstance(value, str):
+            return scrub(value, secrets)[0]
+        if isinstance(value, dict):
+            return {
+                (scrub_name(k, secrets)[0] if isinstance(k, str) else k): (
+                    v if k in ("outputs", "printed", "source") else reference(v, secrets)
+                )
+                for k, v in value.items()
+            }
+        if isinstance(value, list | tuple):
+            return [reference(v, secrets) for v in value]
+        return value
+
+    for case in cases:
+        assert masked_header(case, env) == reference(case, env), case
+    assert GITHUB not in str(masked_header(cases[0], env))
+    assert "s3cr3t-value-1" not in str(masked_header(cases[1], env))
+    assert OPENAI not in str(masked_header(cases[1], env))
+
+
+def test_a_secret_set_changed_or_removed_in_the_environment_is_seen_at_once(monkeypatch):
+    from nbdurable.redact import masked_header, secrets_in_env
+
+    monkeypatch.setenv("NBD_TEST_TOKEN", "first-secret-1234")
+    assert secrets_in_env()["NBD_TEST_TOKEN"] == b"first-secret-1234"
+    monkeypatch.setenv("NBD_TEST_TOKEN", "other-secret-5678")  # same length, new value
+    assert secrets_in_env()["NBD_TEST_TOKEN"] == b"other-secret-5678"
+    assert masked_header({"why": "other-secret-5678"}) == {"why": "[redacted $NBD_TEST_TOKEN]"}
+    got = secrets_in_env()
+    got.clear()  # a caller's copy: the next call still knows it
+    assert "NBD_TEST_TOKEN" in secrets_in_env()
+    monkeypatch.delenv("NBD_TEST_TOKEN")
+    assert "NBD_TEST_TOKEN" not in secrets_in_env()

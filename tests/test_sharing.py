@@ -96,6 +96,42 @@ def test_references_to_objects_alone_are_written_without_asking_about_every_obje
     assert isinstance(failed.value.cause, sharing.NotExact)
 
 
+def test_values_sharing_only_other_variables_are_pickled_once(store, monkeypatch):
+    """Instances of a class another cell defined (the common large step) take one pass.
+
+    The other variables' own values are known to live elsewhere before
+    anything is pickled; a second pass is only for what lies deeper.
+    """
+
+    class Row:
+        def __init__(self, i):
+            self.i = i
+
+    pickled = []
+    real = values._Pickler.reducer_override
+
+    def counting(self, obj):
+        if type(obj) is Row:
+            pickled.append(obj.i)
+        return real(self, obj)
+
+    monkeypatch.setattr(values._Pickler, "reducer_override", counting)
+    ns = {"Row": Row, "rows": [Row(i) for i in range(50)]}
+    saved = save(store, ns, ["rows"])
+    assert sorted(pickled) == list(range(50)), "each row pickled once"
+    got = load(store, saved, {"Row": Row})["rows"]
+    assert [r.i for r in got] == list(range(50)) and all(type(r) is Row for r in got)
+    # What lies below another variable is still found, with a second pass.
+    cfg = {"lr": 1}
+    ns = {"Row": Row, "holder": [cfg], "rows": [Row(1), cfg]}
+    pickled.clear()
+    saved = save(store, ns, ["rows"])
+    assert pickled == [1, 1], "found below `holder` after the first pass, then written again"
+    fresh_cfg = {"lr": 1}
+    got = load(store, saved, {"Row": Row, "holder": [fresh_cfg]})["rows"]
+    assert got[1] is fresh_cfg and type(got[0]) is Row
+
+
 def test_a_reference_to_a_container_is_still_asked_about(store, monkeypatch):
     cfg = {"lr": 1}
     ns = {"cfg": cfg, "model": [cfg, cfg]}

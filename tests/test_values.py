@@ -105,3 +105,43 @@ def test_a_polars_sqlcontext_keeps_its_registered_tables():
     assert loaded.tables() == ["t"]
     assert loaded.execute("select sum(a) as s from t", eager=True)["s"].to_list() == [6]
     assert fingerprint(loaded) == fingerprint(ctx)
+
+
+def test_instances_of_an_ordinary_class_are_looked_at_once_per_type(monkeypatch):
+    """A step holding a million instances pays the pickler's rules once per type."""
+    looked = []
+    real = localcode.lazy_names
+    monkeypatch.setattr(localcode, "lazy_names", lambda t: looked.append(t) or real(t))
+    source = "class Point:\n    def __init__(self, x):\n        self.x = x\n"
+    cls = _notebook_function(source, "Point")
+    points = [cls(i) for i in range(200)]
+    joint = values.dump_values([points])
+    assert looked.count(cls) == 1
+    got = values.load_values(joint.stream, 1, {"Point": cls}, joint.buffers)[0][0]
+    assert [p.x for p in got] == list(range(200)) and all(type(p) is cls for p in got)
+    assert joint.parts[0][3], "still known as notebook code"
+
+
+class _Registered:
+    def __init__(self, x):
+        self.x = x
+
+
+def _registered_reduce(obj):
+    return _Registered, (obj.x * 10,)
+
+
+def test_reducers_are_one_dict_and_a_copyreg_registration_made_later_counts():
+    """The C pickler looks reducers up per object: a dict, not cloudpickle's ChainMap."""
+    import copyreg
+    import io
+
+    pickler = values._Pickler(io.BytesIO(), protocol=values.PROTOCOL)
+    assert type(pickler.dispatch_table) is dict
+    copyreg.pickle(_Registered, _registered_reduce)
+    try:
+        assert values.loads(values.dumps([_Registered(2)]))[0].x == 20
+        joint = values.dump_values([[_Registered(3)]])
+        assert values.load_values(joint.stream, 1, {}, joint.buffers)[0][0][0].x == 30
+    finally:
+        del copyreg.dispatch_table[_Registered]

@@ -177,14 +177,19 @@ def _save_joint(
     roots = [n for n in others if n in ns]
     in_place = set(in_place)
 
-    def find_refs(held: set[int]) -> dict[int, tuple[sharing.Path, Any]]:
+    def own() -> set[int]:
         # Not the objects the step changed in place: a checkpointer the step
         # filled is also reachable from the graph holding it, yet it is this
         # step's to save (and to restore into the live one). A name the step
         # bound to an object that lives elsewhere (`current = state`) is a
         # reference, as before.
-        own = {id(view[n]) for n in pending if n in in_place}
-        return sharing.index(ns, roots, held - own, own)
+        return {id(view[n]) for n in pending if n in in_place}
+
+    def find_refs(held: dict[int, Any]) -> dict[int, tuple[sharing.Path, Any]]:
+        mine = own()
+        for key in mine:  # (held is made for this call: no copy of a million ids)
+            held.pop(key, None)
+        return sharing.index(ns, roots, held, mine)
 
     checked = set(checked)
 
@@ -200,6 +205,7 @@ def _save_joint(
                 _ref_fps(checked, standins),
                 here,
                 tuple(sorted(standins.values())),
+                sharing.top_level(ns, roots, own()),
             )
         except values.PartFailed as exc:
             name = pending.pop(exc.index)

@@ -209,6 +209,25 @@ def index(
     return found
 
 
+def top_level(
+    ns: Mapping[str, Any], names: Iterable[str], mine: Collection[int] = ()
+) -> dict[int, tuple[Path, Any]]:
+    """What :func:`index` finds at the top of ``names`` for any object wanted there.
+
+    ``id(obj) -> ((name,), obj)`` of each variable's own value, the first name
+    winning, without modules, atoms and the objects of ``mine``: known before
+    anything is pickled, as :func:`index` would name them, since it looks at
+    every top-level name before walking below any.
+    """
+    found: dict[int, tuple[Path, Any]] = {}
+    for name in names:
+        obj = ns[name]
+        if isinstance(obj, (types.ModuleType, *_ATOMS)) or id(obj) in mine:
+            continue
+        found.setdefault(id(obj), ((name,), obj))
+    return found
+
+
 def _library(obj: Any, known: dict[str, bool]) -> bool:
     """True for an instance of a class that is neither the notebook's nor a local module's.
 

@@ -31,9 +31,11 @@ replayable once, at record time.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import contextvars
 import copyreg
+import gc
 import importlib
 import io
 import pickle
@@ -326,23 +328,29 @@ class PartFailed(Unsaveable):
 
 def dump_values(
     items: list[Any],
-    find_refs: Callable[[set[int]], dict[int, tuple[sharing.Path, Any]]] | None = None,
+    find_refs: Callable[[dict[int, Any]], dict[int, tuple[sharing.Path, Any]]] | None = None,
     ref_fp: Callable[[sharing.Path, Any], str | None] | None = None,
     in_place: Mapping[int, str] | None = None,
     standins: tuple[str, ...] = (),
+    known_refs: Mapping[int, tuple[sharing.Path, Any]] | None = None,
 ) -> Joint:
     """Pickle ``items`` one after the other with one pickler, so they share its memo.
 
     An object two items hold is written once and loads back as one object.
-    ``find_refs(ids)`` returns, of the objects whose ids are given (those the
-    pickle holds), the ones that live elsewhere, as ``id -> (path, obj)``:
+    ``find_refs(ids)`` returns, of the objects whose ids are given (the keys
+    of a dict made for the call: those the pickle holds), the ones that live
+    elsewhere, as ``id -> (path, obj)``:
     each is written as a reference to where it lives (see
     :mod:`nbdurable.store.sharing`) carrying ``ref_fp(path, obj)``.
     ``in_place`` maps the ids of items changed in place to their names: each
     loads into the live object of its name where a replay offers one (see
     :func:`sharing.in_place`); ``standins`` are the names ``ref_fp`` let stand in
     (see :func:`sharing.in_place_standins`), written with each reference that
-    carries a fingerprint. Raises :class:`PartFailed` naming the first
+    carries a fingerprint. ``known_refs`` are objects known beforehand to live
+    elsewhere, as ``find_refs`` would name them (the other variables' own
+    values, see :func:`sharing.top_level`): written as references from the
+    first pass, so a step whose values only share those (instances of a
+    notebook class) is pickled once. Raises :class:`PartFailed` naming the first
     item that cannot be pickled (the caller pickles the others again without
     it: a failed item leaves the memo half written).
     """
@@ -390,8 +398,14 @@ def dump_values(
     # objects written up to the failure, the client among them; if any lives
     # elsewhere, the values are written again with references.
     refs: dict[int, tuple[sharing.Path, Any]] = {}
+    # Only references the pickler meets through reducer_override: a known list
+    # or dict would need persistent_id, a Python call per object (see below).
+    for key, got in (known_refs or {}).items():
+        if type(got[1]) not in _NO_OVERRIDE:
+            refs[key] = got
+    searched = False  # refs hold what find_refs found: the next pass is the last
     wrapped: list[Any] = []  # the items as this pass writes them (see _out_of_band_items)
-    cls: type[_Pickler] = _Pickler
+    cls: type[_Pickler] = _RefReducer if refs else _Pickler
     while True:
         try:
             joint, pickler = _deep_safe(run, cls)
@@ -401,25 +415,37 @@ def dump_values(
             failed, pickler = exc, last[0]
         else:
             failed = None
-            if find_refs is None or refs:  # a pass with references is the last
+            if find_refs is None or searched:
                 return joint
         del last[:]
-        held = set(pickler.memo.copy())
-        # a wrapped bytearray is not in the memo (its buffer is): it may live elsewhere
-        held.update(id(w.value) for w in wrapped if type(w) is _BytesOutOfBand)
-        if failed is not None and pickler.asked is not None:
-            # What a failed pass failed on is not in its memo, and may live
-            # elsewhere itself: a SQLite checkpointer's connection, made in a
-            # plain cell and bound to a name there, is written as a reference.
-            held.add(id(pickler.asked))
-        del pickler
-        found = {k: v for k, v in find_refs(held).items() if k not in refs}
-        del held
+        # The ids of what the pass wrote, as the keys of a copy of its memo: the
+        # copy makes a tuple per object, a million for a large step, and with the
+        # collector on each thousand of them would set off a collection walking
+        # all the rest (four times the copy itself). They hold no cycle, and are
+        # freed by reference counting once the search is done.
+        paused = gc.isenabled()
+        gc.disable()
+        try:
+            held: dict[int, Any] = pickler.memo.copy()
+            # a wrapped bytearray is not in the memo (its buffer is): it may live elsewhere
+            held.update((id(w.value), None) for w in wrapped if type(w) is _BytesOutOfBand)
+            if failed is not None and pickler.asked is not None:
+                # What a failed pass failed on is not in its memo, and may live
+                # elsewhere itself: a SQLite checkpointer's connection, made in a
+                # plain cell and bound to a name there, is written as a reference.
+                held[id(pickler.asked)] = None
+            del pickler
+            found = {k: v for k, v in find_refs(held).items() if k not in refs}
+            del held
+        finally:
+            if paused:
+                gc.enable()
         if not found:
             if failed is not None:
                 raise failed
             return joint
         refs.update(found)
+        searched = True
         # A reference to a list, dict, str... must be asked about (persistent_id):
         # the pickler writes those types without calling reducer_override. Any
         # other (a class, a function, an instance) can be written from
@@ -736,6 +762,18 @@ class _Pickler(cloudpickle.Pickler):
     #: the names whose objects stand in in a reference's fingerprint (see sharing.in_place_standins)
     standins: tuple[str, ...] = ()
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # cloudpickle's reducers over copyreg's, as one dict made now: its
+        # ChainMap of the two is looked up by the C pickler for every object it
+        # reduces (a Python call and a KeyError each, a third of pickling a
+        # million instances). Made per pickler, so copyreg's registrations
+        # until now count, as they would through the ChainMap.
+        table = type(self).dispatch_table
+        if isinstance(table, collections.ChainMap):
+            self.dispatch_table = {k: v for m in reversed(table.maps) for k, v in m.items()}
+        super().__init__(*args, **kwargs)
+        self.usual: dict[type, bool] = {}  # type -> _usual(type), for this pickler's dumps
+
     def reference(self, got: tuple[sharing.Path, Any], obj: Any) -> tuple | None:
         """The persistent id of ``obj``, found as ``got`` in ``refs`` (None: an id reused)."""
         if got[1] is not obj:
@@ -748,7 +786,20 @@ class _Pickler(cloudpickle.Pickler):
 
     def reducer_override(self, obj: Any) -> Any:
         self.asked = obj  # the last object asked about: the one a failed pass failed on
-        if type(obj) is types.CodeType:
+        t = type(obj)
+        # An instance of a type no rule below is about (a notebook class's or a
+        # library's plain object) is pickled the default way: answered from one
+        # lookup per type, since a step may hold a million of them. Per pickler,
+        # so a class changed between records is looked at again.
+        usual = self.usual.get(t)
+        if usual is None:
+            usual = self.usual[t] = _usual(t)
+        if usual and id(obj) not in self.in_place:
+            self.plain = False
+            if t.__module__ == "__main__":
+                self.notebook = True
+            return NotImplemented
+        if t is types.CodeType:
             return _code_reduce(obj)
         reduced = None
         if self.refs is not None:  # values pickled together: views and storages kept
@@ -758,7 +809,6 @@ class _Pickler(cloudpickle.Pickler):
         if reduced is None and self.in_place:
             name = self.in_place.get(id(obj))
             reduced = _in_place_reduce(obj, name) if name is not None else None
-        t = type(obj)
         if reduced is not None:
             self.plain = False
             return _with_fields_set(reduced) if _restores_fields_set(t) else reduced
@@ -815,6 +865,35 @@ class _Pickler(cloudpickle.Pickler):
             # pickle (LlamaIndex): reduced here, it is given back (see reduction).
             return _library_reduce(obj)
         return super().reducer_override(obj)
+
+
+def _usual(t: type) -> bool:
+    """True if :meth:`_Pickler.reducer_override` leaves every instance of ``t`` to pickle.
+
+    That is, none of its rules is about ``t``: not a class, function, code
+    object, exception or lock, no numpy, torch, plotly, polars or tiktoken
+    type, no lazy attributes, no library pickling to guard, no pydantic state
+    setter of its own, not a bare ``object()``; then cloudpickle's own
+    ``reducer_override`` answers ``NotImplemented`` too. (Objects restored in
+    place are asked about one by one all the same.)
+    """
+    module = getattr(t, "__module__", None)
+    if type(module) is not str or module.startswith(("numpy", "torch", "plotly.", "tiktoken")):
+        return False
+    try:
+        if issubclass(t, (type, types.FunctionType, types.CodeType, BaseException)):
+            return False
+        return not (
+            t is object
+            or t in _PLAIN_CONTAINERS
+            or t in _SYNC
+            or libfix.loads_anew(t)
+            or localcode.lazy_names(t)
+            or _restores_fields_set(t)
+            or reduction.guarded(t)
+        )
+    except Exception:  # a type that will not be looked at: the full rules, per object
+        return False
 
 
 def _library_reduce(obj: Any) -> Any:
