@@ -458,9 +458,10 @@ _SCRUBBED = frozenset({"outputs", "printed", "source"})
 _NO_STRINGS = frozenset((int, float, bool, type(None)))
 
 
-def _strings(value: Any, out: list[str], names: set[int]) -> None:
+def _strings(value: Any, out: list[str], names: set[int], skip: frozenset[str] = _SCRUBBED) -> None:
     """Every string in ``value`` (as :func:`_masked` walks it) into ``out``; mapping keys'
-    indices into ``names``.
+    indices into ``names``. Only the header's own fields are ``skip``-ped: a variable
+    called ``source`` among a step's inputs is searched like any other.
     """
     if type(value) in _NO_STRINGS:
         return
@@ -468,7 +469,7 @@ def _strings(value: Any, out: list[str], names: set[int]) -> None:
         out.append(value)
     elif isinstance(value, dict):
         for k, v in value.items():
-            if k in _SCRUBBED:
+            if k in skip:
                 continue
             if isinstance(k, str):
                 names.add(len(out))
@@ -476,28 +477,32 @@ def _strings(value: Any, out: list[str], names: set[int]) -> None:
             if type(v) is str:
                 out.append(v)
             elif type(v) not in _NO_STRINGS:
-                _strings(v, out, names)
+                _strings(v, out, names, frozenset())
     elif isinstance(value, list | tuple):
         for v in value:
             if type(v) is str:
                 out.append(v)
             elif type(v) not in _NO_STRINGS:
-                _strings(v, out, names)
+                _strings(v, out, names, frozenset())
 
 
-def _masked(value: Any, masks: tuple[dict[str, str], dict[str, str]]) -> Any:
-    """``value`` rebuilt with each string of ``masks`` (values, names) replaced by its mask."""
+def _masked(
+    value: Any, masks: tuple[dict[str, str], dict[str, str]], skip: frozenset[str] = _SCRUBBED
+) -> Any:
+    """``value`` rebuilt with each string of ``masks`` (values, names) replaced by its mask
+    (the header's own ``skip`` fields kept as they are, as :func:`_strings` walks it).
+    """
     if isinstance(value, str):
         return masks[0].get(value, value)
     if isinstance(value, dict):
         return {
             (masks[1].get(k, k) if isinstance(k, str) else k): (
-                v if k in _SCRUBBED else _masked(v, masks)
+                v if k in skip else _masked(v, masks, frozenset())
             )
             for k, v in value.items()
         }
     if isinstance(value, list | tuple):
-        return [_masked(v, masks) for v in value]
+        return [_masked(v, masks, frozenset()) for v in value]
     return value
 
 

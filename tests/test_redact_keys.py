@@ -242,6 +242,19 @@ def test_every_header_is_masked_as_the_store_writes_it(store):
     assert AWS_ID.encode() not in raw and GITHUB.encode() not in raw
 
 
+def test_only_the_header_s_own_scrubbed_fields_are_left_alone():
+    from nbdurable.redact import masked_header
+
+    # outputs/printed/source at the top are masked by their write paths; a variable
+    # of the same name inside seen/made/inputs is user data and searched like any other
+    header = {"seen": {"source": f"x = {OPENAI}"}, "inputs": {"printed": [f"k={GITHUB}"]}}
+    masked = masked_header(header, {})
+    assert OPENAI not in repr(masked) and GITHUB not in repr(masked), masked
+    assert masked["seen"]["source"] == "x = [redacted openai key]"
+    top = {"source": "already masked by its write path"}
+    assert masked_header(top, {}) is top
+
+
 def test_a_header_whose_hints_mask_to_nothing_is_not_copied_and_masks_what_it_must():
     """The gate's answer for each string is :func:`scrub`'s (a name's: scrub_name's)."""
     from nbdurable.redact import masked_header, scrub, scrub_name
