@@ -73,12 +73,22 @@ def notebook_path(root: str | os.PathLike[str], api_path: str) -> Path:
     return path
 
 
+def _status(exc: Exception) -> int:
+    """The HTTP status of one of nbdurable's errors: the most specific class listed wins."""
+    from ..errors import NotPending, UnknownApproval, UsageProblem
+
+    for cls, status in ((UnknownApproval, 404), (NotPending, 409), (UsageProblem, 400)):
+        if isinstance(exc, cls):
+            return status
+    return 500
+
+
 def _handler_class() -> type:
     # Imported here: importing nbdurable must not import tornado or jupyter_server.
     from jupyter_server.base.handlers import APIHandler
     from tornado import web
 
-    from ..errors import NbdurableError, NotPending, UnknownApproval, UsageProblem
+    from ..errors import NbdurableError
     from ..text import one_line
     from .marks import act, compare_with, runs_of, step_marks
 
@@ -98,10 +108,8 @@ def _handler_class() -> type:
                     data = await asyncio.to_thread(runs_of, path)
                 else:
                     data = await asyncio.to_thread(step_marks, path)
-            except UsageProblem as exc:
-                return self._fail(400, one_line(str(exc)))
             except NbdurableError as exc:
-                return self._fail(500, one_line(str(exc)))
+                return self._fail(_status(exc), one_line(str(exc)))
             self._answer(data)
 
         @web.authenticated
@@ -117,14 +125,8 @@ def _handler_class() -> type:
                 return None
             try:
                 data = await asyncio.to_thread(act, path, action, key, None, reason)
-            except UnknownApproval as exc:
-                return self._fail(404, one_line(str(exc)))
-            except NotPending as exc:
-                return self._fail(409, one_line(str(exc)))
-            except UsageProblem as exc:
-                return self._fail(400, one_line(str(exc)))
             except NbdurableError as exc:
-                return self._fail(500, one_line(str(exc)))
+                return self._fail(_status(exc), one_line(str(exc)))
             self._answer(data)
 
         def _notebook(self, api_path: str) -> Path | None:
