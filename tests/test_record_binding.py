@@ -299,3 +299,61 @@ def test_check_says_sub_step_rows_lost_since_their_step_was_recorded(tmp_path, c
     assert cli.main(["check", "--store", str(path)]) == 0  # said once, noted
     assert cli.main(["check", "--store", str(path)]) == 0
     assert "sound" in capsys.readouterr().out
+
+
+# -- two processes: a manifest cached by one, changed by the other -------------------------
+
+
+def _second(any_store, request):
+    """Another Store object on the same store, as another process opens it."""
+    if isinstance(any_store.path, str):
+        return open_store(request.getfixturevalue("pg_url"))
+    return open_store(any_store.path)
+
+
+def test_a_record_made_anew_by_another_process_is_current_to_one_that_cached_the_manifest(
+    any_store, request
+):
+    rk = _record(any_store, value=b"v1", started=1.0)  # this object caches the manifest
+    decision = rk.sub("name:s", approvals.APPROVAL_PREFIX + "send")
+    with _second(any_store, request) as other:
+        commands.clear(other, RUN, ["name:s"])
+        _record(other, value=b"v2", started=2.0)
+        other.apply(puts=[(decision, {"approval": {"approved": True, "by": "b", "at": 1.0},
+                                      "args_fp": ""}, b"")])  # fmt: skip
+    assert bytes(any_store.get(rk.sub("name:s", "call"))[1]) == b"v2"
+    got = approvals.read_decision(any_store, rk, "name:s", "send", strict=True)
+    assert got is not None and got.approved and got.by == "b"
+
+
+def test_check_does_not_call_a_store_it_cannot_read_sound(tmp_path, monkeypatch):
+    from nbdurable.errors import StoreError
+    from nbdurable.store.currency import check_runs
+
+    with open_store(tmp_path / "store") as s:
+        rk = _record(s)
+        real = s.read
+
+        def failing(key):  # the medium fails as the step record is read
+            if key == rk.step("name:s"):
+                raise StoreError("disk I/O error reading the store")
+            return real(key)
+
+        monkeypatch.setattr(s, "read", failing)
+        with pytest.raises(StoreError, match="disk I/O error"):
+            check_runs(s, fix=False, done="")
+
+
+def test_a_stale_record_says_why_as_a_reason(any_store):
+    rk = _record(any_store)
+    saved = _raw(any_store, [rk.step("name:s")])
+    commands.clear(any_store, RUN, ["name:s"])
+    any_store.write(saved)
+    with pytest.raises(StaleRecord) as err:
+        any_store.get(rk.step("name:s"))
+    assert err.value.reason == "cleared"
+    any_store.delete(rk.manifest)
+    any_store._manifests.clear()
+    with pytest.raises(StaleRecord) as err:
+        any_store.get(rk.step("name:s"))
+    assert err.value.reason == "unproven"

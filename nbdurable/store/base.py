@@ -35,7 +35,7 @@ from ..errors import (
     StoreError,
 )
 from . import blobs, codec, layout
-from .manifest import Manifest, refusal
+from .manifest import REFUSALS, Manifest, refusal
 from .records import FORMAT_VERSION
 
 #: load_prefix holds values of at most this many bytes, and this many bytes in all.
@@ -217,16 +217,21 @@ class Store(abc.ABC):
         if key[20:21] != "/" or key[19] not in "suvw" or not key.startswith(layout.RUNS):
             return
         run, kind = key[2:18], key[19]
-        m = self._read_manifest(run) if refresh or run not in self._manifests else None
-        if m is None:
-            m = self._manifests[run]
+        fresh = refresh or run not in self._manifests
+        m = self._read_manifest(run) if fresh else self._manifests[run]
         scope = key[21:].partition("/")[0]
         if kind != "s" and m is not None and header.get("gen", -1) == m.gen(scope):
             return  # the replay path of a sub-step: current
         sig = codec.signature(raw) if kind == "s" else ""
         why = refusal(m, kind, scope, header, sig)
+        if why and not fresh:
+            # The manifest this process cached may predate the record: another process
+            # cleared the step and recorded it anew since. Generations only go up, so
+            # the manifest read now refuses only what is really not current.
+            m = self._read_manifest(run)
+            why = refusal(m, kind, scope, header, sig)
         if why:
-            raise StaleRecord(f"record {key!r} {why}; it is ignored")
+            raise StaleRecord(f"record {key!r} {REFUSALS[why]}; it is ignored", reason=why)
 
     def _read_manifest(self, run: str) -> Manifest | None:
         """The run's manifest as the store holds it now (None: absent or unreadable)."""

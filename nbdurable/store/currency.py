@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import warnings
 
-from ..errors import NbdurableWarning, StaleRecord
+from ..errors import CorruptRecord, NbdurableWarning, StaleRecord
 from . import layout
 from .base import Store
 
@@ -35,9 +35,11 @@ def check_runs(store: Store, fix: bool, done: str) -> list[str]:
         except StaleRecord as exc:
             stale.append(key)
             problems.append(f"{exc}".removesuffix("; it is ignored") + (done if fix else ""))
-            if "manifest is missing" in str(exc):
+            if exc.reason == "unproven":
                 unproven.add(where.run_hash)
-        except Exception:  # noqa: BLE001, S112 - a record failing its signature is not ours
+        except CorruptRecord:
+            # A record failing its signature is the signature check's to name; a
+            # StoreError (the store cannot be read) goes up: the store is not "sound".
             continue
     if fix and stale:
         store.apply(deletes=stale)
