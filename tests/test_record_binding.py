@@ -21,7 +21,7 @@ from nbdurable.durable import session as engine
 from nbdurable.durable.approval import approve
 from nbdurable.durable.context import StepContext
 from nbdurable.durable.host import PlainHost
-from nbdurable.errors import CorruptRecord, NbdurableWarning, StaleRecord
+from nbdurable.errors import CorruptRecord, NbdurableWarning, StaleRecord, StoreError
 from nbdurable.store import RunKeys, RunView, codec, open_store
 from nbdurable.store.copy import copy_run
 
@@ -327,7 +327,6 @@ def test_a_record_made_anew_by_another_process_is_current_to_one_that_cached_the
 
 
 def test_check_does_not_call_a_store_it_cannot_read_sound(tmp_path, monkeypatch):
-    from nbdurable.errors import StoreError
     from nbdurable.store.currency import check_runs
 
     with open_store(tmp_path / "store") as s:
@@ -357,3 +356,66 @@ def test_a_stale_record_says_why_as_a_reason(any_store):
     with pytest.raises(StaleRecord) as err:
         any_store.get(rk.step("name:s"))
     assert err.value.reason == "unproven"
+
+
+# -- an earlier version's store, opened where it cannot be written -----------------------
+
+
+@pytest.mark.postgres
+def test_an_earlier_versions_store_opens_for_a_read_only_role(pg_url):
+    import uuid
+
+    import psycopg
+
+    rk = RunKeys(RUN)
+    with open_store(pg_url) as admin:
+        _record(admin)
+        admin.put("meta/format", {"format": 1, "created": 5.0})  # as an earlier version left it
+    server, ns = pg_url.split("?")[0], pg_url.rpartition("namespace=")[2]
+    role = f"nbd_ro_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(server, autocommit=True) as conn:
+        conn.execute(f"CREATE ROLE {role} LOGIN")
+        conn.execute(f"GRANT USAGE ON SCHEMA {ns} TO {role}")
+        conn.execute(f"GRANT SELECT ON ALL TABLES IN SCHEMA {ns} TO {role}")
+    try:
+        reader = pg_url.replace("postgres@", f"{role}@", 1)
+        with pytest.warns(
+            NbdurableWarning, match="cannot be upgraded here .*nothing in it is lost"
+        ):
+            store = open_store(reader)
+        with store:
+            assert store.get(rk.step("name:s"))[0]["name"] == "name:s"  # reading works
+            with pytest.raises(StoreError, match="permission denied") as err:
+                store.put(rk.state("name:s"), {"kind": "state", "pinned": True})
+            assert "\n" not in str(err.value)
+        with open_store(pg_url) as admin:  # where it can be written, it is upgraded
+            assert admin.get("meta/format")[0]["format"] == 2
+    finally:
+        with psycopg.connect(server, autocommit=True) as conn:
+            conn.execute(f"DROP OWNED BY {role}")
+            conn.execute(f"DROP ROLE {role}")
+
+
+def test_an_earlier_versions_store_opens_in_a_read_only_directory(tmp_path, monkeypatch):
+    from nbdurable import faults
+
+    path = tmp_path / "store"
+    rk = RunKeys(RUN)
+    with open_store(path) as s:  # made as an earlier version made it: no store id
+        old = codec.encode(
+            s._macs.v1, rk.step("name:s"), {"name": "name:s"}, b"", magic=codec.MAGIC
+        )
+        s.write({rk.step("name:s"): old})
+        s.put("meta/format", {"format": 1, "created": 5.0})
+    monkeypatch.setattr(faults, "_spec", ("store-readonly", 1))
+    monkeypatch.setattr(faults, "_loaded", True)
+    with pytest.warns(NbdurableWarning, match="cannot be upgraded here .*nothing in it is lost"):
+        store = open_store(path)
+    with store:
+        assert store.get(rk.step("name:s"))[0] == {"name": "name:s"}  # the first scheme verifies
+        with pytest.raises(StoreError, match="readonly database") as err:
+            store.put(rk.state("name:s"), {"kind": "state", "pinned": True})
+        assert "\n" not in str(err.value)
+    monkeypatch.setattr(faults, "_spec", None)
+    with open_store(path) as s:  # where it can be written, it is upgraded
+        assert s.get("meta/format")[0]["format"] == 2 and s.get(rk.step("name:s")) is not None

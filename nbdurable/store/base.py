@@ -36,7 +36,7 @@ from ..errors import (
 )
 from . import blobs, codec, layout
 from .manifest import REFUSALS, Manifest, refusal
-from .records import FORMAT_VERSION
+from .records import STORE_FORMAT, STORE_FORMATS
 
 #: load_prefix holds values of at most this many bytes, and this many bytes in all.
 LOAD_ROW_MAX = 16 * 1024
@@ -100,6 +100,8 @@ class Store(abc.ABC):
         self._suspect: set[str] = set()
         # Until the format record names the store's domain, only it can be read.
         self._macs = codec.Macs(codec.signer(secret))
+        #: why an earlier version's store could not be upgraded on open (see _read_only)
+        self._unwritable: StoreError | None = None
         #: run hash -> its manifest as last read or written (None: absent or unreadable)
         self._manifests: dict[str, Manifest | None] = {}
         self._check_format()
@@ -208,6 +210,8 @@ class Store(abc.ABC):
         header = redact.masked_header(header)
         if key == layout.FORMAT_KEY:  # it names the domain, so it cannot be bound to it
             return codec.encode(self._macs.v1, key, header, body, magic=codec.MAGIC)
+        if self._macs.v2 is None:  # an earlier version's store that could not be upgraded
+            raise self._unwritable or StoreError(f"the store at {self.path} cannot be written")
         return codec.encode(self._macs.v2, key, header, body)
 
     # -- freshness: the run's manifest (see .manifest) -------------------------------------
@@ -518,17 +522,39 @@ class Store(abc.ABC):
                 "(NBDURABLE_KEY, or the key file, differs from the one it was written with) or "
                 f"that record was damaged. Restore the key, or {self.elsewhere}."
             ) from exc
-        version = FORMAT_VERSION if found is None else found.get("format")
-        if version != FORMAT_VERSION:
+        version = STORE_FORMAT if found is None else found.get("format")
+        if version not in STORE_FORMATS:
             raise FormatVersionError(
                 f"the store at {self.path} has format {version}; this nbdurable reads format "
-                f"{FORMAT_VERSION}. Upgrade nbdurable, or {self.elsewhere}."
+                f"{STORE_FORMAT}. Upgrade nbdurable, or {self.elsewhere}."
             )
-        if found is None or self._domain(found) is None:
-            found = self._atomically(layout.FORMAT_KEY, self._name_store)
+        if found is None or self._domain(found) is None or version != STORE_FORMAT:
+            try:
+                found = self._atomically(layout.FORMAT_KEY, self._name_store)
+            except StoreError as exc:
+                if found is None:
+                    raise  # a new store: nothing to read, and it cannot be made
+                self._read_only(exc, found)
         domain = self._domain(found)
-        assert domain is not None
-        self._macs = codec.Macs(self._macs.v1, codec.bind(self._macs.v1, domain))
+        if domain is not None:
+            self._macs = codec.Macs(self._macs.v1, codec.bind(self._macs.v1, domain))
+
+    def _read_only(self, exc: StoreError, found: Header) -> None:
+        """An earlier version's store opened where it cannot be written (a read-only
+        directory or database role): it is read as it is, not upgraded.
+
+        Its records were all signed with the first scheme (the domain is
+        written before any record of the second), so they verify as before;
+        a write, which would need the domain, fails with the medium's error.
+        """
+        self._unwritable = exc
+        warnings.warn(
+            f"the store at {self.path} was made by an earlier nbdurable and cannot be "
+            f"upgraded here (format {found.get('format')}, {exc}); it is read as it is, "
+            "nothing in it is lost, and writing to it fails",
+            NbdurableWarning,
+            stacklevel=4,
+        )
 
     def _read_format(self) -> Header | None:
         raw = self.read(layout.FORMAT_KEY)
@@ -537,16 +563,18 @@ class Store(abc.ABC):
         return codec.decode(self._macs, layout.FORMAT_KEY, raw, newer_ok=True)[0]
 
     def _name_store(self) -> Header:
-        """Write the format record, with a store id if it has none (inside a transaction).
+        """Write the format record at :data:`STORE_FORMAT`, with a store id if it has
+        none (inside a transaction).
 
         The format record is signed with the first scheme (no domain): it is
         what names the domain. Read again inside the transaction, so two
         processes opening a new store at once agree on one id.
         """
         found = self._read_format()
-        if found is not None and self._domain(found) is not None:
+        if found is not None and self._domain(found) and found.get("format") == STORE_FORMAT:
             return found
-        new = dict(found or {"format": FORMAT_VERSION, "created": time.time()})
+        new = dict(found or {"created": time.time()})
+        new["format"] = STORE_FORMAT  # an earlier version, reading format 1, refuses it now
         if self._domain(new) is None:  # an engine whose domain is its own name needs no id
             new["store"] = _secrets.token_hex(16)
         self.write({layout.FORMAT_KEY: self._encode(layout.FORMAT_KEY, new)})
