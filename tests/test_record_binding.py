@@ -419,3 +419,34 @@ def test_an_earlier_versions_store_opens_in_a_read_only_directory(tmp_path, monk
     monkeypatch.setattr(faults, "_spec", None)
     with open_store(path) as s:  # where it can be written, it is upgraded
         assert s.get("meta/format")[0]["format"] == 2 and s.get(rk.step("name:s")) is not None
+
+
+# -- cost: a manifest read once per pass, not once per step ------------------------------
+
+
+def test_a_view_of_many_steps_reads_the_run_manifest_once(any_store, monkeypatch):
+    for i in range(20):
+        rk = _record(any_store, step=f"name:s{i}")
+    read, reads = any_store.read, []
+
+    def counting(key):
+        reads.append(key)
+        return read(key)
+
+    monkeypatch.setattr(any_store, "read", counting)
+    RunView(any_store, RUN).records()
+    assert reads.count(rk.manifest) == 1, reads.count(rk.manifest)
+    reads.clear()
+    any_store.get(rk.step("name:s0"))  # a single read still reads it afresh
+    assert reads.count(rk.manifest) == 1
+
+
+def test_a_step_whose_name_looks_like_a_key_still_replays(any_store):
+    """The manifest names every step: the redaction gate, which masks what looks like a
+    key in a header, must not rename a step in it (its record would then be refused).
+    """
+    step = "name:AKIA" + "Q" * 16  # a valid step name shaped as an AWS key id
+    rk = _record(any_store, step=step)
+    any_store._manifests.clear()
+    assert any_store.get(rk.step(step)) is not None
+    assert step in any_store._read_manifest(rk.base[2:-1]).steps

@@ -18,9 +18,10 @@ import abc
 import contextlib
 import hashlib
 import secrets as _secrets
+import threading
 import time
 import warnings
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,6 +45,14 @@ LOAD_TOTAL_MAX = 32 * 1024 * 1024
 
 Header = dict[str, Any]
 Record = tuple[Header, bytes]
+
+
+def _own(key: str) -> bool:
+    """True for the store's own records: its format record, a run's manifest and lease."""
+    if key == layout.FORMAT_KEY:
+        return True
+    # r/<16 hex>/manifest, r/<16 hex>/lease
+    return key.startswith(layout.RUNS) and key[18:19] == "/" and key[19:] in ("manifest", "lease")
 
 
 @dataclass(frozen=True)
@@ -102,6 +111,8 @@ class Store(abc.ABC):
         self._macs = codec.Macs(codec.signer(secret))
         #: why an earlier version's store could not be upgraded on open (see _read_only)
         self._unwritable: StoreError | None = None
+        #: the runs of the pass over many records this thread is in (see reading())
+        self._pass = threading.local()
         #: run hash -> its manifest as last read or written (None: absent or unreadable)
         self._manifests: dict[str, Manifest | None] = {}
         self._check_format()
@@ -194,9 +205,40 @@ class Store(abc.ABC):
             return None
         got = self._decode(key, raw)
         # A step record is read once per step: read its run's manifest afresh
-        # then, so a clear made by another process since is seen.
-        self._check_current(key, raw, got[0], refresh=key[19:21] == "s/")
+        # then, so a clear made by another process since is seen; in a pass over
+        # many records (see reading()), at the first of the run's only.
+        refresh = key[19:21] == "s/" and self._refresh_due(key[2:18])
+        self._check_current(key, raw, got[0], refresh=refresh)
         return got
+
+    @contextlib.contextmanager
+    def reading(self) -> Iterator[None]:
+        """A pass over many records (a view, a listing, a check): each run's manifest is
+        read afresh once, at the first of its step records read, not once per step
+        record (a manifest names every step: reading it per record is quadratic).
+
+        A record its cached manifest refuses is checked again against the manifest
+        read then (see :meth:`_check_current`), so one recorded anew meanwhile is
+        taken. Per thread; nested passes are one.
+        """
+        if getattr(self._pass, "runs", None) is not None:
+            yield
+            return
+        self._pass.runs = set()
+        try:
+            yield
+        finally:
+            self._pass.runs = None
+
+    def _refresh_due(self, run: str) -> bool:
+        """Whether a step record of ``run`` read now reads its manifest afresh."""
+        runs = getattr(self._pass, "runs", None)
+        if runs is None:
+            return True  # a single read
+        if run in runs:
+            return False
+        runs.add(run)
+        return True
 
     def _decode(self, key: str, raw: bytes) -> Record:
         try:
@@ -206,8 +248,12 @@ class Store(abc.ABC):
             raise
 
     def _encode(self, key: str, header: Header, body: bytes | memoryview = b"") -> bytes:
-        # Every header passes the redaction gate as it is written (see redact.masked_header).
-        header = redact.masked_header(header)
+        # Every header passes the redaction gate as it is written (see redact.masked_header),
+        # but the store's own records (format, a run's manifest and lease): their fields
+        # are the store's (generations, signatures, a host and a token), never user data,
+        # and a manifest, which names every step of its run, is written with each step.
+        if not _own(key):
+            header = redact.masked_header(header)
         if key == layout.FORMAT_KEY:  # it names the domain, so it cannot be bound to it
             return codec.encode(self._macs.v1, key, header, body, magic=codec.MAGIC)
         if self._macs.v2 is None:  # an earlier version's store that could not be upgraded
