@@ -79,7 +79,15 @@ class CorruptRecord(NbdurableError, ValueError):
 class StaleRecord(CorruptRecord):
     """A record that verifies but is not current: its run's manifest says it was cleared
     or replaced since (see :mod:`nbdurable.store.manifest`). Its step runs again.
+
+    ``reason`` says which (one of ``nbdurable.store.manifest.REFUSALS``):
+    ``"unproven"`` (its run's manifest is missing or unreadable), ``"cleared"``
+    or ``"replaced"``.
     """
+
+    def __init__(self, message: str, reason: str = "") -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 class LiveCallRefused(UsageProblem):

@@ -12,6 +12,9 @@ n-th time (1-based) execution passes :func:`point` with that name. Points:
   step record not yet written;
 - ``replay``: in the middle of restoring a step's variables.
 - ``store-write``: inside a store transaction, before it commits.
+- ``store-readonly``: not a crash: every write to an embedded store fails as
+  it does in a read-only directory (which root, who may write anywhere,
+  cannot make).
 - ``http-written``: a ``--http`` step's exchange was just recorded;
 - ``stream-chunk``: a streamed model reply handed a chunk to its reader (the
   stream not yet recorded: a kill mid-stream).

@@ -566,3 +566,22 @@ def test_a_bad_url_parameter_is_one_line(query):
         parse_url(f"postgresql://me:s3cret@127.0.0.1:1/test?{query}")
     said = str(err.value)
     assert query.split("=")[0] in said and "\n" not in said and "s3cret" not in said, said
+
+
+def test_atomically_inside_a_transaction_still_takes_its_lock(pg_url, pg_server):
+    """``commands.decide`` begins a manifest inside ``transaction()``: that must hold the
+    manifest's lock as well, so another process's recording into the run waits for it.
+    """
+    lock = RunKeys("nb.ipynb").manifest
+    with open_store(pg_url) as store, psycopg.connect(pg_server) as other:
+
+        def free() -> bool:  # may another session take the lock now?
+            with other.transaction():
+                sql = "SELECT pg_try_advisory_xact_lock(%s, hashtext(%s))"
+                return other.execute(sql, (store._space, lock)).fetchone()[0]
+
+        assert free()
+        with store.transaction():
+            seen = store._atomically(lock, free)
+            assert not free()  # held to the end of the outer transaction
+        assert seen is False and free()

@@ -21,7 +21,7 @@ from nbdurable.durable import session as engine
 from nbdurable.durable.approval import approve
 from nbdurable.durable.context import StepContext
 from nbdurable.durable.host import PlainHost
-from nbdurable.errors import CorruptRecord, NbdurableWarning, StaleRecord
+from nbdurable.errors import CorruptRecord, NbdurableWarning, StaleRecord, StoreError
 from nbdurable.store import RunKeys, RunView, codec, open_store
 from nbdurable.store.copy import copy_run
 
@@ -299,3 +299,154 @@ def test_check_says_sub_step_rows_lost_since_their_step_was_recorded(tmp_path, c
     assert cli.main(["check", "--store", str(path)]) == 0  # said once, noted
     assert cli.main(["check", "--store", str(path)]) == 0
     assert "sound" in capsys.readouterr().out
+
+
+# -- two processes: a manifest cached by one, changed by the other -------------------------
+
+
+def _second(any_store, request):
+    """Another Store object on the same store, as another process opens it."""
+    if isinstance(any_store.path, str):
+        return open_store(request.getfixturevalue("pg_url"))
+    return open_store(any_store.path)
+
+
+def test_a_record_made_anew_by_another_process_is_current_to_one_that_cached_the_manifest(
+    any_store, request
+):
+    rk = _record(any_store, value=b"v1", started=1.0)  # this object caches the manifest
+    decision = rk.sub("name:s", approvals.APPROVAL_PREFIX + "send")
+    with _second(any_store, request) as other:
+        commands.clear(other, RUN, ["name:s"])
+        _record(other, value=b"v2", started=2.0)
+        other.apply(puts=[(decision, {"approval": {"approved": True, "by": "b", "at": 1.0},
+                                      "args_fp": ""}, b"")])  # fmt: skip
+    assert bytes(any_store.get(rk.sub("name:s", "call"))[1]) == b"v2"
+    got = approvals.read_decision(any_store, rk, "name:s", "send", strict=True)
+    assert got is not None and got.approved and got.by == "b"
+
+
+def test_check_does_not_call_a_store_it_cannot_read_sound(tmp_path, monkeypatch):
+    from nbdurable.store.currency import check_runs
+
+    with open_store(tmp_path / "store") as s:
+        rk = _record(s)
+        real = s.read
+
+        def failing(key):  # the medium fails as the step record is read
+            if key == rk.step("name:s"):
+                raise StoreError("disk I/O error reading the store")
+            return real(key)
+
+        monkeypatch.setattr(s, "read", failing)
+        with pytest.raises(StoreError, match="disk I/O error"):
+            check_runs(s, fix=False, done="")
+
+
+def test_a_stale_record_says_why_as_a_reason(any_store):
+    rk = _record(any_store)
+    saved = _raw(any_store, [rk.step("name:s")])
+    commands.clear(any_store, RUN, ["name:s"])
+    any_store.write(saved)
+    with pytest.raises(StaleRecord) as err:
+        any_store.get(rk.step("name:s"))
+    assert err.value.reason == "cleared"
+    any_store.delete(rk.manifest)
+    any_store._manifests.clear()
+    with pytest.raises(StaleRecord) as err:
+        any_store.get(rk.step("name:s"))
+    assert err.value.reason == "unproven"
+
+
+# -- an earlier version's store, opened where it cannot be written -----------------------
+
+
+@pytest.mark.postgres
+def test_an_earlier_versions_store_opens_for_a_read_only_role(pg_url):
+    import uuid
+
+    import psycopg
+
+    rk = RunKeys(RUN)
+    with open_store(pg_url) as admin:
+        _record(admin)
+        admin.put("meta/format", {"format": 1, "created": 5.0})  # as an earlier version left it
+    server, ns = pg_url.split("?")[0], pg_url.rpartition("namespace=")[2]
+    role = f"nbd_ro_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(server, autocommit=True) as conn:
+        conn.execute(f"CREATE ROLE {role} LOGIN")
+        conn.execute(f"GRANT USAGE ON SCHEMA {ns} TO {role}")
+        conn.execute(f"GRANT SELECT ON ALL TABLES IN SCHEMA {ns} TO {role}")
+    try:
+        reader = pg_url.replace("postgres@", f"{role}@", 1)
+        with pytest.warns(
+            NbdurableWarning, match="cannot be upgraded here .*nothing in it is lost"
+        ):
+            store = open_store(reader)
+        with store:
+            assert store.get(rk.step("name:s"))[0]["name"] == "name:s"  # reading works
+            with pytest.raises(StoreError, match="permission denied") as err:
+                store.put(rk.state("name:s"), {"kind": "state", "pinned": True})
+            assert "\n" not in str(err.value)
+        with open_store(pg_url) as admin:  # where it can be written, it is upgraded
+            assert admin.get("meta/format")[0]["format"] == 2
+    finally:
+        with psycopg.connect(server, autocommit=True) as conn:
+            conn.execute(f"DROP OWNED BY {role}")
+            conn.execute(f"DROP ROLE {role}")
+
+
+def test_an_earlier_versions_store_opens_in_a_read_only_directory(tmp_path, monkeypatch):
+    from nbdurable import faults
+
+    path = tmp_path / "store"
+    rk = RunKeys(RUN)
+    with open_store(path) as s:  # made as an earlier version made it: no store id
+        old = codec.encode(
+            s._macs.v1, rk.step("name:s"), {"name": "name:s"}, b"", magic=codec.MAGIC
+        )
+        s.write({rk.step("name:s"): old})
+        s.put("meta/format", {"format": 1, "created": 5.0})
+    monkeypatch.setattr(faults, "_spec", ("store-readonly", 1))
+    monkeypatch.setattr(faults, "_loaded", True)
+    with pytest.warns(NbdurableWarning, match="cannot be upgraded here .*nothing in it is lost"):
+        store = open_store(path)
+    with store:
+        assert store.get(rk.step("name:s"))[0] == {"name": "name:s"}  # the first scheme verifies
+        with pytest.raises(StoreError, match="readonly database") as err:
+            store.put(rk.state("name:s"), {"kind": "state", "pinned": True})
+        assert "\n" not in str(err.value)
+    monkeypatch.setattr(faults, "_spec", None)
+    with open_store(path) as s:  # where it can be written, it is upgraded
+        assert s.get("meta/format")[0]["format"] == 2 and s.get(rk.step("name:s")) is not None
+
+
+# -- cost: a manifest read once per pass, not once per step ------------------------------
+
+
+def test_a_view_of_many_steps_reads_the_run_manifest_once(any_store, monkeypatch):
+    for i in range(20):
+        rk = _record(any_store, step=f"name:s{i}")
+    read, reads = any_store.read, []
+
+    def counting(key):
+        reads.append(key)
+        return read(key)
+
+    monkeypatch.setattr(any_store, "read", counting)
+    RunView(any_store, RUN).records()
+    assert reads.count(rk.manifest) == 1, reads.count(rk.manifest)
+    reads.clear()
+    any_store.get(rk.step("name:s0"))  # a single read still reads it afresh
+    assert reads.count(rk.manifest) == 1
+
+
+def test_a_step_whose_name_looks_like_a_key_still_replays(any_store):
+    """The manifest names every step: the redaction gate, which masks what looks like a
+    key in a header, must not rename a step in it (its record would then be refused).
+    """
+    step = "name:AKIA" + "Q" * 16  # a valid step name shaped as an AWS key id
+    rk = _record(any_store, step=step)
+    any_store._manifests.clear()
+    assert any_store.get(rk.step(step)) is not None
+    assert step in any_store._read_manifest(rk.base[2:-1]).steps

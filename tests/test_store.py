@@ -21,8 +21,8 @@ from nbdurable.errors import (
     UsageProblem,
 )
 from nbdurable.identity import locate
-from nbdurable.store import RUN_SCOPE, RunKeys, Store, open_store
-from nbdurable.store.records import FORMAT_VERSION, RECORD_FORMAT
+from nbdurable.store import RUN_SCOPE, RunKeys, Store, codec, open_store
+from nbdurable.store.records import FORMAT_VERSION, RECORD_FORMAT, STORE_FORMAT
 
 
 class Planted:
@@ -131,15 +131,39 @@ def test_the_engine_ignores_a_planted_record_with_a_warning(store, tmp_path):
 def test_format_version_is_written_and_checked_on_open(tmp_path):
     path = tmp_path / "store"
     with open_store(path) as s:
-        assert s.get("meta/format")[0]["format"] == FORMAT_VERSION
-        s.put("meta/format", {"format": FORMAT_VERSION + 1})
+        assert s.get("meta/format")[0]["format"] == STORE_FORMAT == 2
+        s.put("meta/format", {"format": STORE_FORMAT + 1})
     with pytest.raises(FormatVersionError) as err:
         open_store(path)
     message = str(err.value)
     assert str(path) in message
-    assert f"format {FORMAT_VERSION + 1}" in message and f"format {FORMAT_VERSION}." in message
+    assert f"format {STORE_FORMAT + 1}" in message and f"format {STORE_FORMAT}." in message
     assert "Upgrade nbdurable, or set NBDURABLE_DIR" in message
     assert isinstance(err.value, StoreError) and isinstance(err.value, OSError)
+
+
+@pytest.mark.parametrize("bad", [0, "2", None])
+def test_a_format_this_version_does_not_read_is_refused(tmp_path, bad):
+    path = tmp_path / "store"
+    with open_store(path) as s:
+        s.put("meta/format", {"format": bad, "store": "0" * 32})
+    with pytest.raises(FormatVersionError, match=f"has format {bad};"):
+        open_store(path)
+
+
+def test_a_store_of_the_first_format_is_upgraded_so_an_earlier_version_refuses_it(tmp_path):
+    """nbdurable 0.1 opens only format 1: a store holding records of the second signing
+    scheme (which it would find foreign, and its check delete) says format 2.
+    """
+    path = tmp_path / "store"
+    with open_store(path) as s:
+        old = codec.encode(s._macs.v1, "r/x/s/a", {"n": 1}, b"", magic=codec.MAGIC)
+        s.write({"r/x/s/a": old})
+        s.put("meta/format", {"format": FORMAT_VERSION, "created": 5.0})  # as 0.1 made it
+    with open_store(path) as s:
+        fmt = s.get("meta/format")[0]
+        assert fmt["format"] == 2 and fmt["created"] == 5.0 and len(fmt["store"]) == 32
+        assert s.get("r/x/s/a")[0] == {"n": 1}  # its records still verify
 
 
 def test_a_record_of_a_newer_format_is_refused(store):

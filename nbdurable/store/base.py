@@ -18,9 +18,10 @@ import abc
 import contextlib
 import hashlib
 import secrets as _secrets
+import threading
 import time
 import warnings
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,8 +36,8 @@ from ..errors import (
     StoreError,
 )
 from . import blobs, codec, layout
-from .manifest import Manifest, refusal
-from .records import FORMAT_VERSION
+from .manifest import REFUSALS, Manifest, refusal
+from .records import STORE_FORMAT, STORE_FORMATS
 
 #: load_prefix holds values of at most this many bytes, and this many bytes in all.
 LOAD_ROW_MAX = 16 * 1024
@@ -44,6 +45,14 @@ LOAD_TOTAL_MAX = 32 * 1024 * 1024
 
 Header = dict[str, Any]
 Record = tuple[Header, bytes]
+
+
+def _own(key: str) -> bool:
+    """True for the store's own records: its format record, a run's manifest and lease."""
+    if key == layout.FORMAT_KEY:
+        return True
+    # r/<16 hex>/manifest, r/<16 hex>/lease
+    return key.startswith(layout.RUNS) and key[18:19] == "/" and key[19:] in ("manifest", "lease")
 
 
 @dataclass(frozen=True)
@@ -100,6 +109,10 @@ class Store(abc.ABC):
         self._suspect: set[str] = set()
         # Until the format record names the store's domain, only it can be read.
         self._macs = codec.Macs(codec.signer(secret))
+        #: why an earlier version's store could not be upgraded on open (see _read_only)
+        self._unwritable: StoreError | None = None
+        #: the runs of the pass over many records this thread is in (see reading())
+        self._pass = threading.local()
         #: run hash -> its manifest as last read or written (None: absent or unreadable)
         self._manifests: dict[str, Manifest | None] = {}
         self._check_format()
@@ -192,9 +205,40 @@ class Store(abc.ABC):
             return None
         got = self._decode(key, raw)
         # A step record is read once per step: read its run's manifest afresh
-        # then, so a clear made by another process since is seen.
-        self._check_current(key, raw, got[0], refresh=key[19:21] == "s/")
+        # then, so a clear made by another process since is seen; in a pass over
+        # many records (see reading()), at the first of the run's only.
+        refresh = key[19:21] == "s/" and self._refresh_due(key[2:18])
+        self._check_current(key, raw, got[0], refresh=refresh)
         return got
+
+    @contextlib.contextmanager
+    def reading(self) -> Iterator[None]:
+        """A pass over many records (a view, a listing, a check): each run's manifest is
+        read afresh once, at the first of its step records read, not once per step
+        record (a manifest names every step: reading it per record is quadratic).
+
+        A record its cached manifest refuses is checked again against the manifest
+        read then (see :meth:`_check_current`), so one recorded anew meanwhile is
+        taken. Per thread; nested passes are one.
+        """
+        if getattr(self._pass, "runs", None) is not None:
+            yield
+            return
+        self._pass.runs = set()
+        try:
+            yield
+        finally:
+            self._pass.runs = None
+
+    def _refresh_due(self, run: str) -> bool:
+        """Whether a step record of ``run`` read now reads its manifest afresh."""
+        runs = getattr(self._pass, "runs", None)
+        if runs is None:
+            return True  # a single read
+        if run in runs:
+            return False
+        runs.add(run)
+        return True
 
     def _decode(self, key: str, raw: bytes) -> Record:
         try:
@@ -204,10 +248,16 @@ class Store(abc.ABC):
             raise
 
     def _encode(self, key: str, header: Header, body: bytes | memoryview = b"") -> bytes:
-        # Every header passes the redaction gate as it is written (see redact.masked_header).
-        header = redact.masked_header(header)
+        # Every header passes the redaction gate as it is written (see redact.masked_header),
+        # but the store's own records (format, a run's manifest and lease): their fields
+        # are the store's (generations, signatures, a host and a token), never user data,
+        # and a manifest, which names every step of its run, is written with each step.
+        if not _own(key):
+            header = redact.masked_header(header)
         if key == layout.FORMAT_KEY:  # it names the domain, so it cannot be bound to it
             return codec.encode(self._macs.v1, key, header, body, magic=codec.MAGIC)
+        if self._macs.v2 is None:  # an earlier version's store that could not be upgraded
+            raise self._unwritable or StoreError(f"the store at {self.path} cannot be written")
         return codec.encode(self._macs.v2, key, header, body)
 
     # -- freshness: the run's manifest (see .manifest) -------------------------------------
@@ -217,16 +267,21 @@ class Store(abc.ABC):
         if key[20:21] != "/" or key[19] not in "suvw" or not key.startswith(layout.RUNS):
             return
         run, kind = key[2:18], key[19]
-        m = self._read_manifest(run) if refresh or run not in self._manifests else None
-        if m is None:
-            m = self._manifests[run]
+        fresh = refresh or run not in self._manifests
+        m = self._read_manifest(run) if fresh else self._manifests[run]
         scope = key[21:].partition("/")[0]
         if kind != "s" and m is not None and header.get("gen", -1) == m.gen(scope):
             return  # the replay path of a sub-step: current
         sig = codec.signature(raw) if kind == "s" else ""
         why = refusal(m, kind, scope, header, sig)
+        if why and not fresh:
+            # The manifest this process cached may predate the record: another process
+            # cleared the step and recorded it anew since. Generations only go up, so
+            # the manifest read now refuses only what is really not current.
+            m = self._read_manifest(run)
+            why = refusal(m, kind, scope, header, sig)
         if why:
-            raise StaleRecord(f"record {key!r} {why}; it is ignored")
+            raise StaleRecord(f"record {key!r} {REFUSALS[why]}; it is ignored", reason=why)
 
     def _read_manifest(self, run: str) -> Manifest | None:
         """The run's manifest as the store holds it now (None: absent or unreadable)."""
@@ -513,17 +568,39 @@ class Store(abc.ABC):
                 "(NBDURABLE_KEY, or the key file, differs from the one it was written with) or "
                 f"that record was damaged. Restore the key, or {self.elsewhere}."
             ) from exc
-        version = FORMAT_VERSION if found is None else found.get("format")
-        if version != FORMAT_VERSION:
+        version = STORE_FORMAT if found is None else found.get("format")
+        if version not in STORE_FORMATS:
             raise FormatVersionError(
                 f"the store at {self.path} has format {version}; this nbdurable reads format "
-                f"{FORMAT_VERSION}. Upgrade nbdurable, or {self.elsewhere}."
+                f"{STORE_FORMAT}. Upgrade nbdurable, or {self.elsewhere}."
             )
-        if found is None or self._domain(found) is None:
-            found = self._atomically(layout.FORMAT_KEY, self._name_store)
+        if found is None or self._domain(found) is None or version != STORE_FORMAT:
+            try:
+                found = self._atomically(layout.FORMAT_KEY, self._name_store)
+            except StoreError as exc:
+                if found is None:
+                    raise  # a new store: nothing to read, and it cannot be made
+                self._read_only(exc, found)
         domain = self._domain(found)
-        assert domain is not None
-        self._macs = codec.Macs(self._macs.v1, codec.bind(self._macs.v1, domain))
+        if domain is not None:
+            self._macs = codec.Macs(self._macs.v1, codec.bind(self._macs.v1, domain))
+
+    def _read_only(self, exc: StoreError, found: Header) -> None:
+        """An earlier version's store opened where it cannot be written (a read-only
+        directory or database role): it is read as it is, not upgraded.
+
+        Its records were all signed with the first scheme (the domain is
+        written before any record of the second), so they verify as before;
+        a write, which would need the domain, fails with the medium's error.
+        """
+        self._unwritable = exc
+        warnings.warn(
+            f"the store at {self.path} was made by an earlier nbdurable and cannot be "
+            f"upgraded here (format {found.get('format')}, {exc}); it is read as it is, "
+            "nothing in it is lost, and writing to it fails",
+            NbdurableWarning,
+            stacklevel=4,
+        )
 
     def _read_format(self) -> Header | None:
         raw = self.read(layout.FORMAT_KEY)
@@ -532,16 +609,18 @@ class Store(abc.ABC):
         return codec.decode(self._macs, layout.FORMAT_KEY, raw, newer_ok=True)[0]
 
     def _name_store(self) -> Header:
-        """Write the format record, with a store id if it has none (inside a transaction).
+        """Write the format record at :data:`STORE_FORMAT`, with a store id if it has
+        none (inside a transaction).
 
         The format record is signed with the first scheme (no domain): it is
         what names the domain. Read again inside the transaction, so two
         processes opening a new store at once agree on one id.
         """
         found = self._read_format()
-        if found is not None and self._domain(found) is not None:
+        if found is not None and self._domain(found) and found.get("format") == STORE_FORMAT:
             return found
-        new = dict(found or {"format": FORMAT_VERSION, "created": time.time()})
+        new = dict(found or {"created": time.time()})
+        new["format"] = STORE_FORMAT  # an earlier version, reading format 1, refuses it now
         if self._domain(new) is None:  # an engine whose domain is its own name needs no id
             new["store"] = _secrets.token_hex(16)
         self.write({layout.FORMAT_KEY: self._encode(layout.FORMAT_KEY, new)})

@@ -58,21 +58,22 @@ def copy_run(src: Store, dst: Store, run_id: str) -> CopyReport:
     report = CopyReport(run_id)
     puts: list[tuple[str, dict[str, Any], bytes]] = []
     refs: dict[str, None] = {}  # ordered, once each
-    for key in keys:
-        try:
-            got = src.get(key)
-        except CorruptRecord as exc:
-            raise StoreError(
-                f"record {key!r} of run {run_id!r} in {src.path} fails its check ({exc}); "
-                "nothing was copied"
-            ) from exc
-        if got is None:  # deleted while we read: not part of the run any more
-            continue
-        header, body = got
-        puts.append((key, header, bytes(body)))
-        where = layout.parse(key)
-        if where is not None and where.kind in ("step", "version"):
-            refs.update(dict.fromkeys(blob_refs(header)))
+    with src.reading():  # the run's manifest read once, not once per step
+        for key in keys:
+            try:
+                got = src.get(key)
+            except CorruptRecord as exc:
+                raise StoreError(
+                    f"record {key!r} of run {run_id!r} in {src.path} fails its check ({exc}); "
+                    "nothing was copied"
+                ) from exc
+            if got is None:  # deleted while we read: not part of the run any more
+                continue
+            header, body = got
+            puts.append((key, header, bytes(body)))
+            where = layout.parse(key)
+            if where is not None and where.kind in ("step", "version"):
+                refs.update(dict.fromkeys(blob_refs(header)))
     for sha in refs:
         try:
             blob = src.get_blob(sha)
@@ -118,29 +119,30 @@ def fork_run(store: Store, run_id: str, new_run: str, steps: set[str] | None) ->
         )
     report = CopyReport(new_run)
     puts: list[tuple[str, dict[str, Any], bytes]] = []
-    for key in store.scan(src.base):
-        where = layout.parse(key)
-        # A pending approval is the parent's question: a fork that reaches it asks again.
-        # The manifest is the source run's own: the fork's records get the fork's.
-        if where is None or where.kind in ("lease", "changed", "fork", "pending", "manifest"):
-            continue
-        if steps is not None and where.kind in ("step", "state", "version", "vsub", "sub"):
-            if where.step not in steps and where.step != layout.RUN_SCOPE:
+    with store.reading():  # the run's manifest read once, not once per step
+        for key in store.scan(src.base):
+            where = layout.parse(key)
+            # A pending approval is the parent's question: a fork that reaches it asks again.
+            # The manifest is the source run's own: the fork's records get the fork's.
+            if where is None or where.kind in ("lease", "changed", "fork", "pending", "manifest"):
                 continue
-        try:
-            got = store.get(key)
-        except CorruptRecord as exc:
-            raise StoreError(
-                f"record {key!r} of run {run_id!r} fails its check ({exc}); nothing was forked"
-            ) from exc
-        if got is None:
-            continue
-        header, body = dict(got[0]), bytes(got[1])
-        if "run" in header:
-            header["run"] = new_run
-        if where.kind == "meta":
-            header["run"] = new_run
-        puts.append((dst.base + key[len(src.base) :], header, body))
+            if steps is not None and where.kind in ("step", "state", "version", "vsub", "sub"):
+                if where.step not in steps and where.step != layout.RUN_SCOPE:
+                    continue
+            try:
+                got = store.get(key)
+            except CorruptRecord as exc:
+                raise StoreError(
+                    f"record {key!r} of run {run_id!r} fails its check ({exc}); nothing was forked"
+                ) from exc
+            if got is None:
+                continue
+            header, body = dict(got[0]), bytes(got[1])
+            if "run" in header:
+                header["run"] = new_run
+            if where.kind == "meta":
+                header["run"] = new_run
+            puts.append((dst.base + key[len(src.base) :], header, body))
     if not puts:
         raise UsageProblem(f"no run {run_id!r} in {store.path}: see `nbdurable ls`")
     lineage = {"kind": "fork", "run": new_run, "parent": run_id, "forked_at": time.time()}

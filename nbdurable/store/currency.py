@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import warnings
 
-from ..errors import NbdurableWarning, StaleRecord
+from ..errors import CorruptRecord, NbdurableWarning, StaleRecord
 from . import layout
 from .base import Store
 
@@ -26,19 +26,22 @@ def check_runs(store: Store, fix: bool, done: str) -> list[str]:
     problems: list[str] = []
     stale: list[str] = []
     unproven: set[str] = set()  # runs whose manifest is missing
-    for key in store.scan(layout.RUNS):
-        where = layout.parse(key)
-        if where is None or where.kind not in _GUARDED:
-            continue
-        try:
-            store.get(key)
-        except StaleRecord as exc:
-            stale.append(key)
-            problems.append(f"{exc}".removesuffix("; it is ignored") + (done if fix else ""))
-            if "manifest is missing" in str(exc):
-                unproven.add(where.run_hash)
-        except Exception:  # noqa: BLE001, S112 - a record failing its signature is not ours
-            continue
+    with store.reading():  # each run's manifest read once, not once per step record
+        for key in store.scan(layout.RUNS):
+            where = layout.parse(key)
+            if where is None or where.kind not in _GUARDED:
+                continue
+            try:
+                store.get(key)
+            except StaleRecord as exc:
+                stale.append(key)
+                problems.append(f"{exc}".removesuffix("; it is ignored") + (done if fix else ""))
+                if exc.reason == "unproven":
+                    unproven.add(where.run_hash)
+            except CorruptRecord:
+                # A record failing its signature is the signature check's to name; a
+                # StoreError (the store cannot be read) goes up: the store is not "sound".
+                continue
     if fix and stale:
         store.apply(deletes=stale)
         with warnings.catch_warnings():

@@ -279,6 +279,8 @@ class DiskStore(Store):
         with self._guard("write"):
             db = self._db
             self._ensure_same("recorded for this write")
+            if faults.armed("store-readonly"):  # as SQLite refuses a read-only directory
+                raise sqlite3.OperationalError("attempt to write a readonly database")
             plain = fence is None and not faults.armed("store-write")
             if len(values) == 1 and not deletes and plain:
                 # The hot path of recording (a sub-step's result): one INSERT if new and small.

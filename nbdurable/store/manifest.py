@@ -120,29 +120,36 @@ def _next(top: int) -> int:
     return max(int(time.time() * 1000), top + 1)
 
 
+#: Why a record is not current (:func:`refusal`), by the code a StaleRecord's ``reason`` holds.
+REFUSALS = {
+    "unproven": (
+        "cannot be proven current: its run's manifest is missing or unreadable "
+        "(deleted or damaged), so a record cleared earlier may have been written back"
+    ),
+    "cleared": (
+        "is not current: it was written before its step was last cleared "
+        "(an old record written back)"
+    ),
+    "replaced": (
+        "is not the step's current record: the run's manifest names another "
+        "(an earlier record rolled back in its place)"
+    ),
+}
+
+
 def refusal(m: Manifest | None, kind: str, scope: str, header: dict[str, Any], sig: str) -> str:
-    """Why the record of ``kind`` (``s``, ``u``, ``v``, ``w``) in ``scope`` is not current;
-    "" when it is. ``m`` is None when the run has no readable manifest.
+    """Why the record of ``kind`` (``s``, ``u``, ``v``, ``w``) in ``scope`` is not current,
+    as a key of :data:`REFUSALS`; "" when it is. ``m`` is None when the run has no
+    readable manifest.
     """
     stamped = "gen" in header  # records written before manifests have none
     gen = header["gen"] if stamped else LEGACY
     if m is None:
-        if not stamped:
-            return ""  # written before manifests; nothing says otherwise
-        return (
-            "cannot be proven current: its run's manifest is missing or unreadable "
-            "(deleted or damaged), so a record cleared earlier may have been written back"
-        )
+        return "unproven" if stamped else ""  # unstamped: written before manifests
     if gen != m.gen(scope):
-        return (
-            "is not current: it was written before its step was last cleared "
-            "(an old record written back)"
-        )
+        return "cleared"
     if kind == "s" and stamped:
         entry = m.steps.get(scope)
         if entry is None or entry[1] != sig:
-            return (
-                "is not the step's current record: the run's manifest names another "
-                "(an earlier record rolled back in its place)"
-            )
+            return "replaced"
     return ""

@@ -455,11 +455,20 @@ class PgStore(Store):
         """``fn()`` in one transaction holding ``lock``'s advisory lock; run again whole on a
         lost connection (``fn`` reads what it changes inside, so it can be).
         """
+        lock_sql = "SELECT pg_advisory_xact_lock(%s, hashtext(%s))"
         if getattr(self._local, "conn", None) is not None:
-            return fn()  # nested: part of the outer transaction
+            # Nested (inside transaction(), as commands.decide is): part of the outer
+            # transaction, but it takes the lock too, else its reads and writes race
+            # another process's _atomically on the same lock (a manifest begun twice).
+            # An advisory lock is re-entrant within a transaction: nesting cannot deadlock.
+            def nested(conn: Any) -> Any:
+                conn.execute(lock_sql, (self._space, lock))
+                return fn()
+
+            return self._run("write", nested)
 
         def body(conn: Any) -> Any:
-            conn.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (self._space, lock))
+            conn.execute(lock_sql, (self._space, lock))
             self._local.conn, self._local.retried = conn, True
             try:
                 return fn()

@@ -18,9 +18,18 @@ from typing import TYPE_CHECKING, Any, ClassVar
 if TYPE_CHECKING:
     from .layout import RunKeys
 
-#: On-disk format of the store (its key layout). Increment on breaking change;
-#: a store whose format is newer than this is refused on open with a clear message.
+#: Format of a record of the first kind (a sub-step's): unchanged since the first
+#: version, and still written as 1.
 FORMAT_VERSION = 1
+#: On-disk format of the store, in its format record. Increment on breaking change;
+#: a store whose format this version does not read is refused on open with a clear
+#: message. Format 2: records are signed over the store's domain (``NBD\x02``, see
+#: :mod:`nbdurable.store.codec`), which nbdurable 0.1 cannot verify (its ``check``
+#: would delete them as foreign): it refuses a format-2 store instead.
+STORE_FORMAT = 2
+#: Store formats this version opens. A format-1 store is upgraded to 2 (given its
+#: store id) when first opened by a process that can write it.
+STORE_FORMATS = (1, 2)
 #: Newest record format this version reads and writes. A step record of
 #: format 2 refers to format-2 blobs (see :mod:`nbdurable.store.blobs`), which
 #: nbdurable 0.1 cannot read: it refuses such a record as "newer, upgrade

@@ -74,12 +74,13 @@ class RunView:
         """Every step record of the run by step key; None for one that cannot be used."""
         out: dict[str, StepRecord | None] = {}
         prefix = self.keys.steps
-        for k in self.store.scan(prefix):
-            step = k[len(prefix) :]
-            try:
-                out[step] = self.record(step)
-            except CorruptRecord:
-                out[step] = None
+        with self.store.reading():  # the run's manifest read once, not once per step
+            for k in self.store.scan(prefix):
+                step = k[len(prefix) :]
+                try:
+                    out[step] = self.record(step)
+                except CorruptRecord:
+                    out[step] = None
         return out
 
     def states(self) -> dict[str, StepState]:
