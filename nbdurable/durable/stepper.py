@@ -205,7 +205,7 @@ class StepRunner:
             raise dbwrites.refuse(db, label)
         if usable and not live:
             replayable = rec.replayable or db is not None
-            replayed = self._replay(rec, label, reason, split) if replayable else None
+            replayed = self._replay(rec, label, reason, split, db) if replayable else None
             if replayed is not None:
                 if reason is None:
                     self._confirm(rec, state)
@@ -412,21 +412,35 @@ class StepRunner:
         return whys.brief(ns[name]) if name in ns else None
 
     def _replay(
-        self, rec: StepRecord, label: str, stale: str | None, split: bool
+        self,
+        rec: StepRecord,
+        label: str,
+        stale: str | None,
+        split: bool,
+        db: dbwrites.Decision | None = None,
     ) -> Replayed | None:
-        """Restore a record into the namespace and show its outputs; None if it cannot be."""
+        """Restore a record into the namespace and show its outputs; None if it cannot be.
+
+        A record replayed with stand-ins (``db``) that cannot be restored refuses
+        instead (:class:`RepeatRefused`): its body would write to the files again.
+        """
         ns = self.session.user_ns
         # The live objects the plain cells made again, for what the step changed in
         # place (a checkpointer a graph holds); given back their state if abandoned.
         live = sharing.LiveTargets({v.name: ns[v.name] for v in rec.variables if v.name in ns})
         try:
-            replayed = self._restore(rec, label, stale, split, live)
+            return self._restore(rec, label, stale, split, live)
+        except _Unrestorable as failed:
+            live.undo()
+            if db is not None:
+                raise dbwrites.refuse(
+                    dataclasses.replace(db, action="refuse", why=str(failed)), label
+                ) from None
+            warn(f"step {label!r}: {failed}; the step runs again.")
+            return None
         except BaseException:
             live.undo()
             raise
-        if replayed is None:
-            live.undo()
-        return replayed
 
     def _restore(
         self,
@@ -435,7 +449,8 @@ class StepRunner:
         stale: str | None,
         split: bool,
         live: sharing.LiveTargets,
-    ) -> Replayed | None:
+    ) -> Replayed:
+        """Restore ``rec`` (see :meth:`_replay`); :class:`_Unrestorable` says why it cannot be."""
         ns = self.session.user_ns
         saved = [v for v in rec.variables if v.kind != "unsaved"]
         try:
@@ -447,13 +462,11 @@ class StepRunner:
                 # The value itself does not load (not its blob): record it as unsaved.
                 why = f"did not load back on replay ({type(exc).__name__}: {exc})"
                 self.unloadable[rec.key] = dict.fromkeys(failed.names, why)
-            warn(f"step {label!r}: cannot restore its variables ({exc}); the step runs again.")
-            return None
+            raise _Unrestorable(f"its variables cannot be restored ({exc})") from exc
         try:
             result = self._load_result(rec, restored) if split else None
         except Exception as exc:  # a damaged blob, a failing __setstate__
-            warn(f"step {label!r}: cannot restore its result ({exc}); the step runs again.")
-            return None
+            raise _Unrestorable(f"its result cannot be restored ({exc})") from exc
         try:  # the process state the step left: os.environ, RNGs, options...
             process = procstate.prepare(rec.process)  # resolved and checked, nothing changed yet
             for name in rec.deleted:
@@ -469,8 +482,7 @@ class StepRunner:
             for change in process:
                 change()
         except Exception as exc:  # a directory or module gone, an option pandas refuses
-            warn(f"step {label!r}: cannot restore its process state ({exc}); the step runs again.")
-            return None
+            raise _Unrestorable(f"its process state cannot be restored ({exc})") from exc
         for var in rec.variables:
             self.producers[var.name] = rec.key
             if var.kind == "value":  # (records of format 2)
@@ -838,6 +850,10 @@ def _by_state(value: Any) -> bool:
 
 #: Modules whose values come back from a pickle exactly as they were.
 _BY_CONTENT = frozenset({"builtins", "numpy", "pandas", "collections", "datetime", "decimal"})
+
+
+class _Unrestorable(Exception):
+    """A record that cannot be restored into this kernel; its message says why, in a few words."""
 
 
 def _not_replayable(rec: StepRecord) -> str:
