@@ -472,12 +472,15 @@ class StepRunner:
             for name in rec.deleted:
                 ns.pop(name, None)
             ns.update(restored)
-            # Handles a replay cannot restore (none unless dbwrites.decide said so); one
-            # this step made in this kernel is kept live (the cell run again in its kernel).
+            # Handles a replay cannot restore (none unless dbwrites.decide said so). A live
+            # one is kept: made by this step in this kernel (the cell run again in its
+            # kernel), or one the step only used, which a plain cell or an earlier step
+            # made again in this kernel (a stand-in over it would break the cells after).
             ns.update(
                 (name, standin)
                 for name, standin in dbwrites.standins(rec, label).items()
-                if not (name in ns and self.producers.get(name) == rec.key)
+                if name not in ns
+                or (self.producers.get(name) != rec.key and name not in rec.inputs)
             )
             for change in process:
                 change()
