@@ -129,7 +129,9 @@ def refuse(decision: Decision, label: str) -> RepeatRefused:
 
 def standins(rec: StepRecord, label: str) -> dict[str, StandIn]:
     """A stand-in for each handle of ``rec`` (its unsaved variables)."""
-    return {v.name: StandIn(v.name, v.type, label) for v in rec.variables if v.kind == "unsaved"}
+    return {
+        v.name: StandIn(v.name, v.type, label, v.fp) for v in rec.variables if v.kind == "unsaved"
+    }
 
 
 def shown(paths: tuple[str, ...]) -> str:
@@ -142,12 +144,15 @@ def shown(paths: tuple[str, ...]) -> str:
 class StandIn:
     """What a replayed handle is bound to: any use raises :class:`NotRestored`."""
 
-    __slots__ = ("_name", "_type", "_step")
+    __slots__ = ("_name", "_type", "_step", "_fp")
 
-    def __init__(self, name: str, type_name: str, step: str) -> None:
+    def __init__(self, name: str, type_name: str, step: str, fp: str = "") -> None:
         object.__setattr__(self, "_name", name)
         object.__setattr__(self, "_type", type_name)
         object.__setattr__(self, "_step", step)
+        # The handle's fingerprint when recorded: a step reading the stand-in compares
+        # this, as it compared the handle, and replays (see recorded_fp).
+        object.__setattr__(self, "_fp", fp)
 
     def _refuse(self, *_: Any, **__: Any) -> Any:
         raise NotRestored(
@@ -180,7 +185,7 @@ class StandIn:
         )
 
     def __nbdurable_fingerprint__(self) -> str:
-        return f"{object.__getattribute__(self, '_name')}:{object.__getattribute__(self, '_type')}"
+        return object.__getattribute__(self, "_fp")
 
     def __reduce__(self) -> Any:
         return (
@@ -189,5 +194,13 @@ class StandIn:
                 object.__getattribute__(self, "_name"),
                 object.__getattribute__(self, "_type"),
                 object.__getattribute__(self, "_step"),
+                object.__getattribute__(self, "_fp"),
             ),
         )
+
+
+def recorded_fp(value: Any) -> str | None:
+    """The recorded fingerprint of the handle ``value`` stands in for (None: not a stand-in)."""
+    if type(value) is not StandIn:
+        return None
+    return object.__getattribute__(value, "_fp")

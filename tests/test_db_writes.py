@@ -271,3 +271,16 @@ def test_a_handle_a_plain_cell_made_stays_live_after_a_replay(tmp_path):
     assert stream_text(outputs_of(again, 4)) == "2\n", outputs_of(again, 4)
     # What the step itself made (its cursor) is a stand-in all the same.
     assert errors(again, 5).startswith("NotRestored: 'cur'"), errors(again, 5)
+
+
+def test_a_step_reading_a_stand_in_replays(tmp_path):
+    # A later step read the handle: with the handle a stand-in, what it read
+    # fingerprints as it did when recorded, so it replays (it does not run and fail
+    # on the stand-in, which a plain run would not).
+    setup, write, handle = CASES["sqlite3"]
+    read = "%%step read\nn = con.execute('select count(*) from items').fetchone()[0]\nprint(n)"
+    durable(tmp_path, setup, write, read)
+    again = durable(tmp_path, setup, write, read, allow_errors=True)
+    assert replayed(again, 2), said(again, 2)
+    assert replayed(again, 4), said(again, 4) + errors(again, 4)
+    assert stream_text(outputs_of(again, 4)) == "2\n", outputs_of(again, 4)

@@ -204,7 +204,7 @@ class StepRunner:
         if db is not None and db.action == "refuse":
             raise dbwrites.refuse(db, label)
         if usable and not live:
-            replayable = rec.replayable or db is not None
+            replayable = rec.replayable or db is not None or self._reads_standins(rec)
             replayed = self._replay(rec, label, reason, split, db) if replayable else None
             if replayed is not None:
                 if reason is None:
@@ -411,6 +411,21 @@ class StepRunner:
         ns = self.session.user_ns
         return whys.brief(ns[name]) if name in ns else None
 
+    def _reads_standins(self, rec: StepRecord) -> bool:
+        """Whether all ``rec`` could not save is handles now stand-ins (a reader of them).
+
+        A step that read through a handle a replayed step left as a stand-in records
+        the handle as changed (its cursor moved): its body would fail on the stand-in
+        where a plain run reads. It replays instead; the stand-in stays.
+        """
+        ns = self.session.user_ns
+        unsaved = [v.name for v in rec.variables if v.kind == "unsaved"]
+        return (
+            bool(unsaved)
+            and not procstate.replayable_reasons(rec.process)
+            and all(dbwrites.recorded_fp(ns.get(name)) is not None for name in unsaved)
+        )
+
     def _replay(
         self,
         rec: StepRecord,
@@ -476,12 +491,17 @@ class StepRunner:
             # one is kept: made by this step in this kernel (the cell run again in its
             # kernel), or one the step only used, which a plain cell or an earlier step
             # made again in this kernel (a stand-in over it would break the cells after).
-            ns.update(
-                (name, standin)
+            bound = {
+                name: standin
                 for name, standin in dbwrites.standins(rec, label).items()
                 if name not in ns
                 or (self.producers.get(name) != rec.key and name not in rec.inputs)
-            )
+            }
+            ns.update(bound)
+            # Known by the version of the step that made it, as the handle was when
+            # recorded (see _record): its readers compare the same and replay.
+            for name, standin in bound.items():
+                self.origins[name] = (standin, f"made by {version_of(rec)}")
             for change in process:
                 change()
         except Exception as exc:  # a directory or module gone, an option pandas refuses
