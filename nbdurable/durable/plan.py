@@ -14,10 +14,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import dbwrites
 from ..identity import keys, localcode
 from ..store import values
 from ..store.records import StepRecord, StepState
+from . import standins
 from .context import warn
 
 #: Names the shell keeps in the namespace for itself: never a step's input or output.
@@ -112,7 +112,7 @@ def input_fingerprint(value: Any, what: str | None) -> tuple[str, bool]:
     :func:`keys.fingerprint_info`), so an equal fingerprint is equal content.
     ``what=None``: a failing hook is not said (a prediction; the step says it).
     """
-    standing_in = dbwrites.recorded_fp(value)
+    standing_in = standins.recorded_fp(value)
     if standing_in:  # the handle's fingerprint when recorded, as its readers compared it
         return standing_in, False
     try:

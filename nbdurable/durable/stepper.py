@@ -33,7 +33,7 @@ from ..store.records import StepRecord, StepState
 from ..text import clip
 from ..text import seconds as seconds_text
 from ..text import tokens as tokens_text
-from . import envreads, fileio, httpsteps, recording
+from . import envreads, fileio, httpsteps, recording, standins
 from .context import StepContext, flush_streams, remade_summary, warn, what_replays
 from .host import Capture
 from .mutation import attributes, changed_names, dotted_imports, mutated_inputs, untouched
@@ -202,7 +202,7 @@ class StepRunner:
         # with stand-ins for its handles, or refused rather than run silently.
         db = dbwrites.decide(rec) if usable and not live else None
         if db is not None and db.action == "refuse":
-            raise dbwrites.refuse(db, label)
+            raise standins.refuse(db, label)
         if usable and not live:
             replayable = rec.replayable or db is not None or self._reads_standins(rec)
             replayed = self._replay(rec, label, reason, split, db) if replayable else None
@@ -423,7 +423,7 @@ class StepRunner:
         return (
             bool(unsaved)
             and not procstate.replayable_reasons(rec.process)
-            and all(dbwrites.recorded_fp(ns.get(name)) is not None for name in unsaved)
+            and all(standins.recorded_fp(ns.get(name)) is not None for name in unsaved)
         )
 
     def _replay(
@@ -448,7 +448,7 @@ class StepRunner:
         except _Unrestorable as failed:
             live.undo()
             if db is not None:
-                raise dbwrites.refuse(
+                raise standins.refuse(
                     dataclasses.replace(db, action="refuse", why=str(failed)), label
                 ) from None
             warn(f"step {label!r}: {failed}; the step runs again.")
@@ -493,7 +493,7 @@ class StepRunner:
             # made again in this kernel (a stand-in over it would break the cells after).
             bound = {
                 name: standin
-                for name, standin in dbwrites.standins(rec, label).items()
+                for name, standin in standins.standins(rec, label).items()
                 if name not in ns
                 or (self.producers.get(name) != rec.key and name not in rec.inputs)
             }
@@ -895,15 +895,7 @@ def _on_replay(db: dbwrites.Decision | None, ctx: StepContext, body: str = "its 
     """What a replay of a step recorded not replayable does, as its warning ends."""
     if db is None:
         return f"On replay {body} runs again ({what_replays(ctx.http)})."
-    if db.action == "standins":
-        return (
-            f"It wrote to {dbwrites.shown(db.files)}, which keeps the rows: on replay "
-            f"{', '.join(db.handles)} come back as stand-ins that raise NotRestored if used."
-        )
-    return (
-        f"It wrote to {dbwrites.shown(db.files)}: on replay it refuses to run its body "
-        "again (`%%step --force` runs it)."
-    )
+    return db.when_recorded()
 
 
 def _has_result(outputs: list[dict[str, Any]]) -> bool:
