@@ -449,7 +449,7 @@ class StepRunner:
             live.undo()
             if db is not None:
                 raise standins.refuse(
-                    dataclasses.replace(db, action="refuse", why=str(failed)), label
+                    dataclasses.replace(db, action="refuse", why=f"this kernel {failed}"), label
                 ) from None
             warn(f"step {label!r}: {failed}; the step runs again.")
             return None
@@ -477,11 +477,11 @@ class StepRunner:
                 # The value itself does not load (not its blob): record it as unsaved.
                 why = f"did not load back on replay ({type(exc).__name__}: {exc})"
                 self.unloadable[rec.key] = dict.fromkeys(failed.names, why)
-            raise _Unrestorable(f"its variables cannot be restored ({exc})") from exc
+            raise _Unrestorable(f"cannot restore its variables ({exc})") from exc
         try:
             result = self._load_result(rec, restored) if split else None
         except Exception as exc:  # a damaged blob, a failing __setstate__
-            raise _Unrestorable(f"its result cannot be restored ({exc})") from exc
+            raise _Unrestorable(f"cannot restore its result ({exc})") from exc
         try:  # the process state the step left: os.environ, RNGs, options...
             process = procstate.prepare(rec.process)  # resolved and checked, nothing changed yet
             for name in rec.deleted:
@@ -505,7 +505,7 @@ class StepRunner:
             for change in process:
                 change()
         except Exception as exc:  # a directory or module gone, an option pandas refuses
-            raise _Unrestorable(f"its process state cannot be restored ({exc})") from exc
+            raise _Unrestorable(f"cannot restore its process state ({exc})") from exc
         for var in rec.variables:
             self.producers[var.name] = rec.key
             if var.kind == "value":  # (records of format 2)
@@ -876,7 +876,10 @@ _BY_CONTENT = frozenset({"builtins", "numpy", "pandas", "collections", "datetime
 
 
 class _Unrestorable(Exception):
-    """A record that cannot be restored into this kernel; its message says why, in a few words."""
+    """A record that cannot be restored into this kernel; its message says why.
+
+    Worded to follow a step's label ("step 'x': cannot restore its variables (...)").
+    """
 
 
 def _not_replayable(rec: StepRecord) -> str:
