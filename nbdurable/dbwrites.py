@@ -8,15 +8,20 @@ running its body again — which would insert the rows a second time (a plain
 run has them once). The file keeps what the step wrote, so:
 
 * when everything the record could not save is such a handle (and nothing of
-  the process is unreplayable), the step **replays** and each handle is bound
-  to a :class:`StandIn`, which raises :class:`~nbdurable.errors.NotRestored`
-  naming the variable when it is used (the data is in the file already; make
-  a new connection to read it);
+  the process is unreplayable), the step **replays**: each handle it made is
+  bound to a stand-in (:mod:`nbdurable.durable.standins`), which raises
+  :class:`~nbdurable.errors.NotRestored` naming the variable when it is used
+  (the data is in the file already; make a new connection to read it). A
+  handle it only used, which a plain cell or an earlier step made again in
+  this kernel, stays live. Should the replay fail (a damaged blob, a value
+  that will not load), the step refuses, as below;
 * otherwise (a generator, a thread, an in-memory database beside the file)
   the body would run and write again: the step **refuses** with
   :class:`~nbdurable.errors.RepeatRefused`, one line naming the file and how
   to run it anyway (``%%step --force``).
 
+This module decides and words the decision (the step runner and ``status``
+both ask it: every line about it is built here); the step runner acts on it.
 The files a step wrote are in its record's process delta (``"dbfiles"``, see
 :mod:`nbdurable.procstate.sqlite`). A handle is known by its type's module
 and name (:data:`HANDLES`); other database libraries' handles are not known
@@ -27,9 +32,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any
 
-from .errors import NotRestored, RepeatRefused
 from .store.records import StepRecord
 
 #: (top-level package, class name) of handles to a database: what they did is in
@@ -74,17 +77,22 @@ class Decision:
     handles: tuple[str, ...] = ()  # for "standins": the variables bound to stand-ins
     why: str = ""  # for "refuse": why the body would run
 
+    def on_replay(self) -> str:
+        """What a replay does, the clause each line below is built from."""
+        if self.action == "standins":
+            return (
+                f"{', '.join(self.handles)} come back as stand-ins that raise NotRestored if used"
+            )
+        return (
+            f"it refuses to run its body again, which would write to {shown(self.files)} "
+            "a second time; `%%step --force` runs it"
+        )
+
     def next_run(self) -> str:
         """What the next run does, for ``nbdurable status --why``."""
         if self.action == "standins":
-            return (
-                f"replays: {shown(self.files)} keeps what it wrote; {', '.join(self.handles)} "
-                "come back as stand-ins that raise NotRestored if used"
-            )
-        return (
-            f"refuses to run its body again, which would write to {shown(self.files)} "
-            "a second time; `%%step --force` runs it"
-        )
+            return f"replays: {shown(self.files)} keeps what it wrote; {self.on_replay()}"
+        return self.on_replay().removeprefix("it ")
 
     def detail(self) -> str:
         """The short reason a status row and the panel show."""
@@ -95,8 +103,14 @@ class Decision:
             "`%%step --force` runs it"
         )
 
+    def when_recorded(self) -> str:
+        """How the line said when the step is recorded ends."""
+        return (
+            f"It wrote to {shown(self.files)}, which keeps the rows: on replay {self.on_replay()}."
+        )
+
     def refusal(self, label: str) -> str:
-        """The one line of :class:`RepeatRefused`."""
+        """The one line of :class:`~nbdurable.errors.RepeatRefused`."""
         return (
             f"{label} would write to {shown(self.files)} again: its body runs on replay "
             f"because {self.why}. Run it with `%%step --force` to write again, or clear it."
@@ -122,72 +136,8 @@ def decide(rec: StepRecord | None) -> Decision | None:
     return Decision("refuse", written, why="; ".join(parts))
 
 
-def refuse(decision: Decision, label: str) -> RepeatRefused:
-    """The error a run raises instead of writing ``decision.files`` again."""
-    return RepeatRefused(decision.refusal(f"step {label!r}"))
-
-
-def standins(rec: StepRecord, label: str) -> dict[str, StandIn]:
-    """A stand-in for each handle of ``rec`` (its unsaved variables)."""
-    return {v.name: StandIn(v.name, v.type, label) for v in rec.variables if v.kind == "unsaved"}
-
-
 def shown(paths: tuple[str, ...]) -> str:
     """The files' names, for a line (the first three)."""
     names = [os.path.basename(p) or p for p in paths[:3]]
     more = f" and {len(paths) - 3} more" if len(paths) > 3 else ""
     return ", ".join(names) + more
-
-
-class StandIn:
-    """What a replayed handle is bound to: any use raises :class:`NotRestored`."""
-
-    __slots__ = ("_name", "_type", "_step")
-
-    def __init__(self, name: str, type_name: str, step: str) -> None:
-        object.__setattr__(self, "_name", name)
-        object.__setattr__(self, "_type", type_name)
-        object.__setattr__(self, "_step", step)
-
-    def _refuse(self, *_: Any, **__: Any) -> Any:
-        raise NotRestored(
-            f"{object.__getattribute__(self, '_name')!r} "
-            f"({object.__getattribute__(self, '_type')}) was not restored: step "
-            f"{object.__getattribute__(self, '_step')!r} replayed, and what it wrote is in "
-            "the database file; open a new connection to read it, or rerun the step "
-            "with `%%step --force`"
-        )
-
-    def __getattr__(self, attr: str) -> Any:
-        # Protocol probes (`getattr(x, "__array__", None)`, by nbdurable's own scans of
-        # the namespace, by IPython's display) find nothing, as on any plain object.
-        if attr.startswith("__") and attr.endswith("__"):
-            raise AttributeError(attr)
-        self._refuse()
-
-    def __setattr__(self, attr: str, value: Any) -> None:
-        self._refuse()
-
-    __call__ = __enter__ = __getitem__ = _refuse
-
-    def __exit__(self, *exc: Any) -> None:
-        self._refuse()
-
-    def __repr__(self) -> str:
-        return (
-            f"<not restored: {object.__getattribute__(self, '_name')} "
-            f"({object.__getattribute__(self, '_type')})>"
-        )
-
-    def __nbdurable_fingerprint__(self) -> str:
-        return f"{object.__getattribute__(self, '_name')}:{object.__getattribute__(self, '_type')}"
-
-    def __reduce__(self) -> Any:
-        return (
-            StandIn,
-            (
-                object.__getattribute__(self, "_name"),
-                object.__getattribute__(self, "_type"),
-                object.__getattribute__(self, "_step"),
-            ),
-        )

@@ -261,7 +261,8 @@ def _info(
     size = sub_bytes + (view.store.size_of(view.keys.step(key)) if rec else 0)
     if rec is not None:
         size += sum(v.size for v in rec.variables)
-    state, detail = _state_of(rec, st, live, body, in_notebook, judge, key)
+    db = dbwrites.decide(rec)  # once per row: its state and its next run both follow it
+    state, detail = _state_of(rec, st, live, body, in_notebook, judge, key, db)
     lines: tuple[str, ...] = ()
     if rec is not None and detail and state in ("invalidated", "pinned"):
         code_now = None if body is None else _python(body)
@@ -281,7 +282,7 @@ def _info(
         replayable=rec.replayable if rec else True,
         calls=rec.substeps if rec else subs,
         tokens=Tally.from_json(rec.tokens).total.total if rec else 0,
-        next_run=_db_next(rec, state),
+        next_run=_db_next(db, state),
         version=step_version(rec.source_fp, rec.inputs)[:8] if rec else "",
         versions=len(versions.kept(view.store, view.keys, key)),
         why=lines,
@@ -502,7 +503,8 @@ def _state_of(
     body: str | None,
     in_notebook: bool,
     judge: _Judge,
-    key: str = "",
+    key: str,
+    db: dbwrites.Decision | None,
 ) -> tuple[str, str]:
     """The state shown for a step and its detail; ``waiting`` while an approval of it is pending.
 
@@ -511,7 +513,7 @@ def _state_of(
     approval and how to decide it. Once decided, the step is pending (the next run goes
     on from the decision), never failed.
     """
-    state, detail = _judged(rec, st, live, body, in_notebook, judge)
+    state, detail = _judged(rec, st, live, body, in_notebook, judge, db)
     if key in judge.asked and state in _WAITS_IN:
         return "waiting", judge.asked[key]
     if state == "failed" and detail.startswith(_STOPPED_AT_APPROVAL):
@@ -526,6 +528,7 @@ def _judged(
     body: str | None,
     in_notebook: bool,
     judge: _Judge,
+    db: dbwrites.Decision | None,
 ) -> tuple[str, str]:
     live_state, live_detail = live or ("", "")
     if live_state == "running":
@@ -545,7 +548,6 @@ def _judged(
         return "invalidated", stale
     if not in_notebook:
         return "orphaned", "no longer in the notebook"
-    db = dbwrites.decide(rec)
     if db is not None:  # it wrote to a database file: replays with stand-ins, or refuses
         if db.action == "refuse":
             return "not replayable", db.detail()
@@ -579,9 +581,8 @@ _NEXT = {
 }
 
 
-def _db_next(rec: StepRecord | None, state: str) -> str:
+def _db_next(db: dbwrites.Decision | None, state: str) -> str:
     """What the next run does with a step that wrote to a database file ("": the state says)."""
-    db = dbwrites.decide(rec)
     if db is None or state not in ("recorded", "replayed", "not replayable", "may run"):
         return ""
     if state == "may run" and db.action == "standins":

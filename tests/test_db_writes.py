@@ -222,3 +222,65 @@ def test_a_step_run_again_in_its_own_kernel_keeps_its_live_handle(tmp_path):
     assert replayed(nb, 4), said(nb, 4)
     assert stream_text(outputs_of(nb, 4)).endswith("(1,)\n"), outputs_of(nb, 4)
     assert rows(tmp_path) == 2
+
+
+def test_a_step_whose_stand_in_replay_fails_refuses_to_write_again(tmp_path):
+    # Its handles would come back as stand-ins, but a value it saved does not load
+    # in the fresh kernel: the body would run and insert the rows again. It refuses,
+    # in one line, as a step that cannot replay at all does.
+    setup = (
+        "import sqlite3, os\n"
+        "class Box:\n"
+        "    def __getstate__(self):\n        return {'n': 1}\n"
+        "    def __setstate__(self, state):\n"
+        "        if os.path.exists('broken'):\n            raise ValueError('box is broken')\n"
+        "        self.__dict__.update(state)"
+    )
+    write = (
+        "%%step write\ncon = sqlite3.connect('shop.db')\n"
+        "con.execute('create table if not exists items (text)')\n"
+        "con.execute(\"insert into items values ('a')\")\ncon.commit()\nbox = Box()"
+    )
+    first = durable(tmp_path, setup, write)
+    assert "stand-ins" in said(first, 2), said(first, 2)
+    assert rows(tmp_path) == 1
+    (tmp_path / "broken").touch()
+    again = durable(tmp_path, setup, write, allow_errors=True)
+    error = said(again, 2)
+    assert error.startswith("UsageError: step 'write' would write to shop.db again"), error
+    assert "box is broken" in error and "%%step --force" in error, error
+    assert "runs again" not in error, error
+    assert rows(tmp_path) == 1
+
+
+def test_a_handle_a_plain_cell_made_stays_live_after_a_replay(tmp_path):
+    # The connection comes from a plain cell, which makes it again in a fresh kernel:
+    # the step replays (its rows are not written twice) and leaves that live
+    # connection in place, so the cells after it work as in a plain run.
+    setup = "import sqlite3\ncon = sqlite3.connect('shop.db')"
+    write = (
+        "%%step write\ncon.execute('create table if not exists items (text)')\n"
+        "con.execute(\"insert into items values ('a'), ('b')\")\ncon.commit()\n"
+        "cur = con.cursor()"
+    )
+    use = "print(con.execute('select count(*) from items').fetchone()[0])"
+    durable(tmp_path, setup, write, use)
+    again = durable(tmp_path, setup, write, use, "cur.execute('select 1')", allow_errors=True)
+    assert replayed(again, 2), said(again, 2)
+    assert rows(tmp_path) == 2
+    assert stream_text(outputs_of(again, 4)) == "2\n", outputs_of(again, 4)
+    # What the step itself made (its cursor) is a stand-in all the same.
+    assert errors(again, 5).startswith("NotRestored: 'cur'"), errors(again, 5)
+
+
+def test_a_step_reading_a_stand_in_replays(tmp_path):
+    # A later step read the handle: with the handle a stand-in, what it read
+    # fingerprints as it did when recorded, so it replays (it does not run and fail
+    # on the stand-in, which a plain run would not).
+    setup, write, handle = CASES["sqlite3"]
+    read = "%%step read\nn = con.execute('select count(*) from items').fetchone()[0]\nprint(n)"
+    durable(tmp_path, setup, write, read)
+    again = durable(tmp_path, setup, write, read, allow_errors=True)
+    assert replayed(again, 2), said(again, 2)
+    assert replayed(again, 4), said(again, 4) + errors(again, 4)
+    assert stream_text(outputs_of(again, 4)) == "2\n", outputs_of(again, 4)

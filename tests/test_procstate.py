@@ -711,3 +711,61 @@ def test_the_database_files_a_step_writes_are_kept_with_its_process_changes(tmp_
     with open_store(tmp_path / "store") as store:
         store.put("k", b"header", b"body")
     assert "dbfiles" not in procstate.delta(before, procstate.snapshot())
+
+
+def test_what_a_statement_writes_is_told_from_its_sql_not_its_words(tmp_path):
+    # A function named like a write in a CTE and a literal holding a write's word are
+    # reads; a write after a leading comment is a write (a file's and memory's alike).
+    import sqlite3
+
+    procstate.watch_sqlite()
+    con = sqlite3.connect(tmp_path / "shop.db")
+    memory = sqlite3.connect(":memory:")
+    for db in (con, memory):
+        db.execute("create table t (x)")
+        db.execute("insert into t values ('a')")
+    reads = [
+        "with v as (select replace(x, 'a', 'b') as y from t) select * from v",
+        "select 'update' from t where x != 'delete'",
+        '-- insert into t values (9)\nselect x as "insert" from t',
+    ]
+    writes = [
+        "-- one more row\ninsert into t values ('b')",
+        "/* fix it */ update t set x = 'c' where x = 'b'",
+        "  -- a\n  /* b */\n  with v as (select 'd') insert into t select * from v",
+    ]
+    for db in (con, memory):
+        for sql in reads:
+            before = procstate.snapshot()
+            db.execute(sql).fetchall()
+            delta = procstate.delta(before, procstate.snapshot())
+            assert "dbfiles" not in delta and "unreplayable" not in delta, sql
+        for sql in writes:
+            before = procstate.snapshot()
+            db.execute(sql)
+            delta = procstate.delta(before, procstate.snapshot())
+            assert "dbfiles" in delta or "unreplayable" in delta, sql
+    con.close()
+    memory.close()
+
+
+def test_a_file_written_is_counted_once_between_two_snapshots(tmp_path):
+    # Once a file is known written since the last snapshot, its callback returns
+    # at once: a step inserting row by row pays one check per statement, not a parse.
+    import sqlite3
+
+    from nbdurable.procstate import sqlite as watched
+
+    procstate.watch_sqlite()
+    con = sqlite3.connect(tmp_path / "shop.db")
+    con.execute("create table t (x)")
+    before = procstate.snapshot()
+    for i in range(5):
+        con.execute("insert into t values (?)", (i,))
+    after = procstate.snapshot()
+    path = str(tmp_path / "shop.db")
+    assert after.sqlite_files[path] == before.sqlite_files[path] + 1
+    assert procstate.delta(before, after)["dbfiles"] == [path]
+    con.execute("insert into t values (5)")  # the next interval counts again
+    assert watched.file_counts()[path] == after.sqlite_files[path] + 1
+    con.close()

@@ -17,6 +17,7 @@ from typing import Any
 from ..identity import keys, localcode
 from ..store import values
 from ..store.records import StepRecord, StepState
+from . import standins
 from .context import warn
 
 #: Names the shell keeps in the namespace for itself: never a step's input or output.
@@ -111,6 +112,9 @@ def input_fingerprint(value: Any, what: str | None) -> tuple[str, bool]:
     :func:`keys.fingerprint_info`), so an equal fingerprint is equal content.
     ``what=None``: a failing hook is not said (a prediction; the step says it).
     """
+    standing_in = standins.recorded_fp(value)
+    if standing_in:  # the handle's fingerprint when recorded, as its readers compared it
+        return standing_in, False
     try:
         info = keys.fingerprint_info(value)
     except Exception as exc:  # a user's __nbdurable_fingerprint__ may raise

@@ -33,7 +33,7 @@ from ..store.records import StepRecord, StepState
 from ..text import clip
 from ..text import seconds as seconds_text
 from ..text import tokens as tokens_text
-from . import envreads, fileio, httpsteps, recording
+from . import envreads, fileio, httpsteps, recording, standins
 from .context import StepContext, flush_streams, remade_summary, warn, what_replays
 from .host import Capture
 from .mutation import attributes, changed_names, dotted_imports, mutated_inputs, untouched
@@ -202,10 +202,10 @@ class StepRunner:
         # with stand-ins for its handles, or refused rather than run silently.
         db = dbwrites.decide(rec) if usable and not live else None
         if db is not None and db.action == "refuse":
-            raise dbwrites.refuse(db, label)
+            raise standins.refuse(db, label)
         if usable and not live:
-            replayable = rec.replayable or db is not None
-            replayed = self._replay(rec, label, reason, split) if replayable else None
+            replayable = rec.replayable or db is not None or self._reads_standins(rec)
+            replayed = self._replay(rec, label, reason, split, db) if replayable else None
             if replayed is not None:
                 if reason is None:
                     self._confirm(rec, state)
@@ -411,22 +411,51 @@ class StepRunner:
         ns = self.session.user_ns
         return whys.brief(ns[name]) if name in ns else None
 
+    def _reads_standins(self, rec: StepRecord) -> bool:
+        """Whether all ``rec`` could not save is handles now stand-ins (a reader of them).
+
+        A step that read through a handle a replayed step left as a stand-in records
+        the handle as changed (its cursor moved): its body would fail on the stand-in
+        where a plain run reads. It replays instead; the stand-in stays.
+        """
+        ns = self.session.user_ns
+        unsaved = [v.name for v in rec.variables if v.kind == "unsaved"]
+        return (
+            bool(unsaved)
+            and not procstate.replayable_reasons(rec.process)
+            and all(standins.recorded_fp(ns.get(name)) is not None for name in unsaved)
+        )
+
     def _replay(
-        self, rec: StepRecord, label: str, stale: str | None, split: bool
+        self,
+        rec: StepRecord,
+        label: str,
+        stale: str | None,
+        split: bool,
+        db: dbwrites.Decision | None = None,
     ) -> Replayed | None:
-        """Restore a record into the namespace and show its outputs; None if it cannot be."""
+        """Restore a record into the namespace and show its outputs; None if it cannot be.
+
+        A record replayed with stand-ins (``db``) that cannot be restored refuses
+        instead (:class:`RepeatRefused`): its body would write to the files again.
+        """
         ns = self.session.user_ns
         # The live objects the plain cells made again, for what the step changed in
         # place (a checkpointer a graph holds); given back their state if abandoned.
         live = sharing.LiveTargets({v.name: ns[v.name] for v in rec.variables if v.name in ns})
         try:
-            replayed = self._restore(rec, label, stale, split, live)
+            return self._restore(rec, label, stale, split, live)
+        except _Unrestorable as failed:
+            live.undo()
+            if db is not None:
+                raise standins.refuse(
+                    dataclasses.replace(db, action="refuse", why=f"this kernel {failed}"), label
+                ) from None
+            warn(f"step {label!r}: {failed}; the step runs again.")
+            return None
         except BaseException:
             live.undo()
             raise
-        if replayed is None:
-            live.undo()
-        return replayed
 
     def _restore(
         self,
@@ -435,7 +464,8 @@ class StepRunner:
         stale: str | None,
         split: bool,
         live: sharing.LiveTargets,
-    ) -> Replayed | None:
+    ) -> Replayed:
+        """Restore ``rec`` (see :meth:`_replay`); :class:`_Unrestorable` says why it cannot be."""
         ns = self.session.user_ns
         saved = [v for v in rec.variables if v.kind != "unsaved"]
         try:
@@ -447,30 +477,35 @@ class StepRunner:
                 # The value itself does not load (not its blob): record it as unsaved.
                 why = f"did not load back on replay ({type(exc).__name__}: {exc})"
                 self.unloadable[rec.key] = dict.fromkeys(failed.names, why)
-            warn(f"step {label!r}: cannot restore its variables ({exc}); the step runs again.")
-            return None
+            raise _Unrestorable(f"cannot restore its variables ({exc})") from exc
         try:
             result = self._load_result(rec, restored) if split else None
         except Exception as exc:  # a damaged blob, a failing __setstate__
-            warn(f"step {label!r}: cannot restore its result ({exc}); the step runs again.")
-            return None
+            raise _Unrestorable(f"cannot restore its result ({exc})") from exc
         try:  # the process state the step left: os.environ, RNGs, options...
             process = procstate.prepare(rec.process)  # resolved and checked, nothing changed yet
             for name in rec.deleted:
                 ns.pop(name, None)
             ns.update(restored)
-            # Handles a replay cannot restore (none unless dbwrites.decide said so); one
-            # this step made in this kernel is kept live (the cell run again in its kernel).
-            ns.update(
-                (name, standin)
-                for name, standin in dbwrites.standins(rec, label).items()
-                if not (name in ns and self.producers.get(name) == rec.key)
-            )
+            # Handles a replay cannot restore (none unless dbwrites.decide said so). A live
+            # one is kept: made by this step in this kernel (the cell run again in its
+            # kernel), or one the step only used, which a plain cell or an earlier step
+            # made again in this kernel (a stand-in over it would break the cells after).
+            bound = {
+                name: standin
+                for name, standin in standins.standins(rec, label).items()
+                if name not in ns
+                or (self.producers.get(name) != rec.key and name not in rec.inputs)
+            }
+            ns.update(bound)
+            # Known by the version of the step that made it, as the handle was when
+            # recorded (see _record): its readers compare the same and replay.
+            for name, standin in bound.items():
+                self.origins[name] = (standin, f"made by {version_of(rec)}")
             for change in process:
                 change()
         except Exception as exc:  # a directory or module gone, an option pandas refuses
-            warn(f"step {label!r}: cannot restore its process state ({exc}); the step runs again.")
-            return None
+            raise _Unrestorable(f"cannot restore its process state ({exc})") from exc
         for var in rec.variables:
             self.producers[var.name] = rec.key
             if var.kind == "value":  # (records of format 2)
@@ -840,6 +875,13 @@ def _by_state(value: Any) -> bool:
 _BY_CONTENT = frozenset({"builtins", "numpy", "pandas", "collections", "datetime", "decimal"})
 
 
+class _Unrestorable(Exception):
+    """A record that cannot be restored into this kernel; its message says why.
+
+    Worded to follow a step's label ("step 'x': cannot restore its variables (...)").
+    """
+
+
 def _not_replayable(rec: StepRecord) -> str:
     """Why a record cannot be replayed, in a few words (its variables, its process changes)."""
     parts = []
@@ -856,15 +898,7 @@ def _on_replay(db: dbwrites.Decision | None, ctx: StepContext, body: str = "its 
     """What a replay of a step recorded not replayable does, as its warning ends."""
     if db is None:
         return f"On replay {body} runs again ({what_replays(ctx.http)})."
-    if db.action == "standins":
-        return (
-            f"It wrote to {dbwrites.shown(db.files)}, which keeps the rows: on replay "
-            f"{', '.join(db.handles)} come back as stand-ins that raise NotRestored if used."
-        )
-    return (
-        f"It wrote to {dbwrites.shown(db.files)}: on replay it refuses to run its body "
-        "again (`%%step --force` runs it)."
-    )
+    return db.when_recorded()
 
 
 def _has_result(outputs: list[dict[str, Any]]) -> bool:

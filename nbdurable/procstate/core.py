@@ -267,7 +267,7 @@ def delta(
     if sqlite.written(before.sqlite, after.sqlite):
         why.append("it wrote to an in-memory SQLite database, whose rows a replay cannot restore")
     files = sqlite.files_written(before.sqlite_files, after.sqlite_files)
-    if files:  # kept there: re-applying it does nothing (see nbdurable.durable.dbwrites)
+    if files:  # kept there: re-applying it does nothing (see nbdurable.dbwrites)
         out["dbfiles"] = files
     if secrets:
         for part in [k for k in out if k != "env"]:

@@ -16,8 +16,11 @@ How writes are seen: from ``%load_ext nbdurable`` on, ``sqlite3.connect`` (and
 ``sqlite3.dbapi2.connect``, which SQLAlchemy calls) is wrapped, and an in-
 memory connection it opens gets a trace callback that counts the statements
 which may write (``INSERT``, ``UPDATE``, ``DELETE``, ``REPLACE``, ``CREATE``,
-``DROP``, ``ALTER``, ``WITH`` ...). :func:`counts` is the per-connection count
-of the connections still alive; :func:`written` compares two. Reads are free.
+``DROP``, ``ALTER``, a ``WITH`` leading to one; see :func:`is_write`: its
+comments and quoted text are left out first, so ``select 'update'`` is a read
+and a write after a leading comment a write), once between two snapshots.
+:func:`counts` is the per-connection count of the connections still alive;
+:func:`written` compares two. Reads are free.
 Not seen: connections opened before ``%load_ext nbdurable`` or through a
 ``connect`` bound before it, and a connection whose trace callback the user's
 code replaced. (The audit hook's ``sqlite3.connect/handle`` event comes too
@@ -38,6 +41,7 @@ import functools
 import os
 import re
 import sys
+import threading
 import weakref
 from typing import Any
 
@@ -51,11 +55,12 @@ class _Entry:
     with it, and this with the callback.)
     """
 
-    __slots__ = ("writes", "database", "__weakref__")
+    __slots__ = ("writes", "database", "counted", "__weakref__")
 
     def __init__(self, database: str) -> None:
         self.writes = 0
         self.database = database
+        self.counted = -1  # the interval its last write was counted in
 
 
 #: id(entry) -> weak reference to the entry of a connection alive
@@ -65,13 +70,38 @@ _entries: dict[int, weakref.ref] = {}
 #: connection closed (and freed) inside the step still counts
 _file_writes: dict[str, int] = {}
 
-# A `WITH` counts only when it leads to a write: a common table expression in a
-# SELECT is a read (and a read of a file must not make a step look like a writer).
-_WRITES = re.compile(
-    r"\s*(?:insert|update|delete|replace|create|drop|alter|upsert)\b"
-    r"|\s*with\b.*\b(?:insert|update|delete|replace)\b",
-    re.IGNORECASE | re.DOTALL,
+#: The snapshot interval now (see :func:`counts`, :func:`file_counts`): a database
+#: counted written in it is not parsed again until the next snapshot, so a step
+#: inserting row by row pays one comparison per statement, not a parse.
+_interval = 0
+#: file database -> the interval its last write was counted in
+_file_counted: dict[str, int] = {}
+#: a count and its interval's mark change together, and a snapshot sees both or neither
+_lock = threading.Lock()
+
+# Comments and quoted text (string literals, quoted identifiers) say nothing of what
+# a statement does: `select 'update'` reads, `-- a note` may lead an INSERT.
+_NOISE = re.compile(
+    r"""'(?:[^']|'')*'?|"(?:[^"]|"")*"?|`[^`]*`?|\[[^\]]*\]?|--[^\n]*|/\*.*?(?:\*/|$)""",
+    re.DOTALL,
 )
+_WRITE_WORDS = frozenset({"insert", "update", "delete", "replace", "create", "drop", "alter"})
+_FIRST_WORD = re.compile(r"\s*(\w+)")
+# In a `WITH`, a write is its final statement's keyword; `replace(` is a function
+# (a CTE computing a column), `replace into` a write.
+_CTE_WRITE = re.compile(r"\b(?:insert|update|delete|replace)\b(?!\s*\()", re.IGNORECASE)
+
+
+def is_write(statement: str) -> bool:
+    """Whether a SQL statement may write (a read, a ``PRAGMA``, a ``BEGIN``: False)."""
+    text = _NOISE.sub(" ", statement)
+    first = _FIRST_WORD.match(text)
+    word = first.group(1).lower() if first else ""
+    if word in _WRITE_WORDS:
+        return True
+    # A `WITH` counts only when it leads to a write: a common table expression in a
+    # SELECT is a read (and a read of a file must not make a step look like a writer).
+    return word == "with" and _CTE_WRITE.search(text) is not None
 
 
 def install() -> None:
@@ -140,8 +170,12 @@ def _ours() -> bool:
 
 def _watch_file(conn: Any, path: str) -> None:
     def traced(statement: str) -> None:
-        if _WRITES.match(statement):
-            _file_writes[path] = _file_writes.get(path, 0) + 1
+        if _file_counted.get(path) == _interval:  # known written since the last snapshot
+            return
+        if is_write(statement):
+            with _lock:
+                _file_writes[path] = _file_writes.get(path, 0) + 1
+                _file_counted[path] = _interval
 
     try:
         conn.set_trace_callback(traced)
@@ -150,8 +184,15 @@ def _watch_file(conn: Any, path: str) -> None:
 
 
 def file_counts() -> dict[str, int]:
-    """Writes so far, per database file."""
-    return dict(_file_writes)
+    """Writes so far, per database file; a write counts once between two snapshots.
+
+    Each call starts a new interval: the first write to a file after it counts.
+    """
+    global _interval
+    with _lock:
+        out = dict(_file_writes)
+        _interval += 1
+    return out
 
 
 def files_written(before: dict[str, int], after: dict[str, int]) -> list[str]:
@@ -164,8 +205,12 @@ def _watch(conn: Any, database: Any) -> None:
     key = id(entry)
 
     def traced(statement: str) -> None:
-        if _WRITES.match(statement):
-            entry.writes += 1
+        if entry.counted == _interval:  # known written since the last snapshot
+            return
+        if is_write(statement):
+            with _lock:
+                entry.writes += 1
+                entry.counted = _interval
 
     try:
         conn.set_trace_callback(traced)
@@ -175,12 +220,18 @@ def _watch(conn: Any, database: Any) -> None:
 
 
 def counts() -> dict[int, int]:
-    """Writes so far, per in-memory connection still alive."""
+    """Writes so far, per in-memory connection still alive (once between two snapshots).
+
+    Each call starts a new interval, as :func:`file_counts` does.
+    """
+    global _interval
     out = {}
-    for key, ref in list(_entries.items()):
-        entry = ref()
-        if entry is not None:
-            out[key] = entry.writes
+    with _lock:
+        for key, ref in list(_entries.items()):
+            entry = ref()
+            if entry is not None:
+                out[key] = entry.writes
+        _interval += 1
     return out
 
 
