@@ -1140,3 +1140,18 @@ def test_a_sqlalchemy_declarative_class_is_its_table(tmp_path):
     assert first[0] == first[1]  # used, the same class
     assert run("str", "2") == first[:1]  # another process
     assert run("int", "1")[0].split()[0] != first[0].split()[0]  # a column of another type
+
+
+def test_the_distributions_of_a_package_are_what_importlib_says_without_its_table():
+    # package_version names a library class's distribution from this, not from
+    # importlib.metadata.packages_distributions(), which parses every installed
+    # distribution's file list (seconds of a first step in a large environment).
+    import importlib.metadata
+
+    from nbdurable.identity import localcode
+
+    table = importlib.metadata.packages_distributions()
+    tops = sorted(table)
+    sample = {*tops[:: max(1, len(tops) // 25)], "yaml", "sklearn", "IPython", "no_such_package"}
+    for top in sorted(sample):
+        assert sorted(set(localcode.distributions_of(top))) == sorted(set(table.get(top, []))), top

@@ -121,17 +121,51 @@ def _version_of(top: str) -> str:
         return f"{top} {importlib.metadata.version(top)}"
     except Exception:  # the distribution is named otherwise (PyYAML for yaml)
         pass
-    global _DISTRIBUTIONS
+    global _LOOKUPS, _TABLE
     try:
-        if _DISTRIBUTIONS is None:
-            _DISTRIBUTIONS = importlib.metadata.packages_distributions()
-        names = sorted(set(_DISTRIBUTIONS.get(top, [])))
+        # Each lookup reads every distribution's file list once; a notebook that needs
+        # many (rare: most packages say their version themselves) builds the table.
+        _LOOKUPS += 1
+        if _TABLE is None and _LOOKUPS > 3:
+            _TABLE = importlib.metadata.packages_distributions()
+        found = _TABLE.get(top, []) if _TABLE is not None else distributions_of(top)
+        names = sorted(set(found))
         return " ".join(f"{n} {importlib.metadata.version(n)}" for n in names) or "unversioned"
     except Exception:  # a broken distribution's metadata: the name alone stands
         return "unversioned"
 
 
-_DISTRIBUTIONS: Any = None
+_LOOKUPS = 0
+_TABLE: Any = None
+
+
+def distributions_of(top: str) -> list[str]:
+    """The names of the installed distributions that provide top-level package ``top``.
+
+    What ``importlib.metadata.packages_distributions()[top]`` says, without
+    building that table of every distribution: it parses every distribution's
+    file list (``RECORD``), seconds of a kernel's first step in a large
+    environment (torch's list alone is thousands of lines). Here a list is
+    parsed only when ``top`` occurs in its text at all, which it must for the
+    package to be inferred from it; a declared ``top_level.txt`` is read as is.
+    """
+    import importlib.metadata as md
+
+    declared = getattr(md, "_top_level_declared", None)
+    inferred = getattr(md, "_top_level_inferred", None)
+    if declared is None or inferred is None:  # another Python's internals: the whole table
+        return list(md.packages_distributions().get(top, []))
+    names = []
+    for dist in md.distributions():
+        tops = declared(dist)
+        if not tops:
+            listing = dist.read_text("RECORD")
+            if listing is not None and top not in listing:
+                continue
+            tops = inferred(dist)
+        if top in tops:
+            names.append(dist.metadata["Name"])
+    return names
 
 
 def module_file(module: types.ModuleType) -> str | None:
