@@ -30,6 +30,7 @@ import argparse
 import multiprocessing
 import os
 import shutil
+import statistics
 import tempfile
 import time
 import uuid
@@ -40,6 +41,8 @@ from bench import peers
 from bench.report import Table
 from bench.stats import Summary, fmt_ratio, fmt_us, perf_ns, quiesce, timed_loop
 
+#: Recorded calls per run in section 3 (each system, each round, each condition).
+VERSUS_CALLS = 300
 DEFAULT_URL = os.environ.get("NBDURABLE_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
 
 
@@ -418,6 +421,218 @@ def concurrent(url: str, writers: int, n: int, size: int) -> Table:
     return t
 
 
+# -- 3. wall time per recorded call, quiet and under load -------------------------------
+
+
+def _loader(url: str, run: str, size: int, go: Any, stop: Any) -> None:
+    """One of the other kernels of the loaded condition: record sub-steps while ``go`` is set.
+
+    Each call records a fresh step id (a value of ``size`` random characters),
+    so every one is a commit on the server, as a kernel running a long
+    recorded loop asks for.
+    """
+    from nbdurable.durable import session as engine
+    from nbdurable.store import open_store
+
+    engine.reset_session()
+    session = engine.get_session()
+    session.set_store(open_store(url), run)
+    session.current = engine.StepContext("bench-load", "bench-load")
+    import nbdurable
+
+    def make(i: int) -> str:
+        return os.urandom((size + 1) // 2).hex()[:size]
+
+    i = 0
+    while not stop.is_set():
+        if not go.wait(0.1):
+            continue
+        nbdurable.step(f"load:{i}", make, i)
+        i += 1
+    session.current = None
+    session.release()
+
+
+class Load:
+    """``count`` processes recording into ``url`` (one namespace, a run each) when switched on.
+
+    Started once (a process takes a second or two to import nbdurable) and
+    switched on and off between rounds, so the quiet and the loaded condition
+    can alternate round by round.
+    """
+
+    def __init__(self, url: str, count: int, size: int) -> None:
+        self.url, self.count = url, count
+        self.namespace = f"bench_load_{uuid.uuid4().hex[:10]}"
+        target = _with_namespace(url, self.namespace)
+        ctx = multiprocessing.get_context("spawn")
+        self.go, self.stop = ctx.Event(), ctx.Event()
+        self.procs = []
+        if count:
+            from nbdurable.store import open_store
+
+            open_store(target).close()  # the namespace exists before the writers race
+            self.procs = [
+                ctx.Process(
+                    target=_loader,
+                    args=(target, f"load-{k}", size, self.go, self.stop),
+                    daemon=True,
+                )
+                for k in range(count)
+            ]
+            for p in self.procs:
+                p.start()
+
+    def on(self) -> None:
+        self.go.set()
+        time.sleep(0.5 if self.procs else 0)  # every writer past its first record
+
+    def off(self) -> None:
+        self.go.clear()
+
+    def close(self) -> None:
+        self.stop.set()
+        self.go.set()
+        for p in self.procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+        if self.procs:
+            _drop_schema(self.url, self.namespace)
+
+
+def versus(url: str, n: int, size: int, rounds: int, load: int, root: Path) -> Table:
+    """nbdurable, LangGraph and DBOS by wall time per recorded call, quiet and under load.
+
+    Wall time of the whole record run divided by its calls: every commit a
+    system makes for them is inside it, LangGraph's background writes
+    included (``invoke()`` returns only after they are saved). Each round
+    measures each system once quiet and once with ``load`` other processes
+    recording into the same server, in a rotated order, and the record is
+    checked by a replay that must call nothing.
+    """
+    t = Table(
+        f"PostgreSQL 3. Wall time per recorded call, quiet and under load ({load} other kernels)",
+        [
+            "condition",
+            "system",
+            "wall/call median",
+            "by round",
+            "per-call median",
+            "×nbd median",
+            "×nbd by round",
+            "1-min load",
+        ],
+        text_columns=2,
+    )
+    systems: list[Any] = [NbdurablePg(url), LangGraphPg(url), DbosPg(url)]
+    live = []
+    for system in systems:
+        try:
+            system.check()
+            live.append(system)
+        except peers.Unavailable as exc:
+            t.skipped.append(f"{system.name}: {exc}")
+    conditions = ["quiet", f"load {load}"] if load else ["quiet"]
+    # per condition, per system: per round (wall ns per call, per-call median µs)
+    got: dict[str, dict[Any, list[tuple[float, float]]]] = {
+        c: {s: [] for s in live} for c in conditions
+    }
+    loads: dict[str, list[float]] = {c: [] for c in conditions}
+    failed: dict[Any, str] = {}
+    peers.VALUES[:] = peers.make_values(size, n)
+    background = Load(url, load, size)
+    try:
+        for r in range(rounds):
+            for condition in conditions if r % 2 == 0 else conditions[::-1]:
+                if condition != "quiet":
+                    background.on()
+                try:
+                    for system in live[r % len(live) :] + live[: r % len(live)]:
+                        if system in failed:
+                            continue
+                        try:
+                            d = root / f"v{r}-{condition}-{id(system)}"
+                            got[condition][system].append(_wall(system, n, d))
+                        except Exception as exc:  # a peer's failure is reported, not fatal
+                            failed[system] = f"{system.name}: {type(exc).__name__}: {exc}"
+                        finally:
+                            system.close()
+                    loads[condition].append(os.getloadavg()[0])
+                finally:
+                    background.off()
+    finally:
+        background.close()
+        for system in systems:
+            system.close()
+            if hasattr(system, "cleanup"):
+                system.cleanup()
+    base = systems[0]
+    for condition in conditions:
+        if base in failed or not got[condition].get(base):
+            continue
+        ref = got[condition][base]
+        for system in live:
+            if system in failed:
+                continue
+            mine = got[condition][system]
+            walls = [w for w, _ in mine]
+            ratios = [w / b for (w, _), (b, _) in zip(mine, ref, strict=True)]
+            lo, hi = min(loads[condition]), max(loads[condition])
+            t.add(
+                condition,
+                system.name,
+                fmt_us(_median(walls)),
+                f"{fmt_us(min(walls))}–{fmt_us(max(walls))}",
+                fmt_us(_median([m for _, m in mine])),
+                fmt_ratio(_median(ratios)),
+                f"{fmt_ratio(min(ratios))}–{fmt_ratio(max(ratios))}",
+                f"{lo:.1f}–{hi:.1f}",
+            )
+    t.skipped += failed.values()
+    t.notes.append(
+        f"{n} recorded calls per run, values of {size} B; wall/call is the record run's wall "
+        "time over its calls: every commit is in it, also LangGraph's, which its background "
+        "thread makes while the next task runs and invoke() waits for before returning; "
+        "per-call median is the caller's time of one call (LangGraph's leaves its commit out)"
+    )
+    t.notes.append(
+        f"{rounds} rounds; each measures every system once per condition, the systems in a "
+        "rotated order, the conditions alternating; 'by round' is the lowest and highest of "
+        "the rounds; ×nbd is a system's wall/call over nbdurable's in the same round and "
+        "condition (above 1: nbdurable is cheaper)"
+    )
+    if load:
+        t.notes.append(
+            f"load {load}: {load} other processes each record nbdurable sub-steps of {size} B "
+            "into one namespace of the same server, as fast as they can, for the whole of the "
+            f"condition (on {os.cpu_count()} cores); the 1-min load average is read at the end "
+            "of each condition's round and counts the benchmark itself"
+        )
+    t.notes.append(
+        "every record run is replayed by a fresh instance, which must call nothing: a record "
+        "that did not reach the server fails the system's row instead of flattering it"
+    )
+    return t
+
+
+def _median(xs: list[float]) -> float:
+    return statistics.median(xs) if xs else float("nan")
+
+
+def _wall(system: Any, n: int, d: Path) -> tuple[float, float]:
+    """One record run of ``system``: (wall µs per call, per-call median µs); then its replay."""
+    if hasattr(system, "fresh"):
+        system.fresh()
+    quiesce()
+    rec = system.record(d, n)
+    rep = system.replay(d, len(rec.times))
+    shutil.rmtree(d, ignore_errors=True)
+    if rep.calls or len(rec.times) != n:
+        raise RuntimeError(f"did not replay: {rep.calls} calls made again")
+    return rec.wall_ns / len(rec.times) / 1e3, Summary.of(rec.times).median_us
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.postgres", description=__doc__)
     parser.add_argument("--url", default=DEFAULT_URL, help="a PostgreSQL server")
@@ -426,22 +641,34 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--writers", type=int, default=8, help="concurrent kernels")
     parser.add_argument("--writer-steps", type=int, default=500, help="steps per writer")
     parser.add_argument(
-        "--rounds", type=int, default=3, help="interleaved rounds of section 1 (pooled)"
+        "--rounds", type=int, default=3, help="interleaved rounds of sections 1 and 3"
+    )
+    parser.add_argument(
+        "--load", type=int, default=8, help="other kernels recording in section 3's loaded rounds"
+    )
+    parser.add_argument(
+        "--calls", type=int, default=VERSUS_CALLS, help="recorded calls per run in section 3"
+    )
+    parser.add_argument(
+        "--only", default="1,2,3", help="sections to run, comma-separated (default: 1,2,3)"
     )
     args = parser.parse_args(argv)
     os.environ.setdefault("NBDURABLE_KEY", "bench-" + "k" * 16)
     steps = [int(s) for s in args.steps.split(",") if s]
+    only = {s.strip() for s in args.only.split(",")}
     with tempfile.TemporaryDirectory(prefix="nbdurable-bench-pg-") as tmp:
         started = time.monotonic()
         # Each table is printed as soon as it is measured: a later section that
         # fails does not take an earlier one's figures with it.
-        sections = (
-            lambda: per_step(args.url, steps, args.size, Path(tmp), args.rounds),
-            lambda: concurrent(args.url, args.writers, args.writer_steps, args.size),
-        )
-        for section in sections:
-            print(section().text(), flush=True)
-            print()
+        sections = {
+            "1": lambda: per_step(args.url, steps, args.size, Path(tmp), args.rounds),
+            "2": lambda: concurrent(args.url, args.writers, args.writer_steps, args.size),
+            "3": lambda: versus(args.url, args.calls, args.size, args.rounds, args.load, Path(tmp)),
+        }
+        for name, section in sections.items():
+            if name in only:
+                print(section().text(), flush=True)
+                print()
         print(f"({time.monotonic() - started:.0f} s)")
     return 0
 
