@@ -656,6 +656,10 @@ def _wall(system: Any, n: int, d: Path) -> tuple[float, float]:
     return rec.wall_ns / len(rec.times) / 1e3, Summary.of(rec.times).median_us
 
 
+def _table(measured: tuple[Table, Any]) -> Table:
+    return measured[0]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.postgres", description=__doc__)
     parser.add_argument("--url", default=DEFAULT_URL, help="a PostgreSQL server")
@@ -686,9 +690,9 @@ def main(argv: list[str] | None = None) -> int:
         sections = {
             "1": lambda: per_step(args.url, steps, args.size, Path(tmp), args.rounds),
             "2": lambda: concurrent(args.url, args.writers, args.writer_steps, args.size),
-            "3": lambda: versus(args.url, args.calls, args.size, args.rounds, args.load, Path(tmp))[
-                0
-            ],
+            "3": lambda: _table(
+                versus(args.url, args.calls, args.size, args.rounds, args.load, Path(tmp))
+            ),
         }
         for name, section in sections.items():
             if name in only:
