@@ -16,7 +16,7 @@ from dataclasses import asdict
 import numpy as np
 import psycopg
 import pytest
-from pg_util import namespace, pg_sql, terminate
+from pg_util import TurnCounter, namespace, pg_sql, terminate
 
 from nbdurable.cli import main
 from nbdurable.durable import lease
@@ -288,6 +288,60 @@ def test_a_step_record_whose_session_ends_commits_whole_once(pg_url, monkeypatch
             pg_url, f"SELECT count(*) FROM \"{namespace(pg_url)}\".kv WHERE key LIKE 'r/%%'"
         )
         assert count == [(11,)]  # and the run's manifest, written with them
+
+
+def test_a_step_record_is_three_round_trips_and_a_sub_step_one(pg_url):
+    """The manifest's transaction is pipelined: BEGIN, its lock and the manifest's read go
+    together, then the records with the count of the step's rows, then the manifest with
+    COMMIT; a sub-step's record stays one prepared statement."""
+    relay = TurnCounter(pg_url)
+    try:
+        with open_store(relay.url) as s:
+            rk = RunKeys("r")
+            s.apply([(rk.step("first"), {"i": 0}, b"")])  # the run's manifest is made
+            s.apply([(rk.sub("first", "warm"), {"i": 0}, b"")])  # the statement is prepared
+            relay.turns = 0
+            s.apply([(rk.step("second"), {"i": 1}, b"")])
+            assert relay.count() == 3
+            relay.turns = 0
+            s.apply([(rk.sub("second", "call"), {"i": 2}, b"")])
+            assert relay.count() == 1
+            assert s.get(rk.step("second"))[0]["i"] == 1
+            assert s.get(rk.sub("second", "call"))[0]["i"] == 2
+    finally:
+        relay.close()
+
+
+def test_a_manifest_refused_at_commit_leaves_neither_it_nor_its_record(pg_url):
+    """A write whose error the server gives only with COMMIT's answer (pipeline mode) rolls
+    back the whole transaction: no record without its manifest, and the next one lands."""
+    ns = namespace(pg_url)
+    with open_store(pg_url) as s:
+        rk = RunKeys("r")
+        s.apply([(rk.step("a"), {"i": 0}, b"")])
+        before = pg_sql(pg_url, f'SELECT value FROM "{ns}".kv WHERE key = %s', (rk.manifest,))
+        pg_sql(
+            pg_url,
+            f'CREATE FUNCTION "{ns}".refuse() RETURNS trigger LANGUAGE plpgsql AS '
+            "$$ BEGIN IF NEW.key LIKE '%%/manifest' THEN RAISE EXCEPTION 'refused here'; "
+            "END IF; RETURN NEW; END $$",
+        )
+        pg_sql(
+            pg_url,
+            f'CREATE TRIGGER refuse BEFORE INSERT OR UPDATE ON "{ns}".kv '
+            f'FOR EACH ROW EXECUTE FUNCTION "{ns}".refuse()',
+        )
+        with pytest.raises(StoreError, match="refused here"):
+            s.apply([(rk.step("b"), {"i": 1}, b"")])
+        assert not s.has(rk.step("b"))
+        after = pg_sql(pg_url, f'SELECT value FROM "{ns}".kv WHERE key = %s', (rk.manifest,))
+        assert after == before
+        pg_sql(pg_url, f'DROP TRIGGER refuse ON "{ns}".kv')
+        s.apply([(rk.step("b"), {"i": 2}, b"")])
+        assert s.get(rk.step("b"))[0]["i"] == 2
+        assert s.get(rk.step("a"))[0]["i"] == 0
+    with open_store(pg_url) as s:  # a fresh process's view: both records, one manifest
+        assert [s.get(k)[0]["i"] for k in s.scan(rk.steps)] == [0, 2]
 
 
 def test_a_slow_store_answers_within_the_statement_timeout(pg_url):
