@@ -568,6 +568,26 @@ def test_a_holder_whose_lease_was_taken_over_cannot_write(two_machines):
     assert b_store.has("r/x/admin")
 
 
+def test_a_step_record_under_a_taken_lease_is_refused_with_its_manifest(two_machines):
+    """A step's record, alone or with its state, is written with its run's manifest in one
+    transaction (pipelined on PostgreSQL): the fence's answer still refuses all of it."""
+    a_store, a, b_store, b = two_machines
+    rk = RunKeys("shared.ipynb")
+    b_store.apply([(rk.step("s1"), {"by": "b"}, b"")], fence=b.fence)
+    manifest = b_store.read(rk.manifest)
+    for puts in (
+        [(rk.step("s2"), {"by": "a"}, b"")],
+        [(rk.step("s2"), {"by": "a"}, b""), (rk.state("s2"), {"by": "a"}, b"")],
+    ):
+        with pytest.raises(LeaseLost):
+            a_store.apply(puts, fence=a.fence)
+        assert not b_store.has(rk.step("s2")) and not b_store.has(rk.state("s2"))
+        assert b_store.read(rk.manifest) == manifest
+    b_store.apply([(rk.step("s2"), {"by": "b"}, b"")], fence=b.fence)
+    assert b_store.get(rk.step("s2"))[0]["by"] == "b"
+    assert a_store.get(rk.step("s1"))[0]["by"] == "b"
+
+
 @pytest.mark.parametrize("takeover", ["commits", "rolls back"])
 def test_a_record_racing_a_slow_takeover_lands_before_it_or_not_at_all(pg_url, takeover):
     """A takeover holds the lease row (a slow store, a slow machine); A's record waits for it."""

@@ -18,6 +18,14 @@ size (PostgreSQL limits one value to 1 GB; chunks lift that). Reading streams
 the chunks into an unlinked temporary file, which is hashed and mapped as the
 embedded engine maps its value files.
 
+Round trips: a sub-step's record is one prepared statement in autocommit
+(one round trip, one commit). A step's record is one transaction that reads
+and rewrites its run's manifest under an advisory lock
+(:meth:`PgStore._atomically`); it runs in libpq's pipeline mode, so a
+statement whose answer is not needed yet goes out with the next one that is:
+three round trips (BEGIN + lock + manifest read; records + row count;
+manifest + COMMIT) instead of one per statement.
+
 Records are signed with ``NBDURABLE_KEY``, which every member of the team
 sets; it is never stored in the database. Without it the store does not
 open: an unsigned shared store would let anyone with write access to the
@@ -115,8 +123,10 @@ else:
     # closed connection"); with no logging configured, Python prints that to
     # stderr, which is a notebook cell's output. Reconnecting is this module's
     # business and a failure is its one-line StoreError: the warnings go to
-    # logging only (a configured root logger still receives them).
-    logging.getLogger("psycopg.pool").addHandler(logging.NullHandler())
+    # logging only (a configured root logger still receives them). So does the
+    # warning of a pipeline ended by a lost connection (see _atomically), which
+    # psycopg logs on its own top logger while the error itself is raised.
+    logging.getLogger("psycopg").addHandler(logging.NullHandler())
     _IDLE = psycopg.pq.TransactionStatus.IDLE
 
 
@@ -400,7 +410,10 @@ class PgStore(Store):
 
             def fn(conn: Any) -> bool:
                 if _pipelined(conn):
-                    args = (*params[:-3], keys[0], params[-2], len(params[-2]))
+                    value = values[keys[0]]
+                    args: tuple = (keys[0], value, len(value))
+                    if fence is not None:
+                        args = (fence.key, fence.marker, *args)
                     return _sent(conn, sql, args, fence)
                 res = put.run(conn, params)
                 faults.point("store-write")  # inside the transaction, before its commit
