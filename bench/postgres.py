@@ -2,7 +2,7 @@
 
     python -m bench.postgres [--url postgresql://postgres@127.0.0.1:5432/test]
                              [--steps 100,1000,10000] [--size 1000] [--writers 8]
-                             [--rounds 3]
+                             [--rounds 3] [--calls 300] [--load 8] [--only 1,2,3]
 
 1. **Per step, record and replay**, at each ``--steps`` (is it flat?):
    nbdurable's ``step()`` inside a ``%%step`` on the PostgreSQL store, the same
@@ -19,6 +19,11 @@
 2. **Concurrent kernels**: ``--writers`` processes, each recording its own run
    into ONE namespace at once: throughput in steps/s over all of them, and
    the per-step median and p99.
+3. **Wall time per recorded call, quiet and under load** (:func:`versus`;
+   also ``python -m bench --only postgres``): nbdurable, LangGraph and DBOS
+   by the record run's wall time over its ``--calls`` calls, every commit
+   included (LangGraph's background writes too), each round once quiet and
+   once while ``--load`` other processes record into the same server.
 
 Each system works in a namespace (schema or database prefix) of its own,
 dropped at the end. Benchmarks are not tests: nothing here asserts a time.
