@@ -190,6 +190,56 @@ class LangGraphPg(peers.LangGraph):
             _drop_schema(self.url, schema)
 
 
+class RawInsert(peers.SimplePeer):
+    """The floor: one prepared ``INSERT`` per call, committing on its own (autocommit).
+
+    What any system that makes each call durable before the next one pays
+    the server at least: one round trip and one WAL flush, with no Python of
+    its own around it.
+    """
+
+    name = "raw INSERT per call (the floor)"
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.schemas: list[str] = []
+
+    def fresh(self) -> None:
+        self.schemas.append(f"bench_raw_{uuid.uuid4().hex[:10]}")
+
+    def _open(self, d: Path) -> Any:
+        import psycopg
+
+        conn = psycopg.connect(self.url, autocommit=True, prepare_threshold=0)
+        schema = self.schemas[-1]
+        conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{schema}"')
+        conn.execute(
+            f'CREATE TABLE IF NOT EXISTS "{schema}".kv (key text COLLATE "C" PRIMARY KEY, '
+            "value bytea)"
+        )
+        return conn, f'INSERT INTO "{schema}".kv VALUES (%s, %b)', schema
+
+    def _rec(self, h: Any, i: int) -> Any:
+        conn, sql, _ = h
+        return conn.execute(sql, (peers.step_id(i), peers.VALUES[i].encode()))
+
+    def _rep(self, h: Any, i: int) -> Any:
+        conn, _, schema = h
+        row = conn.execute(
+            f'SELECT value FROM "{schema}".kv WHERE key = %s', (peers.step_id(i),)
+        ).fetchone()
+        if row is None:
+            raise RuntimeError(f"row {i} was not recorded")
+        return row
+
+    def _close(self, h: Any) -> None:
+        h[0].close()
+
+    def cleanup(self) -> None:
+        for schema in self.schemas:
+            _drop_schema(self.url, schema)
+
+
 # -- 1. per step ---------------------------------------------------------------------
 
 
@@ -540,7 +590,7 @@ def versus(
         ],
         text_columns=2,
     )
-    systems: list[Any] = [NbdurablePg(url), LangGraphPg(url), DbosPg(url)]
+    systems: list[Any] = [NbdurablePg(url), LangGraphPg(url), DbosPg(url), RawInsert(url)]
     live = []
     for system in systems:
         try:
@@ -605,7 +655,7 @@ def versus(
             walls = [w for w, _ in mine]
             ratios = [w / b for (w, _), (b, _) in zip(mine, ref, strict=True)]
             lo, hi = min(loads[condition]), max(loads[condition])
-            if system is not base:
+            if system is not base and not isinstance(system, RawInsert):
                 found[(condition, system.name)] = ratios
             t.add(
                 condition,
@@ -637,6 +687,12 @@ def versus(
             f"condition (on {os.cpu_count()} cores); the 1-min load average is read at the end "
             "of each condition's round and counts the benchmark itself"
         )
+    t.notes.append(
+        "the floor is one prepared INSERT of the same value per call on a connection of its "
+        "own, committing on its own: one round trip and one WAL flush, no Python around it; "
+        "nbdurable's wall/call over it (1 / its ×nbd) is what nbdurable adds to what equal "
+        "durability costs any system"
+    )
     t.notes.append(
         "every record run is replayed by a fresh instance, which must call nothing: a record "
         "that did not reach the server fails the system's row instead of flattering it"

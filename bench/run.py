@@ -217,7 +217,7 @@ def _targets(found: dict) -> Table:
                 ok.append(mid >= want)
             if cells:
                 t.add(
-                    f"team store: record ≥{want}× cheaper than {peer}, by wall time",
+                    f"team store (issue 32): record ≥{want}× cheaper than {peer}, by wall time",
                     "; ".join(cells),
                     "met" if all(ok) else "missed" if not any(ok) else "missed in part",
                 )
