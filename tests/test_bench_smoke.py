@@ -127,6 +127,8 @@ def test_bench_postgres_runs_every_section_at_tiny_sizes(pg_server):
         assert sum(1 for r in rows if r.startswith(f"{condition} ")) >= 1, walls
         mine = [r for r in rows if r.startswith(f"{condition} ") and "nbdurable" in r]
         assert len(mine) == 1, walls
+        floor = [r for r in rows if r.startswith(f"{condition} ") and "(the floor)" in r]
+        assert len(floor) == 1, walls
     for name in ("DBOS (PostgreSQL)", "LangGraph (PostgresSaver)"):
         ran = sum(1 for r in rows if name in r and not r.startswith("could not run")) == 2
         assert ran or any(r.startswith(f"could not run: {name}") for r in rows), walls
