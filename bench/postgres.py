@@ -2,7 +2,7 @@
 
     python -m bench.postgres [--url postgresql://postgres@127.0.0.1:5432/test]
                              [--steps 100,1000,10000] [--size 1000] [--writers 8]
-                             [--rounds 3]
+                             [--rounds 3] [--calls 300] [--load 8] [--only 1,2,3]
 
 1. **Per step, record and replay**, at each ``--steps`` (is it flat?):
    nbdurable's ``step()`` inside a ``%%step`` on the PostgreSQL store, the same
@@ -19,6 +19,11 @@
 2. **Concurrent kernels**: ``--writers`` processes, each recording its own run
    into ONE namespace at once: throughput in steps/s over all of them, and
    the per-step median and p99.
+3. **Wall time per recorded call, quiet and under load** (:func:`versus`;
+   also ``python -m bench --only postgres``): nbdurable, LangGraph and DBOS
+   by the record run's wall time over its ``--calls`` calls, every commit
+   included (LangGraph's background writes too), each round once quiet and
+   once while ``--load`` other processes record into the same server.
 
 Each system works in a namespace (schema or database prefix) of its own,
 dropped at the end. Benchmarks are not tests: nothing here asserts a time.
@@ -30,6 +35,7 @@ import argparse
 import multiprocessing
 import os
 import shutil
+import statistics
 import tempfile
 import time
 import uuid
@@ -40,6 +46,8 @@ from bench import peers
 from bench.report import Table
 from bench.stats import Summary, fmt_ratio, fmt_us, perf_ns, quiesce, timed_loop
 
+#: Recorded calls per run in section 3 (each system, each round, each condition).
+VERSUS_CALLS = 300
 DEFAULT_URL = os.environ.get("NBDURABLE_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
 
 
@@ -176,6 +184,56 @@ class LangGraphPg(peers.LangGraph):
             return len(state["times"])
 
         return bench_entry, conn
+
+    def cleanup(self) -> None:
+        for schema in self.schemas:
+            _drop_schema(self.url, schema)
+
+
+class RawInsert(peers.SimplePeer):
+    """The floor: one prepared ``INSERT`` per call, committing on its own (autocommit).
+
+    What any system that makes each call durable before the next one pays
+    the server at least: one round trip and one WAL flush, with no Python of
+    its own around it.
+    """
+
+    name = "raw INSERT per call (the floor)"
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.schemas: list[str] = []
+
+    def fresh(self) -> None:
+        self.schemas.append(f"bench_raw_{uuid.uuid4().hex[:10]}")
+
+    def _open(self, d: Path) -> Any:
+        import psycopg
+
+        conn = psycopg.connect(self.url, autocommit=True, prepare_threshold=0)
+        schema = self.schemas[-1]
+        conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{schema}"')
+        conn.execute(
+            f'CREATE TABLE IF NOT EXISTS "{schema}".kv (key text COLLATE "C" PRIMARY KEY, '
+            "value bytea)"
+        )
+        return conn, f'INSERT INTO "{schema}".kv VALUES (%s, %b)', schema
+
+    def _rec(self, h: Any, i: int) -> Any:
+        conn, sql, _ = h
+        return conn.execute(sql, (peers.step_id(i), peers.VALUES[i].encode()))
+
+    def _rep(self, h: Any, i: int) -> Any:
+        conn, _, schema = h
+        row = conn.execute(
+            f'SELECT value FROM "{schema}".kv WHERE key = %s', (peers.step_id(i),)
+        ).fetchone()
+        if row is None:
+            raise RuntimeError(f"row {i} was not recorded")
+        return row
+
+    def _close(self, h: Any) -> None:
+        h[0].close()
 
     def cleanup(self) -> None:
         for schema in self.schemas:
@@ -418,6 +476,251 @@ def concurrent(url: str, writers: int, n: int, size: int) -> Table:
     return t
 
 
+# -- 3. wall time per recorded call, quiet and under load -------------------------------
+
+
+def _loader(url: str, run: str, size: int, go: Any, stop: Any, ready: Any) -> None:
+    """One of the other kernels of the loaded condition: record sub-steps while ``go`` is set.
+
+    Each call records a fresh step id (a value of ``size`` random characters),
+    so every one is a commit on the server, as a kernel running a long
+    recorded loop asks for.
+    """
+    from nbdurable.durable import session as engine
+    from nbdurable.store import open_store
+
+    engine.reset_session()
+    session = engine.get_session()
+    session.set_store(open_store(url), run)
+    session.current = engine.StepContext("bench-load", "bench-load")
+    import nbdurable
+
+    def make(i: int) -> str:
+        return os.urandom((size + 1) // 2).hex()[:size]
+
+    # The process's one-off costs (imports, the first fingerprint of a library
+    # function) are paid before the rounds, as the measured systems pay theirs.
+    nbdurable.step("load:warm", make, -1)
+    ready.put(run)
+    i = 0
+    while not stop.is_set():
+        if not go.wait(0.1):
+            continue
+        nbdurable.step(f"load:{i}", make, i)
+        i += 1
+    session.current = None
+    session.release()
+
+
+class Load:
+    """``count`` processes recording into ``url`` (one namespace, a run each) when switched on.
+
+    Started once (a process takes a second or two to import nbdurable) and
+    switched on and off between rounds, so the quiet and the loaded condition
+    can alternate round by round.
+    """
+
+    def __init__(self, url: str, count: int, size: int) -> None:
+        self.url, self.count = url, count
+        self.namespace = f"bench_load_{uuid.uuid4().hex[:10]}"
+        target = _with_namespace(url, self.namespace)
+        ctx = multiprocessing.get_context("spawn")
+        self.go, self.stop = ctx.Event(), ctx.Event()
+        ready = ctx.Queue()
+        self.procs = []
+        if count:
+            from nbdurable.store import open_store
+
+            open_store(target).close()  # the namespace exists before the writers race
+            self.procs = [
+                ctx.Process(
+                    target=_loader,
+                    args=(target, f"load-{k}", size, self.go, self.stop, ready),
+                    daemon=True,
+                )
+                for k in range(count)
+            ]
+            for p in self.procs:
+                p.start()
+            for _ in self.procs:
+                ready.get(timeout=300)
+
+    def on(self) -> None:
+        self.go.set()
+        time.sleep(0.2 if self.procs else 0)  # every writer recording again
+
+    def off(self) -> None:
+        self.go.clear()
+
+    def close(self) -> None:
+        self.stop.set()
+        self.go.set()
+        for p in self.procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+        if self.procs:
+            _drop_schema(self.url, self.namespace)
+
+
+def versus(
+    url: str, n: int, size: int, rounds: int, load: int, root: Path
+) -> tuple[Table, dict[tuple[str, str], list[float]]]:
+    """nbdurable, LangGraph and DBOS by wall time per recorded call, quiet and under load.
+
+    Wall time of the whole record run divided by its calls: every commit a
+    system makes for them is inside it, LangGraph's background writes
+    included (``invoke()`` returns only after they are saved). Each round
+    measures each system once quiet and once with ``load`` other processes
+    recording into the same server, in a rotated order, and the record is
+    checked by a replay that must call nothing. Also returns each peer's
+    ratios over nbdurable per round, by ``(condition, peer)``.
+    """
+    t = Table(
+        f"PostgreSQL 3. Wall time per recorded call, quiet and under load ({load} other kernels)",
+        [
+            "condition",
+            "system",
+            "wall/call median",
+            "by round",
+            "per-call median",
+            "×nbd median",
+            "×nbd by round",
+            "1-min load",
+        ],
+        text_columns=2,
+    )
+    systems: list[Any] = [NbdurablePg(url), LangGraphPg(url), DbosPg(url), RawInsert(url)]
+    live = []
+    for system in systems:
+        try:
+            system.check()
+            live.append(system)
+        except peers.Unavailable as exc:
+            t.skipped.append(f"{system.name}: {exc}")
+    conditions = ["quiet", f"load {load}"] if load else ["quiet"]
+    # per condition, per system: per round (wall ns per call, per-call median µs)
+    got: dict[str, dict[Any, list[tuple[float, float]]]] = {
+        c: {s: [] for s in live} for c in conditions
+    }
+    loads: dict[str, list[float]] = {c: [] for c in conditions}
+    failed: dict[Any, str] = {}
+    found: dict[tuple[str, str], list[float]] = {}
+    peers.VALUES[:] = peers.make_values(size, n)
+    background = Load(url, load, size)
+    try:
+        # An untimed run of each first: a process's one-off costs (imports, a
+        # library's version looked up for a function's first fingerprint, the
+        # first connection) are not a recorded call's.
+        for system in live:
+            try:
+                _wall(system, min(n, 5), root / f"warm-{id(system)}")
+            except Exception as exc:  # a peer's failure is reported, not fatal
+                failed[system] = f"{system.name}: {type(exc).__name__}: {exc}"
+            finally:
+                system.close()
+        for r in range(rounds):
+            for condition in conditions if r % 2 == 0 else conditions[::-1]:
+                if condition != "quiet":
+                    background.on()
+                try:
+                    for system in live[r % len(live) :] + live[: r % len(live)]:
+                        if system in failed:
+                            continue
+                        try:
+                            d = root / f"v{r}-{condition}-{id(system)}"
+                            got[condition][system].append(_wall(system, n, d))
+                        except Exception as exc:  # a peer's failure is reported, not fatal
+                            failed[system] = f"{system.name}: {type(exc).__name__}: {exc}"
+                        finally:
+                            system.close()
+                    loads[condition].append(os.getloadavg()[0])
+                finally:
+                    background.off()
+    finally:
+        background.close()
+        for system in systems:
+            system.close()
+            if hasattr(system, "cleanup"):
+                system.cleanup()
+    base = systems[0]
+    for condition in conditions:
+        if base in failed or not got[condition].get(base):
+            continue
+        ref = got[condition][base]
+        for system in live:
+            if system in failed:
+                continue
+            mine = got[condition][system]
+            walls = [w for w, _ in mine]
+            ratios = [w / b for (w, _), (b, _) in zip(mine, ref, strict=True)]
+            lo, hi = min(loads[condition]), max(loads[condition])
+            if system is not base and not isinstance(system, RawInsert):
+                found[(condition, system.name)] = ratios
+            t.add(
+                condition,
+                system.name,
+                fmt_us(_median(walls)),
+                f"{fmt_us(min(walls))}–{fmt_us(max(walls))}",
+                fmt_us(_median([m for _, m in mine])),
+                fmt_ratio(_median(ratios)),
+                f"{fmt_ratio(min(ratios))}–{fmt_ratio(max(ratios))}",
+                f"{lo:.1f}–{hi:.1f}",
+            )
+    t.skipped += failed.values()
+    t.notes.append(
+        f"{n} recorded calls per run, values of {size} B; wall/call is the record run's wall "
+        "time over its calls: every commit is in it, also LangGraph's, which its background "
+        "thread makes while the next task runs and invoke() waits for before returning; "
+        "per-call median is the caller's time of one call (LangGraph's leaves its commit out)"
+    )
+    t.notes.append(
+        f"{rounds} rounds; each measures every system once per condition, the systems in a "
+        "rotated order, the conditions alternating; 'by round' is the lowest and highest of "
+        "the rounds; ×nbd is a system's wall/call over nbdurable's in the same round and "
+        "condition (above 1: nbdurable is cheaper)"
+    )
+    if load:
+        t.notes.append(
+            f"load {load}: {load} other processes each record nbdurable sub-steps of {size} B "
+            "into one namespace of the same server, as fast as they can, for the whole of the "
+            f"condition (on {os.cpu_count()} cores); the 1-min load average is read at the end "
+            "of each condition's round and counts the benchmark itself"
+        )
+    t.notes.append(
+        "the floor is one prepared INSERT of the same value per call on a connection of its "
+        "own, committing on its own: one round trip and one WAL flush, no Python around it; "
+        "nbdurable's wall/call over it (1 / its ×nbd) is what nbdurable adds to what equal "
+        "durability costs any system"
+    )
+    t.notes.append(
+        "every record run is replayed by a fresh instance, which must call nothing: a record "
+        "that did not reach the server fails the system's row instead of flattering it"
+    )
+    return t, found
+
+
+def _median(xs: list[float]) -> float:
+    return statistics.median(xs) if xs else float("nan")
+
+
+def _wall(system: Any, n: int, d: Path) -> tuple[float, float]:
+    """One record run of ``system``: (wall µs per call, per-call median µs); then its replay."""
+    if hasattr(system, "fresh"):
+        system.fresh()
+    quiesce()
+    rec = system.record(d, n)
+    rep = system.replay(d, len(rec.times))
+    shutil.rmtree(d, ignore_errors=True)
+    if rep.calls or len(rec.times) != n:
+        raise RuntimeError(f"did not replay: {rep.calls} calls made again")
+    return rec.wall_ns / len(rec.times) / 1e3, Summary.of(rec.times).median_us
+
+
+def _table(measured: tuple[Table, Any]) -> Table:
+    return measured[0]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.postgres", description=__doc__)
     parser.add_argument("--url", default=DEFAULT_URL, help="a PostgreSQL server")
@@ -426,22 +729,36 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--writers", type=int, default=8, help="concurrent kernels")
     parser.add_argument("--writer-steps", type=int, default=500, help="steps per writer")
     parser.add_argument(
-        "--rounds", type=int, default=3, help="interleaved rounds of section 1 (pooled)"
+        "--rounds", type=int, default=3, help="interleaved rounds of sections 1 and 3"
+    )
+    parser.add_argument(
+        "--load", type=int, default=8, help="other kernels recording in section 3's loaded rounds"
+    )
+    parser.add_argument(
+        "--calls", type=int, default=VERSUS_CALLS, help="recorded calls per run in section 3"
+    )
+    parser.add_argument(
+        "--only", default="1,2,3", help="sections to run, comma-separated (default: 1,2,3)"
     )
     args = parser.parse_args(argv)
     os.environ.setdefault("NBDURABLE_KEY", "bench-" + "k" * 16)
     steps = [int(s) for s in args.steps.split(",") if s]
+    only = {s.strip() for s in args.only.split(",")}
     with tempfile.TemporaryDirectory(prefix="nbdurable-bench-pg-") as tmp:
         started = time.monotonic()
         # Each table is printed as soon as it is measured: a later section that
         # fails does not take an earlier one's figures with it.
-        sections = (
-            lambda: per_step(args.url, steps, args.size, Path(tmp), args.rounds),
-            lambda: concurrent(args.url, args.writers, args.writer_steps, args.size),
-        )
-        for section in sections:
-            print(section().text(), flush=True)
-            print()
+        sections = {
+            "1": lambda: per_step(args.url, steps, args.size, Path(tmp), args.rounds),
+            "2": lambda: concurrent(args.url, args.writers, args.writer_steps, args.size),
+            "3": lambda: _table(
+                versus(args.url, args.calls, args.size, args.rounds, args.load, Path(tmp))
+            ),
+        }
+        for name, section in sections.items():
+            if name in only:
+                print(section().text(), flush=True)
+                print()
         print(f"({time.monotonic() - started:.0f} s)")
     return 0
 

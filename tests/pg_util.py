@@ -9,6 +9,7 @@ import shutil
 import socket
 import subprocess
 import tempfile
+import threading
 from pathlib import Path
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
@@ -119,3 +120,63 @@ def _bindir() -> Path:
             "apt-get install postgresql, or set NBDURABLE_TEST_PG_BIN to their directory"
         )
     return found[-1]
+
+
+class TurnCounter:
+    """A TCP relay to a server that counts round trips: the client's turns to speak.
+
+    Each time the client sends after the server last spoke is one round trip
+    (the client waited for an answer before going on); statements the client
+    queues and sends together, without waiting in between, count once.
+    ``url`` is the store URL ``target`` with its host and port replaced by the
+    relay's. Connections are relayed until :meth:`close`.
+    """
+
+    def __init__(self, target: str) -> None:
+        parts = urlsplit(target)
+        self.upstream = (parts.hostname or "127.0.0.1", parts.port or 5432)
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        port = self.listener.getsockname()[1]
+        user = f"{parts.username}@" if parts.username else ""
+        self.url = parts._replace(netloc=f"{user}127.0.0.1:{port}").geturl()
+        self.turns = 0
+        self._lock = threading.Lock()
+        self._server_spoke: dict[int, bool] = {}
+        self._socks: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(self.upstream)
+            self._socks += [client, server]
+            self._server_spoke[id(client)] = True
+            for src, dst, up in ((client, server, True), (server, client, False)):
+                threading.Thread(
+                    target=self._relay, args=(src, dst, up, id(client)), daemon=True
+                ).start()
+
+    def _relay(self, src: socket.socket, dst: socket.socket, up: bool, conn: int) -> None:
+        with contextlib.suppress(OSError):
+            while data := src.recv(65536):
+                with self._lock:
+                    if up and self._server_spoke[conn]:
+                        self.turns += 1
+                    self._server_spoke[conn] = not up
+                dst.sendall(data)
+        with contextlib.suppress(OSError):
+            dst.shutdown(socket.SHUT_WR)
+
+    def count(self) -> int:
+        """Round trips so far (reset with ``turns = 0``)."""
+        with self._lock:
+            return self.turns
+
+    def close(self) -> None:
+        self.listener.close()
+        for s in self._socks:
+            with contextlib.suppress(OSError):
+                s.close()

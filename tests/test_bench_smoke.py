@@ -106,9 +106,10 @@ def test_bench_quick_runs_every_section_and_system(tmp_path):
 
 
 @pytest.mark.postgres
-def test_bench_postgres_runs_both_sections_at_tiny_sizes(pg_server):
+def test_bench_postgres_runs_every_section_at_tiny_sizes(pg_server):
     """``python -m bench.postgres`` at tiny sizes: nbdurable's rows always, the peers or why not."""
     tiny = ["--steps", "5", "--rounds", "2", "--writers", "2", "--writer-steps", "5"]
+    tiny += ["--calls", "5", "--load", "1"]
     out = _bench("bench.postgres", "--url", pg_server, *tiny)
     per_step = _section(out, "PostgreSQL 1. Sub-steps")
     rows = per_step.splitlines()
@@ -120,3 +121,27 @@ def test_bench_postgres_runs_both_sections_at_tiny_sizes(pg_server):
     assert "pools 2 rounds" in per_step
     writers = _section(out, "PostgreSQL 2. 2 kernels")
     assert "steps/s" in writers, writers
+    walls = _section(out, "PostgreSQL 3. Wall time per recorded call")
+    rows = walls.splitlines()
+    for condition in ("quiet", "load 1"):
+        assert sum(1 for r in rows if r.startswith(f"{condition} ")) >= 1, walls
+        mine = [r for r in rows if r.startswith(f"{condition} ") and "nbdurable" in r]
+        assert len(mine) == 1, walls
+        floor = [r for r in rows if r.startswith(f"{condition} ") and "(the floor)" in r]
+        assert len(floor) == 1, walls
+    for name in ("DBOS (PostgreSQL)", "LangGraph (PostgresSaver)"):
+        ran = sum(1 for r in rows if name in r and not r.startswith("could not run")) == 2
+        assert ran or any(r.startswith(f"could not run: {name}") for r in rows), walls
+
+
+@pytest.mark.postgres
+def test_bench_only_postgres_judges_the_team_store_targets(pg_server, tmp_path):
+    """``python -m bench --only postgres`` runs section 3 alone and says met or missed."""
+    out = _bench("bench", "--quick", "--only", "postgres", "--url", pg_server, "--load", "1")
+    assert "== PostgreSQL 3. Wall time per recorded call" in out, out[-4000:]
+    assert "== 1. Sub-steps" not in out
+    targets = _section(out, "Targets")
+    for peer in ("LangGraph (PostgresSaver)", "DBOS (PostgreSQL)"):
+        judged = [r for r in targets.splitlines() if f"cheaper than {peer}, by wall time" in r]
+        installed = f"could not run: {peer}" not in out
+        assert len(judged) == (1 if installed else 0), targets

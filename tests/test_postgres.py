@@ -16,7 +16,7 @@ from dataclasses import asdict
 import numpy as np
 import psycopg
 import pytest
-from pg_util import namespace, pg_sql, terminate
+from pg_util import TurnCounter, namespace, pg_sql, terminate
 
 from nbdurable.cli import main
 from nbdurable.durable import lease
@@ -290,6 +290,60 @@ def test_a_step_record_whose_session_ends_commits_whole_once(pg_url, monkeypatch
         assert count == [(11,)]  # and the run's manifest, written with them
 
 
+def test_a_step_record_is_three_round_trips_and_a_sub_step_one(pg_url):
+    """The manifest's transaction is pipelined: BEGIN, its lock and the manifest's read go
+    together, then the records with the count of the step's rows, then the manifest with
+    COMMIT; a sub-step's record stays one prepared statement."""
+    relay = TurnCounter(pg_url)
+    try:
+        with open_store(relay.url) as s:
+            rk = RunKeys("r")
+            s.apply([(rk.step("first"), {"i": 0}, b"")])  # the run's manifest is made
+            s.apply([(rk.sub("first", "warm"), {"i": 0}, b"")])  # the statement is prepared
+            relay.turns = 0
+            s.apply([(rk.step("second"), {"i": 1}, b"")])
+            assert relay.count() == 3
+            relay.turns = 0
+            s.apply([(rk.sub("second", "call"), {"i": 2}, b"")])
+            assert relay.count() == 1
+            assert s.get(rk.step("second"))[0]["i"] == 1
+            assert s.get(rk.sub("second", "call"))[0]["i"] == 2
+    finally:
+        relay.close()
+
+
+def test_a_manifest_refused_at_commit_leaves_neither_it_nor_its_record(pg_url):
+    """A write whose error the server gives only with COMMIT's answer (pipeline mode) rolls
+    back the whole transaction: no record without its manifest, and the next one lands."""
+    ns = namespace(pg_url)
+    with open_store(pg_url) as s:
+        rk = RunKeys("r")
+        s.apply([(rk.step("a"), {"i": 0}, b"")])
+        before = pg_sql(pg_url, f'SELECT value FROM "{ns}".kv WHERE key = %s', (rk.manifest,))
+        pg_sql(
+            pg_url,
+            f'CREATE FUNCTION "{ns}".refuse() RETURNS trigger LANGUAGE plpgsql AS '
+            "$$ BEGIN IF NEW.key LIKE '%%/manifest' THEN RAISE EXCEPTION 'refused here'; "
+            "END IF; RETURN NEW; END $$",
+        )
+        pg_sql(
+            pg_url,
+            f'CREATE TRIGGER refuse BEFORE INSERT OR UPDATE ON "{ns}".kv '
+            f'FOR EACH ROW EXECUTE FUNCTION "{ns}".refuse()',
+        )
+        with pytest.raises(StoreError, match="refused here"):
+            s.apply([(rk.step("b"), {"i": 1}, b"")])
+        assert not s.has(rk.step("b"))
+        after = pg_sql(pg_url, f'SELECT value FROM "{ns}".kv WHERE key = %s', (rk.manifest,))
+        assert after == before
+        pg_sql(pg_url, f'DROP TRIGGER refuse ON "{ns}".kv')
+        s.apply([(rk.step("b"), {"i": 2}, b"")])
+        assert s.get(rk.step("b"))[0]["i"] == 2
+        assert s.get(rk.step("a"))[0]["i"] == 0
+    with open_store(pg_url) as s:  # a fresh process's view: both records, one manifest
+        assert [s.get(k)[0]["i"] for k in s.scan(rk.steps)] == [0, 2]
+
+
 def test_a_slow_store_answers_within_the_statement_timeout(pg_url):
     url = pg_url + "&statement_timeout=1"
     key = RunKeys("r").lease
@@ -512,6 +566,26 @@ def test_a_holder_whose_lease_was_taken_over_cannot_write(two_machines):
     b_store.put("r/x/alone", {"by": "b"}, fence=b.fence)
     a_store.put("r/x/admin", {})
     assert b_store.has("r/x/admin")
+
+
+def test_a_step_record_under_a_taken_lease_is_refused_with_its_manifest(two_machines):
+    """A step's record, alone or with its state, is written with its run's manifest in one
+    transaction (pipelined on PostgreSQL): the fence's answer still refuses all of it."""
+    a_store, a, b_store, b = two_machines
+    rk = RunKeys("shared.ipynb")
+    b_store.apply([(rk.step("s1"), {"by": "b"}, b"")], fence=b.fence)
+    manifest = b_store.read(rk.manifest)
+    for puts in (
+        [(rk.step("s2"), {"by": "a"}, b"")],
+        [(rk.step("s2"), {"by": "a"}, b""), (rk.state("s2"), {"by": "a"}, b"")],
+    ):
+        with pytest.raises(LeaseLost):
+            a_store.apply(puts, fence=a.fence)
+        assert not b_store.has(rk.step("s2")) and not b_store.has(rk.state("s2"))
+        assert b_store.read(rk.manifest) == manifest
+    b_store.apply([(rk.step("s2"), {"by": "b"}, b"")], fence=b.fence)
+    assert b_store.get(rk.step("s2"))[0]["by"] == "b"
+    assert a_store.get(rk.step("s1"))[0]["by"] == "b"
 
 
 @pytest.mark.parametrize("takeover", ["commits", "rolls back"])

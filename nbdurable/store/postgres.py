@@ -18,6 +18,14 @@ size (PostgreSQL limits one value to 1 GB; chunks lift that). Reading streams
 the chunks into an unlinked temporary file, which is hashed and mapped as the
 embedded engine maps its value files.
 
+Round trips: a sub-step's record is one prepared statement in autocommit
+(one round trip, one commit). A step's record is one transaction that reads
+and rewrites its run's manifest under an advisory lock
+(:meth:`PgStore._atomically`); it runs in libpq's pipeline mode, so a
+statement whose answer is not needed yet goes out with the next one that is:
+three round trips (BEGIN + lock + manifest read; records + row count;
+manifest + COMMIT) instead of one per statement.
+
 Records are signed with ``NBDURABLE_KEY``, which every member of the team
 sets; it is never stored in the database. Without it the store does not
 open: an unsigned shared store would let anyone with write access to the
@@ -74,6 +82,28 @@ def _row(key: str, value: bytes) -> list[bytes]:
     return [key.encode("utf-8"), value, str(len(value)).encode()]
 
 
+def _pipelined(conn: Any) -> bool:
+    """True while ``conn`` is in pipeline mode (inside :meth:`PgStore._atomically`)."""
+    return conn.pgconn.pipeline_status != 0
+
+
+def _sent(conn: Any, sql: str, args: Sequence[Any], fence: Fence | None) -> bool:
+    """A write in pipeline mode: queued, and waited for only when its answer matters.
+
+    A fenced write waits for its row (the fence's answer). Any other is sent
+    with what follows it: its error, if any, is raised by the next statement
+    that waits, at the latest by COMMIT, and the whole transaction is rolled
+    back as if it had been raised here.
+    """
+    cur = conn.execute(sql, args)
+    if fence is None:
+        faults.point("store-write")  # inside the transaction, before its commit
+        return True
+    row = cur.fetchone()
+    faults.point("store-write")
+    return row is not None and bool(row[0])  # no row, or FALSE: the fence said no
+
+
 def _lease(t: str, key: str, marker: str) -> str:
     """The fence's clause: the lease row, if it still names the token, read ``FOR SHARE``."""
     return (
@@ -93,8 +123,11 @@ else:
     # closed connection"); with no logging configured, Python prints that to
     # stderr, which is a notebook cell's output. Reconnecting is this module's
     # business and a failure is its one-line StoreError: the warnings go to
-    # logging only (a configured root logger still receives them).
-    logging.getLogger("psycopg.pool").addHandler(logging.NullHandler())
+    # logging only (a configured root logger still receives them). So does the
+    # warning of a pipeline ended by a lost connection (see _atomically), which
+    # psycopg logs on its own top logger while the error itself is raised.
+    logging.getLogger("psycopg").addHandler(logging.NullHandler())
+    _IDLE = psycopg.pq.TransactionStatus.IDLE
 
 
 class PgStore(Store):
@@ -128,6 +161,16 @@ class PgStore(Store):
         self._put = Prepared(
             f"INSERT INTO {t}.kv (key, value, size) VALUES ($1, $2, $3) {_UPSERT} RETURNING TRUE",
             (TEXT, BYTEA, INT8),
+        )
+        # The same two statements through psycopg, for a connection in pipeline mode
+        # (see _atomically), where a statement sent with libpq's own calls would
+        # put its result out of step with psycopg's queue.
+        self._put_sql = (
+            f"INSERT INTO {t}.kv (key, value, size) VALUES (%s, %b, %s) {_UPSERT} RETURNING TRUE"
+        )
+        self._put_fenced_sql = (
+            f"{_lease(t, '%s', '%b')} INSERT INTO {t}.kv (key, value, size) "
+            f"SELECT %s, %b, %s WHERE {_HELD} {_UPSERT} RETURNING TRUE"
         )
         # Advisory locks are per database: the namespace's own lock space.
         self._space = zlib.crc32(self.namespace.encode()) - 2**31
@@ -360,12 +403,18 @@ class PgStore(Store):
         chunked = [k for k in keys if k.startswith(layout.BLOBS)] + list(deletes)
         if len(keys) == 1 and not chunked:  # a sub-step's record: one prepared statement
             params = _row(keys[0], values[keys[0]])
-            put = self._put
+            put, sql = self._put, self._put_sql
             if fence is not None:
-                put = self._put_fenced
+                put, sql = self._put_fenced, self._put_fenced_sql
                 params = [fence.key.encode("utf-8"), fence.marker, *params]
 
             def fn(conn: Any) -> bool:
+                if _pipelined(conn):
+                    value = values[keys[0]]
+                    args: tuple = (keys[0], value, len(value))
+                    if fence is not None:
+                        args = (fence.key, fence.marker, *args)
+                    return _sent(conn, sql, args, fence)
                 res = put.run(conn, params)
                 faults.point("store-write")  # inside the transaction, before its commit
                 return res.ntuples > 0  # no row: the fence said no
@@ -373,6 +422,8 @@ class PgStore(Store):
             sql, args = self._write_sql(keys, chunked, list(deletes), values, fence)
 
             def fn(conn: Any) -> bool:
+                if _pipelined(conn):
+                    return _sent(conn, sql, args, fence)
                 row = conn.execute(sql, args).fetchone()
                 faults.point("store-write")  # inside the transaction, before its commit
                 return row is not None and bool(row[0])  # no row, or FALSE: the fence said no
@@ -468,14 +519,32 @@ class PgStore(Store):
             return self._run("write", nested)
 
         def body(conn: Any) -> Any:
-            conn.execute(lock_sql, (self._space, lock))
+            # Pipeline mode: BEGIN, the lock and the first read go to the server in
+            # one round trip, the last write and COMMIT in another; a statement
+            # whose rows are needed (a read, a fenced write) still waits for them,
+            # and for every statement queued before it. BEGIN and COMMIT are sent
+            # as statements: psycopg's transaction() in pipeline mode waits for the
+            # server before and after the block (two more round trips).
             self._local.conn, self._local.retried = conn, True
             try:
-                return fn()
+                with conn.pipeline():
+                    conn.execute("BEGIN")
+                    conn.execute(lock_sql, (self._space, lock))
+                    got = fn()
+                    conn.execute("COMMIT")
+                return got
+            except BaseException:
+                # A write's error may surface only at COMMIT, after fn() changed a
+                # manifest in memory: read every one afresh at its next use.
+                self._manifests.clear()
+                if not conn.closed and conn.info.transaction_status != _IDLE:
+                    with contextlib.suppress(psycopg.Error):
+                        conn.execute("ROLLBACK")
+                raise
             finally:
                 self._local.conn, self._local.retried = None, False
 
-        return self._run("write", body)
+        return self._run("write", body, tx=False)
 
     def swap(self, key: str, update: Callable[[Header | None], Header | None]) -> Header | None:
         """The lease's compare-and-set: read, ``update``, write under the key's own lock.
