@@ -3,11 +3,12 @@ r"""How a record becomes signed bytes and back: pure functions, no I/O but the k
 Every value is ``MAGIC + signature + payload``, where payload is a 4-byte
 header length, a JSON header and an optional body. Three schemes:
 
-* ``NBD\x02`` (written now): ``HMAC-SHA256(secret, "NBD2" + domain + NUL +
-  key + NUL + payload)``. The *domain* names the store the record was written
-  into: a PostgreSQL store's namespace, or the random id an embedded store
-  keeps in its format record. A record copied into another namespace, or
-  into another store directory that shares the key, does not verify there.
+* ``NBD\x02`` (written now, but see ``NBD\x03``): ``HMAC-SHA256(secret,
+  "NBD2" + domain + NUL + key + NUL + payload)``. The *domain* names the
+  store the record was written into: a PostgreSQL store's namespace, or the
+  random id an embedded store keeps in its format record. A record copied
+  into another namespace, or into another store directory that shares the
+  key, does not verify there.
 * ``NBD\x01`` (written by earlier versions, and still for the format record,
   which holds the domain): ``HMAC-SHA256(secret, key + NUL + payload)``. Such
   records still verify; they are bound to their key but not to a store, so
