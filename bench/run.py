@@ -59,6 +59,7 @@ class Config:
     cost_substeps: int = 1_000
     pg_calls: int = 300  # recorded calls per run of the postgres section
     pg_rounds: int = 3
+    cost_substep_calls: int = 500  # sub-step calls timed per round (section 6)
 
     @classmethod
     def tiny(cls) -> Config:
@@ -86,6 +87,7 @@ class Config:
             cost_substeps=50,
             pg_calls=20,
             pg_rounds=2,
+            cost_substep_calls=30,
         )
 
 
@@ -193,6 +195,21 @@ def _targets(found: dict) -> Table:
                 f"{fmt_ratio(r)} (in a cell {fmt_ratio(cell)}, memory reused {fmt_ratio(warm)})",
                 "met" if r <= 1.3 else "missed",
             )
+    costs = found.get("costs")
+    if costs:
+        for what, (cpu, wall) in costs["goals"].items():
+            op = "set" if what.startswith("record") else "get"
+            t.add(
+                f"sub-step {what}: ≤ 2× raw diskcache {op} (issue 32; CPU and wall medians)",
+                f"CPU {fmt_ratio(cpu)}, wall {fmt_ratio(wall)}",
+                "met" if max(cpu, wall) <= 2 else "missed",
+            )
+        over = costs["bytes_per_substep"] - 100
+        t.add(
+            "store overhead ≤ 300 B per record beyond its payload (issue 32; 100 B sub-step)",
+            f"{over:.0f} B ({costs['bytes_per_substep']:.0f} B per 100 B sub-step)",
+            "met" if over <= 300 else "missed",
+        )
     e = found.get("e2e")
     if e:
         x = e["replay_minus_bare_s"]

@@ -31,6 +31,7 @@ never copied (:func:`searchable`: ``secret in view`` is no substring search).
 from __future__ import annotations
 
 import bisect
+import functools
 import itertools
 import os
 import re
@@ -385,10 +386,17 @@ def name_key_names(name: str) -> list[str]:
     after each of them (``ask_sk-proj-...``): a name is short, and one refused
     by chance costs a rename, never a record.
     """
+    return list(_name_key_names(name))
+
+
+# A pure function of the name, asked of every sub-step id on every call (the same
+# ids, run after run): remembered, as ``re`` remembers its compiled patterns.
+@functools.lru_cache(maxsize=4096)
+def _name_key_names(name: str) -> tuple[str, ...]:
     found = set(key_names(name))
     for m in _NAME_JOINS.finditer(name):
         found.update(key_names(name[m.end() :]))
-    return sorted(found)
+    return tuple(sorted(found))
 
 
 def scrub(text: str, secrets: dict[str, bytes] | None = None) -> tuple[str, list[str]]:

@@ -57,7 +57,7 @@ def test_round_trip_and_absent_keys(engine):
 
 
 def test_records_are_signed_under_their_key(engine):
-    assert engine.get(layout.FORMAT_KEY)[0]["format"] == 2, "the format record is written on open"
+    assert engine.get(layout.FORMAT_KEY)[0]["format"] == 3, "the format record is written on open"
     engine.put("r/x/s/a", {"n": 1}, b"body")
     engine.put("r/x/s/c", {"n": 2}, b"body")
     engine.write({"r/x/s/b": engine.read("r/x/s/a")})  # a record copied under another key

@@ -64,3 +64,32 @@ def test_an_error_filter_does_not_turn_an_objects_warning_into_an_error():
             warnings.warn("dropped, not raised", UserWarning, stacklevel=1)
         with pytest.raises(UserWarning):
             warnings.warn("raised outside", UserWarning, stacklevel=1)
+
+
+class _Loud:
+    def __setstate__(self, state):
+        print("restoring")
+        warnings.warn("restored", UserWarning, stacklevel=1)
+        self.__dict__.update(state)
+
+
+def test_a_load_hushes_from_the_first_code_it_can_run(capsys, recwarn, monkeypatch):
+    """What a restored object prints or warns is dropped; plain data, which runs no
+    code, is loaded without entering the hush at all (it costs more than the load).
+    """
+    from nbdurable.store import values
+
+    loud = _Loud()
+    loud.n = 1
+    data, plain = values.dumps(loud), values.dumps({"text": ["a", 1, 2.5, None]})
+    entered = []
+    real = values.hush
+    monkeypatch.setattr(values, "hush", lambda **kw: entered.append(kw) or real(**kw))
+    assert values.loads(data).n == 1
+    assert capsys.readouterr().out == "" and not [w for w in recwarn if "restored" in str(w)]
+    assert entered == [{"streams": True}]
+    entered.clear()
+    assert values.loads(plain) == {"text": ["a", 1, 2.5, None]}
+    assert entered == []
+    print("after")  # the hush was left: the thread prints again
+    assert capsys.readouterr().out == "after\n"

@@ -131,7 +131,7 @@ def test_the_engine_ignores_a_planted_record_with_a_warning(store, tmp_path):
 def test_format_version_is_written_and_checked_on_open(tmp_path):
     path = tmp_path / "store"
     with open_store(path) as s:
-        assert s.get("meta/format")[0]["format"] == STORE_FORMAT == 2
+        assert s.get("meta/format")[0]["format"] == STORE_FORMAT == 3
         s.put("meta/format", {"format": STORE_FORMAT + 1})
     with pytest.raises(FormatVersionError) as err:
         open_store(path)

@@ -58,21 +58,20 @@ from .. import config, events, faults, redact
 from ..clients import awaitables, streams, usage
 from ..errors import BadArgument, CorruptRecord, DivergenceError, StoreError, UsageProblem
 from ..identity import keys
-from ..identity.callables import (
-    CallableFingerprint,
-    callable_fingerprint,
-    callable_parts,
-    first_change,
-)
+from ..identity.callables import callable_parts, first_change
 from ..store import blobs, values
 from ..store.layout import RUN_SCOPE
-from ..store.records import FORMAT_VERSION
 from . import recording
 from .context import SubIndex, current_sub, warn
 from .host import Capture
 from .session import Session, get_session
 
 T = TypeVar("T")
+#: Hex digits of each callee part a record keeps (``callee_parts``). What decides a
+#: replay is ``callee_fp``, a digest over the full parts; the parts only say which
+#: one changed, for which a prefix suffices (a clash of two prefixes would name
+#: another part, or none, in the message: never replay a changed callee).
+PART_DIGITS = 8
 _ENOVAL = object()  # "no record": a recorded value may well be None
 
 
@@ -264,7 +263,7 @@ class _Call:
         session, ctx = self.session, self.ctx
         self.store_key = session.keys.sub(self.scope, self.sub_id)
         self.args_fp = keys.args_fingerprint(args, kwargs)
-        self.callee = _callee_fingerprint(self.fn, self.where)
+        self.callee = _callee_parts(self.fn, self.where)
         self.args = _labelled(args, kwargs)
         self.miss = "has no record"  # why lookup() found nothing usable (for verify mode)
         live = config.is_live(self.sub_id)  # runs live although recorded (`--live`)
@@ -416,12 +415,17 @@ class _Call:
         volatile = header.get("callee_volatile") or ()
         if not recorded_callee:  # a record from before callee fingerprints
             self.unchecked()
-        elif recorded_callee != _parts_digest(self.callee.parts, volatile):
+        elif recorded_callee != _parts_digest(self.callee, volatile):
             old = header.get("callee_parts")
             old = {
                 k: v for k, v in (old if isinstance(old, dict) else {}).items() if k not in volatile
             }
-            now = {k: v for k, v in self.callee.parts.items() if k not in volatile}
+            # A record keeps the first digits of each part (see PART_DIGITS): compare as many
+            now = {
+                k: v[: len(old[k])] if isinstance(old.get(k), str) else v
+                for k, v in self.callee.items()
+                if k not in volatile
+            }
             what = first_change(old, now)
             why = f"its function {_fn_name(self.fn)} changed ({what or 'code'})"
             self.miss = f"would call again: {why}"
@@ -517,7 +521,7 @@ class _Call:
             )
             return
         saved = (result, {k: self.args[k] for k in mutated}) if mutated else result
-        parts = self.callee.parts
+        parts = self.callee
         after = _callee_parts(fn, where)  # what the call changed in its callee
         volatile = sorted(k for k, v in parts.items() if after.get(k) != v)
         refs: list[str] = []  # blobs holding the result's memory (see _put_result)
@@ -560,7 +564,10 @@ class _Call:
                 f"{where} returned {size / 1e6:.1f} MB (over warn_size_mb="
                 f"{config.get().warn_size_mb:g}); it is recorded, but consider returning less."
             )
-        # SubRecord's header, built directly (a frozen dataclass costs more than the write).
+        # SubRecord's header, built directly (a frozen dataclass costs more than the write),
+        # and compact: a field at its default (no mutated arguments, no volatile parts,
+        # no tokens, the format of every sub-step record) is left out, as readers take
+        # it; times are kept to the microsecond (duration) and millisecond (start).
         header = {
             "run": self.session.run_id,
             "scope": self.scope,
@@ -568,18 +575,21 @@ class _Call:
             "fn": f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}",
             "args_fp": self.args_fp,
             "callee_fp": _parts_digest(parts, volatile),
-            "callee_parts": parts,
-            "callee_volatile": volatile,
-            "mutated": mutated,
-            "started": self.started,
-            "duration": duration,
+            "callee_parts": {k: v[:PART_DIGITS] for k, v in parts.items()},
+            "started": round(self.started, 3),
+            "duration": round(duration, 6),
             "size": size,
             "type": values.type_name(result),
-            "format": FORMAT_VERSION,
             "returns": returns,
-            "tokens": tokens.to_json(),
             "kind": "sub",
         }
+        if volatile:
+            header["callee_volatile"] = volatile
+        if mutated:
+            header["mutated"] = mutated
+        json_tokens = tokens.to_json()
+        if json_tokens:
+            header["tokens"] = json_tokens
         if refs:
             header["buffers"] = refs
         if self.printed:
@@ -668,23 +678,17 @@ def _parts_digest(parts: dict[str, str], skip: Any) -> str:
     return h.hexdigest()[:32]
 
 
-def _callee_fingerprint(fn: Callable[..., Any], where: str) -> CallableFingerprint:
-    """:func:`callable_fingerprint`, falling back to the type when a custom hook fails."""
+def _callee_parts(fn: Callable[..., Any], where: str) -> dict[str, str]:
+    """The parts of :func:`~nbdurable.identity.callables.callable_fingerprint` (the digest
+    compared is :func:`_parts_digest` over them), by the type when a custom hook fails.
+    """
     try:
-        return callable_fingerprint(fn)
+        return callable_parts(fn)
     except Exception as exc:  # a user's __nbdurable_fingerprint__ may raise
         warn(f"{where}: cannot fingerprint its function ({exc!r}); comparing it by type only.")
         t = type(fn)
         digest = hashlib.sha256(f"type:{t.__module__}.{t.__qualname__}".encode()).hexdigest()
-        return CallableFingerprint(digest[:32], {"type": digest[:32]}, (t.__qualname__,))
-
-
-def _callee_parts(fn: Callable[..., Any], where: str) -> dict[str, str]:
-    """The parts of :func:`_callee_fingerprint` (the digest over them is not needed)."""
-    try:
-        return callable_parts(fn)
-    except Exception:  # the same fallback, and its warning
-        return _callee_fingerprint(fn, where).parts
+        return {"type": digest[:32]}
 
 
 def _labelled(args: tuple, kwargs: dict) -> dict[str, Any]:

@@ -193,7 +193,8 @@ class Rows:
         return bool(self.cache.delete(key, retry=retry))
 
     def insert_new(self, key: str, value: bytes) -> bool:
-        """Write a new small record with one INSERT (its own transaction); False if it exists.
+        """Write a new small record with one INSERT (its own transaction, or the one open);
+        False if it exists.
 
         ``Cache.set`` spends four statements (BEGIN IMMEDIATE, SELECT, INSERT,
         COMMIT) because a cache key is usually already there; a record's key is

@@ -37,7 +37,7 @@ from ..errors import (
 )
 from . import blobs, codec, layout
 from .manifest import REFUSALS, Manifest, refusal
-from .records import STORE_FORMAT, STORE_FORMATS
+from .records import STORE_FORMAT, STORE_FORMATS, UPGRADED_FORMAT
 
 #: load_prefix holds values of at most this many bytes, and this many bytes in all.
 LOAD_ROW_MAX = 16 * 1024
@@ -115,6 +115,8 @@ class Store(abc.ABC):
         self._pass = threading.local()
         #: run hash -> its manifest as last read or written (None: absent or unreadable)
         self._manifests: dict[str, Manifest | None] = {}
+        #: whether small sub-step records are written deflated (a store of format 3)
+        self._deflate = False
         self._check_format()
 
     # -- what an engine implements (over bytes) ----------------------------------------
@@ -258,7 +260,11 @@ class Store(abc.ABC):
             return codec.encode(self._macs.v1, key, header, body, magic=codec.MAGIC)
         if self._macs.v2 is None:  # an earlier version's store that could not be upgraded
             raise self._unwritable or StoreError(f"the store at {self.path} cannot be written")
-        return codec.encode(self._macs.v2, key, header, body)
+        # r/<16 hex>/u/... and r/<16 hex>/w/...: a sub-step's record, deflated where it pays
+        sub = self._deflate and key[20:21] == "/" and key[19] in "uw" and key.startswith("r/")
+        return codec.encode(
+            self._macs.v2, key, header, body, deflated=self._macs.v3 if sub else None
+        )
 
     # -- freshness: the run's manifest (see .manifest) -------------------------------------
     def _check_current(self, key: str, raw: bytes, header: Header, refresh: bool) -> None:
@@ -574,7 +580,7 @@ class Store(abc.ABC):
                 f"the store at {self.path} has format {version}; this nbdurable reads format "
                 f"{STORE_FORMAT}. Upgrade nbdurable, or {self.elsewhere}."
             )
-        if found is None or self._domain(found) is None or version != STORE_FORMAT:
+        if found is None or self._domain(found) is None or version < UPGRADED_FORMAT:
             try:
                 found = self._atomically(layout.FORMAT_KEY, self._name_store)
             except StoreError as exc:
@@ -583,7 +589,8 @@ class Store(abc.ABC):
                 self._read_only(exc, found)
         domain = self._domain(found)
         if domain is not None:
-            self._macs = codec.Macs(self._macs.v1, codec.bind(self._macs.v1, domain))
+            self._macs = codec.Macs.bound(self._macs.v1, domain)
+            self._deflate = found.get("format") == 3
 
     def _read_only(self, exc: StoreError, found: Header) -> None:
         """An earlier version's store opened where it cannot be written (a read-only
@@ -609,18 +616,21 @@ class Store(abc.ABC):
         return codec.decode(self._macs, layout.FORMAT_KEY, raw, newer_ok=True)[0]
 
     def _name_store(self) -> Header:
-        """Write the format record at :data:`STORE_FORMAT`, with a store id if it has
-        none (inside a transaction).
+        """Write the format record, with a store id if it has none (inside a transaction):
+        a new store at :data:`STORE_FORMAT`, an earlier one at :data:`UPGRADED_FORMAT`.
 
         The format record is signed with the first scheme (no domain): it is
         what names the domain. Read again inside the transaction, so two
         processes opening a new store at once agree on one id.
         """
         found = self._read_format()
-        if found is not None and self._domain(found) and found.get("format") == STORE_FORMAT:
+        version = STORE_FORMAT if found is None else found.get("format")
+        if found is not None and self._domain(found) and version >= UPGRADED_FORMAT:
             return found
         new = dict(found or {"created": time.time()})
-        new["format"] = STORE_FORMAT  # an earlier version, reading format 1, refuses it now
+        # An earlier version, reading format 1 only, refuses it now; one reading format
+        # 2 still reads an upgraded store (see records.STORE_FORMATS).
+        new["format"] = max(version, UPGRADED_FORMAT)
         if self._domain(new) is None:  # an engine whose domain is its own name needs no id
             new["store"] = _secrets.token_hex(16)
         self.write({layout.FORMAT_KEY: self._encode(layout.FORMAT_KEY, new)})

@@ -294,7 +294,10 @@ class DiskStore(Store):
                     if fence is not None and not fence.held(self.read(fence.key)):
                         raise self._lost(fence)
                     for k, v in values.items():
-                        db.set(k, v, retry=False)
+                        # A new small record (a sub-step's, under its lease's fence): one
+                        # INSERT, as on the hot path above; a key that exists, Cache.set.
+                        if len(v) >= INLINE_MAX or not db.insert_new(k, v):
+                            db.set(k, v, retry=False)
                     for k in deletes:
                         db.delete(k, retry=False)
                     faults.point("store-write")

@@ -21,15 +21,21 @@ if TYPE_CHECKING:
 #: Format of a record of the first kind (a sub-step's): unchanged since the first
 #: version, and still written as 1.
 FORMAT_VERSION = 1
-#: On-disk format of the store, in its format record. Increment on breaking change;
+#: On-disk format of a new store, in its format record. Increment on breaking change;
 #: a store whose format this version does not read is refused on open with a clear
 #: message. Format 2: records are signed over the store's domain (``NBD\x02``, see
 #: :mod:`nbdurable.store.codec`), which nbdurable 0.1 cannot verify (its ``check``
-#: would delete them as foreign): it refuses a format-2 store instead.
-STORE_FORMAT = 2
-#: Store formats this version opens. A format-1 store is upgraded to 2 (given its
-#: store id) when first opened by a process that can write it.
-STORE_FORMATS = (1, 2)
+#: would delete them as foreign): it refuses a format-2 store instead. Format 3: its
+#: small sub-step records may be deflated (``NBD\x03``), which a reader of format 2
+#: cannot read: it refuses a format-3 store.
+STORE_FORMAT = 3
+#: Store formats this version opens. A format-1 store is upgraded to
+#: :data:`UPGRADED_FORMAT` (given its store id) when first opened by a process that
+#: can write it; a format-2 store stays at 2 (and its records are not deflated), so
+#: an existing store stays readable by the versions that wrote it.
+STORE_FORMATS = (1, 2, 3)
+#: What an earlier store is upgraded to: the least format with a store id.
+UPGRADED_FORMAT = 2
 #: Newest record format this version reads and writes. A step record of
 #: format 2 refers to format-2 blobs (see :mod:`nbdurable.store.blobs`), which
 #: nbdurable 0.1 cannot read: it refuses such a record as "newer, upgrade
@@ -243,9 +249,18 @@ class SubRecord(_Header):
     gen: int = 0
 
     def _encode(self, d: dict[str, Any]) -> dict[str, Any]:
-        if not d["printed"]:
-            del d["printed"]  # absent when the call printed nothing, as substeps writes it
+        # A field at its default is left out, as substeps writes the header (a sub-step
+        # record is mostly its header); every reader takes the default for it.
+        for name in _SUB_OMITTED:
+            if not d[name]:
+                del d[name]
+        if d["format"] == FORMAT_VERSION:
+            del d["format"]
         return d
+
+
+#: SubRecord fields left out of a header when empty.
+_SUB_OMITTED = ("callee_volatile", "mutated", "tokens", "printed")
 
 
 #: Variable kinds whose ``ref`` is a blob.

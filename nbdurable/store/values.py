@@ -533,10 +533,20 @@ def load_value(
     """
     token = sharing.load_namespace.set(namespace)
     try:
-        unpickler = _Unpickler(io.BytesIO(data), buffers=buffers or ())
-        return _load_hushed(unpickler.load), unpickler.plain and not buffers
+        unpickler = _QuietUnpickler(io.BytesIO(data), buffers=buffers or ())
+        return _deep(_quiet_load, unpickler), unpickler.plain and not buffers
     finally:
         sharing.load_namespace.reset(token)
+
+
+def _quiet_load(unpickler: _QuietUnpickler) -> Any:
+    """``unpickler.load()``, hushed as :func:`_load_hushed` hushes from the first code
+    it could run; on the thread that loads (see :func:`_deep`), as the hush is per thread.
+    """
+    try:
+        return unpickler.load()
+    finally:
+        unpickler.quiet.close()
 
 
 class _Unpickler(pickle.Unpickler):
@@ -645,6 +655,36 @@ _TRIAL_MODULES = frozenset(
 
 class _Untried(Exception):
     """A trial load was given up: the pickle needs a global it should not build."""
+
+
+class _QuietUnpickler(_Unpickler):
+    """An unpickler that enters the hush (:func:`nbdurable.hush.hush`, streams too) at
+    the first global it looks up or reference it resolves.
+
+    Only those run code: a class's ``__setstate__`` or ``__reduce__`` callable, a
+    reference's fingerprint hook, all come through :meth:`find_class` or
+    :meth:`persistent_load` first, and plain data (text, numbers, lists and dicts of
+    them: a sub-step's usual result) prints and warns nothing. Such a load skips
+    the hush, which costs several times the load itself. :func:`_quiet_load` leaves it.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.quiet = contextlib.ExitStack()
+        self.hushed = False
+
+    def _hush(self) -> None:
+        if not self.hushed:
+            self.hushed = True
+            self.quiet.enter_context(hush(streams=True))
+
+    def find_class(self, module: str, name: str) -> Any:
+        self._hush()
+        return super().find_class(module, name)
+
+    def persistent_load(self, pid: Any) -> Any:
+        self._hush()
+        return super().persistent_load(pid)
 
 
 class _TrialUnpickler(_Unpickler):
