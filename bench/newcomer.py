@@ -109,7 +109,9 @@ def main() -> int:
     def install() -> None:
         _run([sys.executable, "-m", "venv", str(venv)], work)
         env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
-        _run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "-e", ".[lab]"], clone, env)
+        _run(
+            [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "-e", ".[lab]"], clone, env
+        )
 
     _stage("pip install -e '.[lab]'", times, install)
     proc, url = _stage("jupyter lab answers", times, lambda: _lab(venv, clone, home))
@@ -124,19 +126,25 @@ def main() -> int:
                 page.wait_for_function(KERNEL_READY, timeout=120_000)
 
             def run_all(expect_text: str) -> None:
-                page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
-                expect(page.locator(".jp-OutputArea").filter(has_text=expect_text).first).to_be_visible(
-                    timeout=120_000
+                page.evaluate(
+                    "() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }"
                 )
+                expect(
+                    page.locator(".jp-OutputArea").filter(has_text=expect_text).first
+                ).to_be_visible(timeout=120_000)
                 expect(squares.first).to_be_visible(timeout=120_000)
 
             _stage("open quickstart, kernel idle", times, open_nb)
             _stage("Run All (records)", times, lambda: run_all("scratch ran at"))
 
             def restart_and_replay() -> None:
-                page.evaluate("() => window.jupyterapp.shell.currentWidget.sessionContext.session.kernel.restart()")
+                page.evaluate(
+                    "() => window.jupyterapp.shell.currentWidget.sessionContext.session.kernel.restart()"
+                )
                 page.wait_for_function(KERNEL_READY, timeout=120_000)
-                page.evaluate("() => { window.jupyterapp.commands.execute('notebook:clear-all-cell-outputs'); }")
+                page.evaluate(
+                    "() => { window.jupyterapp.commands.execute('notebook:clear-all-cell-outputs'); }"
+                )
                 run_all("replayed step 'squares'")
 
             _stage("restart, Run All (replays)", times, restart_and_replay)

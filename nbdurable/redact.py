@@ -151,9 +151,13 @@ KEY_FORMATS: dict[str, str] = {
 #: password parameter. Taken only where no key format matched.
 _LABELLED = {
     "credential": (
-        # (a digit is required: "a basic internationalization guide" is prose)
+        # A digit, or a capital after a small letter, is required: "a basic
+        # internationalization guide" is prose. Base64 may have neither digit nor
+        # padding ("user32:..." encodes to "dXNlcjMy..."), but a capital after a
+        # small letter it has (its "user" is always "dXNl").
         r"(?i:(?<![A-Za-z0-9_])(?:bearer|basic|token))[ \t]+"
-        r"(?P<secret>(?=[A-Za-z._~+/-]*[0-9])[A-Za-z0-9._~+/-]{16,}=*)",
+        r"(?P<secret>(?=[A-Za-z._~+/-]*[0-9]|[A-Za-z0-9._~+/-]*?[a-z][A-Za-z0-9._~+/-]*?[A-Z])"
+        r"[A-Za-z0-9._~+/-]{16,}=*)",
         r"://[^/\s:@]{1,64}:(?P<secret>[^/\s@]{3,})@",
         r"[?&;](?i:api[_-]?key|key|token|access[_-]?token|auth|password|passwd|pwd|secret)"
         r"=(?P<secret>[^&\s#\"';]{8,})",
