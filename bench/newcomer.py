@@ -45,6 +45,8 @@ KERNEL_READY = """() => {
         && nb.sessionContext.session.kernel;
     return k && k.connectionStatus === 'connected' && k.status === 'idle';
 }"""
+RESTART = "() => window.jupyterapp.shell.currentWidget.sessionContext.session.kernel.restart()"
+CLEAR = "() => { window.jupyterapp.commands.execute('notebook:clear-all-cell-outputs'); }"
 
 
 def _stage(name: str, times: dict[str, float], fn):
@@ -138,13 +140,9 @@ def main() -> int:
             _stage("Run All (records)", times, lambda: run_all("scratch ran at"))
 
             def restart_and_replay() -> None:
-                page.evaluate(
-                    "() => window.jupyterapp.shell.currentWidget.sessionContext.session.kernel.restart()"
-                )
+                page.evaluate(RESTART)
                 page.wait_for_function(KERNEL_READY, timeout=120_000)
-                page.evaluate(
-                    "() => { window.jupyterapp.commands.execute('notebook:clear-all-cell-outputs'); }"
-                )
+                page.evaluate(CLEAR)
                 run_all("replayed step 'squares'")
 
             _stage("restart, Run All (replays)", times, restart_and_replay)
