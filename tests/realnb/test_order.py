@@ -46,3 +46,17 @@ def test_past_the_deadline_only_ci_set_is_judged(monkeypatch):
         c.close()
     assert {n for n, r in results.items() if r is not None} == set(corpus.CI_SET) & set(names)
     assert sorted(judged) == sorted(set(corpus.CI_SET) & set(names))
+
+
+def test_a_notebook_starts_only_if_it_can_be_judged_in_time(monkeypatch):
+    monkeypatch.setattr(corpus, "judge", lambda spec: corpus.Result(spec.name))
+    light = min((n for n in NAMES if n not in corpus.CI_SET), key=corpus.SECONDS.get)
+    heavy = max(NAMES, key=corpus.SECONDS.get)
+    names = [n for n in (light, heavy) if not corpus._missing(corpus.BY_NAME[n])]
+    between = (corpus.SECONDS[light] + corpus.SECONDS[heavy]) / 2
+    c = corpus.Corpus(names, deadline=time.time() + between)
+    try:
+        judged = {n for n in c.futures if c.result(n) is not None}
+    finally:
+        c.close()
+    assert judged == {light} & set(names)
