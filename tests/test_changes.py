@@ -107,3 +107,19 @@ def test_a_tensor_written_through_another_tensor_on_its_memory_is_seen():
             model.weight.add_(1.0)
 
     assert changed_by(ns, train) == ["model", "sd"]
+
+
+def test_nbdurable_own_objects_are_never_a_change():
+    # A step panel kept in a variable is redrawn by its watcher thread while a
+    # step runs; the step must not take it for state it changed (and fail to save it).
+    from nbdurable.durable.changes import Tokens
+
+    Panel = type("Panel", (), {"__module__": "nbdurable.ipython.panel"})
+    Mine = type("Mine", (), {"__module__": "__main__"})
+    ns = {"p": Panel(), "m": Mine()}
+    ns["p"].rows = {}
+    ns["m"].rows = {}
+    tokens = Tokens(ns, ["p", "m"])
+    ns["p"].rows["a"] = 1
+    ns["m"].rows["a"] = 1
+    assert tokens.changed(ns) == ["m"]

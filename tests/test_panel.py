@@ -627,7 +627,8 @@ def test_another_process_pin_and_clear_show_by_themselves(every_state, request):
         with open_store(other) as store:  # as `nbdurable pin` opens it
             commands.set_pin(store, RUN, "name:research", True)
         wait_for(lambda: states(p)["research"] == "pinned", msg=lambda: states(p))
-        assert p.flushes > flushes
+        # the rows change before the watcher counts its flush: wait for it, not assert
+        wait_for(lambda: p.flushes > flushes, msg=lambda: f"{p.flushes} flushes")
         with open_store(other) as store:
             commands.clear(store, RUN, ["name:research"])
         wait_for(lambda: states(p)["research"] == "pending", msg=lambda: states(p))

@@ -65,6 +65,12 @@ _ATOM_TYPES = frozenset(_ATOMS)
 _HIDDEN = re.compile(r"^(_+|_\d+|_i+|_i\d+|_ih|_oh|_dh|In|Out|get_ipython|exit|quit)$")
 
 
+def _ours(value: Any) -> bool:
+    """An instance of one of nbdurable's own classes (a panel, a session)."""
+    module = getattr(type(value), "__module__", None) or ""
+    return module.startswith("nbdurable.") and not module.startswith("nbdurable.demo")
+
+
 def user_names(ns: Mapping[str, Any]) -> list[str]:
     """The names of ``ns`` that are the user's (not IPython's history and helpers)."""
     return [n for n in ns if not _HIDDEN.match(n)]
@@ -218,7 +224,9 @@ class Tokens:
     """Tokens of everything reachable from a namespace's variables, for :meth:`changed`."""
 
     def __init__(self, ns: Mapping[str, Any], names: Iterable[str]) -> None:
-        self.roots = {n: self._walk(ns[n]) for n in names if n in ns}
+        # nbdurable's own objects (a step panel in a variable, whose watcher thread
+        # redraws it while a step runs) are not the user's state: never a change.
+        self.roots = {n: self._walk(ns[n]) for n in names if n in ns and not _ours(ns[n])}
         #: name -> (the class, its attributes, its fingerprint) for notebook classes
         self.classes: dict[str, tuple[type, dict[str, Any], str]] = {}
         #: name -> {attribute: token} of a notebook class's list, dict and set
