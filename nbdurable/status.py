@@ -29,7 +29,7 @@ from typing import Any
 
 from . import dbwrites, procstate, why
 from .clients.usage import Tally
-from .identity import locate, verdict
+from .identity import cellpython, locate, verdict
 from .identity.analysis import (
     binds_unknown,
     constant_bindings,
@@ -89,18 +89,14 @@ class StepInfo:
         return d
 
 
-@functools.lru_cache(maxsize=512)
+@functools.lru_cache(maxsize=cellpython.CACHED)
 def _python_source_fp(body: str) -> str:
-    from IPython.core.inputtransformer2 import TransformerManager
-
-    try:
-        py = TransformerManager().transform_cell(body)
-    except Exception:  # a cell IPython cannot transform: compare raw text
-        py = body
-    return source_fingerprint(py)
+    py = cellpython.python_of(body)
+    # A cell IPython cannot transform: compare raw text.
+    return source_fingerprint(body if py is None else py)
 
 
-@functools.lru_cache(maxsize=512)
+@functools.lru_cache(maxsize=cellpython.CACHED)
 def _written(body: str) -> frozenset[str]:
     """The names a ``%%step`` cell body binds at top level.
 
@@ -109,13 +105,9 @@ def _written(body: str) -> frozenset[str]:
     module wait on any step that calls it. A step's record names what it
     really changed.
     """
-    from IPython.core.inputtransformer2 import TransformerManager
-
-    try:
-        py = TransformerManager().transform_cell(body)
-    except Exception:  # a cell IPython cannot transform: what its record saved must do
-        return frozenset()
-    return analyse(py).binds
+    py = cellpython.python_of(body)
+    # A cell IPython cannot transform: what its record saved must do.
+    return frozenset() if py is None else analyse(py).binds
 
 
 def _outcomes(recorded_source: str, body: str) -> dict[str, bool]:
@@ -136,14 +128,9 @@ def _outcomes(recorded_source: str, body: str) -> dict[str, bool]:
     }
 
 
-@functools.lru_cache(maxsize=512)
 def _python(body: str) -> str:
-    from IPython.core.inputtransformer2 import TransformerManager
-
-    try:
-        return TransformerManager().transform_cell(body)
-    except Exception:  # a cell IPython cannot transform: nothing is known of it
-        return ""
+    """The cell's Python ("": a cell IPython cannot transform, of which nothing is known)."""
+    return cellpython.python_of(body) or ""
 
 
 def step_infos(

@@ -23,6 +23,7 @@ exists only in memory) it is ``default``.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from dataclasses import dataclass
@@ -204,18 +205,21 @@ class StepCell:
     @property
     def key(self) -> str:
         """The key a kernel running this saved cell computes (see :mod:`.keys`)."""
-        from .keys import step_key
-
-        cid = None if self.name else self.cell_id
-        return step_key(self.name, cid, self.index, self.body)[0]
+        return self._key_label[0]
 
     @property
     def label(self) -> str:
         """Display label of the cell."""
+        return self._key_label[1]
+
+    @functools.cached_property
+    def _key_label(self) -> tuple[str, str]:
+        # Once per cell read: a view asks each cell's key and label, and the name's
+        # check (secrets among others) is not free on a notebook of thousands of steps.
         from .keys import step_key
 
         cid = None if self.name else self.cell_id
-        return step_key(self.name, cid, self.index, self.body)[1]
+        return step_key(self.name, cid, self.index, self.body)
 
 
 class NotebookFile:
