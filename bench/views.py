@@ -45,26 +45,29 @@ from pathlib import Path
 from typing import Any
 
 from bench.report import Table
-from bench.stats import fmt_us, perf_ns
+from bench.stats import fmt_us
 
-#: The sub-steps' function: a module without a file is identified by its name (see peers.py).
+#: The sub-steps' function and the loop the step bodies run, timing each call, in a
+#: module without a file: nbdurable identifies it by its name, as a library (see
+#: peers.py), and does not record its globals (the growing list of times) as
+#: process state the step changed, as it would for a global of a local module.
 _CALLS = types.ModuleType("bench_views_calls")
-exec("def fetch(i):\n    return i * 2\n", _CALLS.__dict__)
-#: Per-call times of the sub-steps, filled by :func:`timed_calls` (ns).
-TIMES: list[int] = []
-
-
-def timed_calls(start: int, count: int) -> int:
-    """Call ``step(f"c{i}", fetch, i)`` for ``count`` ids from ``start``, timing each call."""
-    from nbdurable import step
-
-    fetch, append, pc = _CALLS.fetch, TIMES.append, perf_ns
-    total = 0
-    for i in range(start, start + count):
-        t = pc()
-        total += step(f"c{i}", fetch, i)
-        append(pc() - t)
-    return total
+exec(
+    "from time import perf_counter_ns\n"
+    "from nbdurable import step\n"
+    "TIMES = []\n"
+    "def fetch(i):\n"
+    "    return i * 2\n"
+    "def timed_calls(start, count):\n"
+    "    total = 0\n"
+    "    for i in range(start, start + count):\n"
+    "        t = perf_counter_ns()\n"
+    "        total += step(f'c{i}', fetch, i)\n"
+    "        TIMES.append(perf_counter_ns() - t)\n"
+    "    return total\n",
+    _CALLS.__dict__,
+)
+timed_calls = _CALLS.timed_calls
 
 
 def _notebook(path: Path, cells: list[str]) -> None:
@@ -127,19 +130,19 @@ def many_substeps(root: Path, total: int, steps: int) -> tuple[Path, Any, list[i
     per = total // steps
     cells = [f"%%step b{k}\nr{k} = timed_calls({k * per}, {per})" for k in range(steps)]
     _notebook(nb, cells)
-    TIMES.clear()
+    _CALLS.TIMES.clear()
     session = _session(nb)
     with contextlib.redirect_stdout(io.StringIO()):
         _run_cells(session, cells)
-    record = list(TIMES)
+    record = list(_CALLS.TIMES)
     session.store.close()
-    TIMES.clear()
+    _CALLS.TIMES.clear()
     session = _session(nb)
     for k in range(steps):  # each body again, as after a crash: every call replays
         session.current = StepContext(f"name:b{k}", f"b{k}")
         timed_calls(k * per, per)
     session.current = None
-    replay = list(TIMES)
+    replay = list(_CALLS.TIMES)
     return nb, session, record, replay
 
 

@@ -160,6 +160,7 @@ def step_infos(
     view = RunView(store, run_id)
     records, states, live = view.records(), view.states(), live or {}
     judge.records_of, judge.view = records, view
+    judge.kept = versions.kept_by_step(store, view.keys)
     cells: list[locate.StepCell] = []
     plain: list[tuple[int, str]] = []
     if notebook is not None:
@@ -271,7 +272,7 @@ def _info(
         tokens=Tally.from_json(rec.tokens).total.total if rec else 0,
         next_run=_db_next(db, state),
         version=step_version(rec.source_fp, rec.inputs)[:8] if rec else "",
-        versions=len(versions.kept(view.store, view.keys, key)),
+        versions=len(judge.kept.get(key, ())),
         why=lines,
     )
 
@@ -308,6 +309,8 @@ class _Judge:
     local_dir: Path | None = None
     #: each step with an approval waiting for a decision -> the line that says which, and how
     asked: dict[str, str] = field(default_factory=dict)
+    #: each step's earlier versions its archive keeps (see store.versions), read once
+    kept: dict[str, list[str]] = field(default_factory=dict)
 
     def now_of(self, rec: StepRecord) -> Callable[[str], str | None]:
         """What each input of ``rec`` is now, as "why" shows it, where known."""
@@ -446,12 +449,7 @@ class _Judge:
             plain_now=self._plain_now(rec.plain),
         )
         view = self.view
-        if (
-            why is not None
-            and verdict.PLAIN_REBOUND in why
-            and view is not None
-            and versions.kept(view.store, view.keys, rec.key)
-        ):
+        if why is not None and verdict.PLAIN_REBOUND in why and self.kept.get(rec.key):
             # A Run All brings back a kept version recorded from that value, if one was:
             # which one is not known without the kernel's fingerprints.
             return f"{verdict.MAY_RUN}{why}: replays a kept version recorded from it, if any"

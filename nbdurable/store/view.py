@@ -55,10 +55,12 @@ class RunView:
         (its signature fails, or its header does not decode).
         """
         got = self.store.get(self.keys.step(step))
-        if got is None:
-            return None
+        return None if got is None else self._step_record(step, got[0])
+
+    @staticmethod
+    def _step_record(step: str, header: dict[str, Any]) -> StepRecord:
         try:
-            return StepRecord.from_header(got[0])
+            return StepRecord.from_header(header)
         except (KeyError, TypeError) as exc:
             raise CorruptRecord(f"step record {step!r} is malformed ({exc!r})") from exc
 
@@ -74,13 +76,16 @@ class RunView:
         """Every step record of the run by step key; None for one that cannot be used."""
         out: dict[str, StepRecord | None] = {}
         prefix = self.keys.steps
-        with self.store.reading():  # the run's manifest read once, not once per step
-            for k in self.store.scan(prefix):
-                step = k[len(prefix) :]
-                try:
-                    out[step] = self.record(step)
-                except CorruptRecord:
-                    out[step] = None
+        # One range read, the run's manifest read afresh once at its start (not a
+        # read per step: a view of thousands of steps); each record verified as get() does.
+        loaded = self.store.load_prefix(prefix)
+        for k in list(loaded):
+            step = k[len(prefix) :]
+            try:
+                got = self.store.get_loaded(k, loaded.pop(k))
+                out[step] = None if got is None else self._step_record(step, got[0])
+            except CorruptRecord:
+                out[step] = None
         return out
 
     def states(self) -> dict[str, StepState]:
