@@ -160,7 +160,9 @@ def step_infos(
     view = RunView(store, run_id)
     records, states, live = view.records(), view.states(), live or {}
     judge.records_of, judge.view = records, view
+    # Read once for every row (a query per step each was most of a large run's view).
     judge.kept = versions.kept_by_step(store, view.keys)
+    judge.subs, judge.sizes = view.all_sub_stats(), view.step_sizes()
     cells: list[locate.StepCell] = []
     plain: list[tuple[int, str]] = []
     if notebook is not None:
@@ -217,7 +219,7 @@ def step_infos(
         )
         judge.passed(info, frozenset(), rec)
         rows.append(info)
-    n, size = view.sub_stats(RUN_SCOPE)
+    n, size = judge.subs.get(RUN_SCOPE, (0, 0))
     if n:
         rows.append(
             StepInfo(RUN_SCOPE, "(outside steps)", "recorded", substeps=n, size=size, calls=n)
@@ -245,8 +247,8 @@ def _info(
     judge: _Judge,
 ) -> StepInfo:
     st = st or StepState()
-    subs, sub_bytes = view.sub_stats(key)
-    size = sub_bytes + (view.store.size_of(view.keys.step(key)) if rec else 0)
+    subs, sub_bytes = judge.subs.get(key, (0, 0))
+    size = sub_bytes + (judge.sizes.get(key, 0) if rec else 0)
     if rec is not None:
         size += sum(v.size for v in rec.variables)
     db = dbwrites.decide(rec)  # once per row: its state and its next run both follow it
@@ -311,6 +313,9 @@ class _Judge:
     asked: dict[str, str] = field(default_factory=dict)
     #: each step's earlier versions its archive keeps (see store.versions), read once
     kept: dict[str, list[str]] = field(default_factory=dict)
+    #: ``(count, bytes)`` of each scope's sub-step records, and each step record's bytes
+    subs: dict[str, tuple[int, int]] = field(default_factory=dict)
+    sizes: dict[str, int] = field(default_factory=dict)
 
     def now_of(self, rec: StepRecord) -> Callable[[str], str | None]:
         """What each input of ``rec`` is now, as "why" shows it, where known."""

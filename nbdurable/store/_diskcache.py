@@ -167,6 +167,20 @@ class Rows:
         ).fetchone()
         return int(row[0]), int(row[1])
 
+    def stats_by_scope(self, prefix: str, upper: str) -> dict[str, tuple[int, int]]:
+        """:meth:`stats` of the keys in ``[prefix, upper)`` grouped by the part of each key
+        after ``prefix`` up to its next ``/``: one pass over the range's rows.
+        """
+        rows = self.cache._sql(
+            "SELECT CASE WHEN instr(rest, '/') = 0 THEN rest "
+            "ELSE substr(rest, 1, instr(rest, '/') - 1) END AS scope, "
+            "COUNT(*), COALESCE(SUM(n), 0) FROM ("
+            "SELECT substr(key, ?) AS rest, size + COALESCE(LENGTH(value), 0) AS n "
+            "FROM Cache WHERE raw = 1 AND key >= ? AND key < ?) GROUP BY scope",
+            (len(prefix) + 1, prefix, upper),
+        ).fetchall()
+        return {r[0]: (int(r[1]), int(r[2])) for r in rows}
+
     def size_of(self, key: str) -> int:
         """Bytes stored for ``key`` (0 if absent)."""
         row = self.cache._sql(

@@ -115,6 +115,14 @@ class RunView:
         """``(count, bytes)`` of the sub-step records of ``scope``."""
         return self.store.stats(self.keys.subs_prefix(scope))
 
+    def all_sub_stats(self) -> dict[str, tuple[int, int]]:
+        """:meth:`sub_stats` of every scope that has sub-step records, in one read."""
+        return self.store.stats_by_scope(self.keys.all_subs)
+
+    def step_sizes(self) -> dict[str, int]:
+        """Bytes stored for each step record of the run, by step key, in one read."""
+        return {k: size for k, (_, size) in self.store.stats_by_scope(self.keys.steps).items()}
+
     def sub_ids(self, scope: str) -> set[str]:
         """The ids of the sub-step records of ``scope`` (a key scan: no value is read)."""
         prefix = self.keys.subs_prefix(scope)
