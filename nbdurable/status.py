@@ -158,11 +158,13 @@ def step_infos(
     for p in approvals.pending(store, run_id):
         judge.asked.setdefault(p.scope, approvals.waiting_line(p, nb_name))
     view = RunView(store, run_id)
-    records, states, live = view.records(), view.states(), live or {}
+    sized = view.records_sized()
+    records = {step: rec for step, (rec, _) in sized.items()}
+    states, live = view.states(), live or {}
     judge.records_of, judge.view = records, view
     # Read once for every row (a query per step each was most of a large run's view).
     judge.kept = versions.kept_by_step(store, view.keys)
-    judge.subs, judge.sizes = view.all_sub_stats(), view.step_sizes()
+    judge.subs, judge.sizes = view.all_sub_stats(), {k: size for k, (_, size) in sized.items()}
     cells: list[locate.StepCell] = []
     plain: list[tuple[int, str]] = []
     if notebook is not None:

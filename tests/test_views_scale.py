@@ -19,7 +19,7 @@ import pytest
 from bench import views
 from nbdurable import status
 from nbdurable.identity import cellpython, locate
-from nbdurable.store import open_store
+from nbdurable.store import RunView, open_store
 from nbdurable.store.base import Store
 
 #: The store's reads, each counted (the engine's primitives and the record reads on them).
@@ -60,6 +60,24 @@ def test_a_views_reads_do_not_grow_with_the_steps(tmp_path, monkeypatch):
     assert len(rows_few) == 3
     assert all(r.size > 0 for r in rows_many)
     assert many == few, f"reads grew with the steps: {dict(few)} -> {dict(many)}"
+
+
+def test_sizes_and_counts_read_at_once_are_those_read_one_by_one(tmp_path):
+    """Each row's size (its record, its variables, its sub-steps) and sub-step count, read
+    for all rows in one go, are what the store says of that step alone."""
+    nb, session, _, _ = views.many_substeps(tmp_path, 60, 3)
+    session.store.close()
+    directory = locate.store_dir(nb)
+    with open_store(directory) as store:
+        view = RunView(store, locate.run_id_for(nb, directory))
+        rows = status.step_infos(store, view.run_id, nb)
+        assert [r.substeps for r in rows] == [20, 20, 20]
+        for r in rows:
+            rec = view.record(r.key)
+            assert rec is not None
+            subs, sub_bytes = view.sub_stats(r.key)
+            alone = store.size_of(view.keys.step(r.key)) + sum(v.size for v in rec.variables)
+            assert (r.substeps, r.size) == (subs, sub_bytes + alone)
 
 
 def test_a_second_look_analyses_no_cell_again(tmp_path, monkeypatch):

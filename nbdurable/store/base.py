@@ -150,7 +150,7 @@ class Store(abc.ABC):
 
     def stats_by_scope(self, prefix: str) -> dict[str, tuple[int, int]]:
         """``(count, bytes)`` of the keys under ``prefix``, by scope: the part of each key
-        after ``prefix`` up to its next ``/`` (all of it where there is none).
+        after ``prefix`` up to its next ``/`` (a key with none is in no scope).
 
         What :meth:`stats` gives for each ``prefix + scope + "/"``, in one read: a view of
         thousands of steps asks it once, not once per step. Engines answer it in one
@@ -158,7 +158,9 @@ class Store(abc.ABC):
         """
         out: dict[str, tuple[int, int]] = {}
         for key in self.scan(prefix):
-            scope = key[len(prefix) :].partition("/")[0]
+            scope, slash, _ = key[len(prefix) :].partition("/")
+            if not slash:
+                continue
             n, size = out.get(scope, (0, 0))
             out[scope] = (n + 1, size + self.size_of(key))
         return out

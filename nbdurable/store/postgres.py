@@ -328,9 +328,11 @@ class PgStore(Store):
         """``(count, bytes)`` of the keys under ``prefix`` by scope (see :class:`Store`)."""
         sql = (
             f"SELECT split_part(substr(key, %s), '/', 1), count(*), coalesce(sum(size), 0) "
-            f"FROM {self._t}.kv WHERE key >= %s AND key < %s GROUP BY 1"
+            f"FROM {self._t}.kv WHERE key >= %s AND key < %s AND strpos(substr(key, %s), '/') > 0 "
+            "GROUP BY 1"
         )
-        args = (len(prefix) + 1, prefix, layout.upper(prefix))
+        n = len(prefix) + 1
+        args = (n, prefix, layout.upper(prefix), n)
         rows = self._run("read", lambda c: c.execute(sql, args).fetchall(), tx=False)
         return {r[0]: (int(r[1]), int(r[2])) for r in rows}
 

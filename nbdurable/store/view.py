@@ -74,18 +74,25 @@ class RunView:
 
     def records(self) -> dict[str, StepRecord | None]:
         """Every step record of the run by step key; None for one that cannot be used."""
-        out: dict[str, StepRecord | None] = {}
+        return {step: rec for step, (rec, _) in self.records_sized().items()}
+
+    def records_sized(self) -> dict[str, tuple[StepRecord | None, int]]:
+        """:meth:`records`, each with the bytes its record takes in the store (``size_of``)."""
+        out: dict[str, tuple[StepRecord | None, int]] = {}
         prefix = self.keys.steps
         # One range read, the run's manifest read afresh once at its start (not a
         # read per step: a view of thousands of steps); each record verified as get() does.
         loaded = self.store.load_prefix(prefix)
         for k in list(loaded):
-            step = k[len(prefix) :]
+            step, raw = k[len(prefix) :], loaded.pop(k)
+            # A record the range read left out (a large one) is read, and sized, alone.
+            size = len(raw) if raw is not None else self.store.size_of(k)
             try:
-                got = self.store.get_loaded(k, loaded.pop(k))
-                out[step] = None if got is None else self._step_record(step, got[0])
+                got = self.store.get_loaded(k, raw)
+                rec = None if got is None else self._step_record(step, got[0])
             except CorruptRecord:
-                out[step] = None
+                rec = None
+            out[step] = (rec, size)
         return out
 
     def states(self) -> dict[str, StepState]:
@@ -118,10 +125,6 @@ class RunView:
     def all_sub_stats(self) -> dict[str, tuple[int, int]]:
         """:meth:`sub_stats` of every scope that has sub-step records, in one read."""
         return self.store.stats_by_scope(self.keys.all_subs)
-
-    def step_sizes(self) -> dict[str, int]:
-        """Bytes stored for each step record of the run, by step key, in one read."""
-        return {k: size for k, (_, size) in self.store.stats_by_scope(self.keys.steps).items()}
 
     def sub_ids(self, scope: str) -> set[str]:
         """The ids of the sub-step records of ``scope`` (a key scan: no value is read)."""
