@@ -181,7 +181,6 @@ def step_infos(
             continue
         seen.add(key)
         info = _info(
-            view,
             key,
             cell.label,
             cell.index,
@@ -207,7 +206,6 @@ def step_infos(
         label = (rec.name if rec else None) or (st.name if st else None) or key
         pos = rec.position if rec else (st.position if st else None)
         info = _info(
-            view,
             key,
             label,
             pos,
@@ -237,7 +235,6 @@ def pending_infos(notebook: Path) -> list[StepInfo]:
 
 
 def _info(
-    view: RunView,
     key: str,
     label: str,
     position: int | None,
