@@ -20,7 +20,6 @@ saved.
 
 from __future__ import annotations
 
-import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -89,14 +88,14 @@ class StepInfo:
         return d
 
 
-@functools.lru_cache(maxsize=cellpython.CACHED)
+@cellpython.by_text
 def _python_source_fp(body: str) -> str:
     py = cellpython.python_of(body)
     # A cell IPython cannot transform: compare raw text.
     return source_fingerprint(body if py is None else py)
 
 
-@functools.lru_cache(maxsize=cellpython.CACHED)
+@cellpython.by_text
 def _written(body: str) -> frozenset[str]:
     """The names a ``%%step`` cell body binds at top level.
 

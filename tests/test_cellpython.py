@@ -165,3 +165,15 @@ def test_answers_are_cached_by_text(monkeypatch: pytest.MonkeyPatch) -> None:
         cellpython.python_of("a = 1")
         cellpython.python_of("b = 2")
     assert seen == ["a = 1", "b = 2"]
+
+
+def test_a_very_long_cell_is_not_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cell of megabytes (data pasted in) is transformed on each look, not held."""
+    seen: list[int] = []
+    real = cellpython._transform
+    monkeypatch.setattr(cellpython, "_transform", lambda b: seen.append(len(b)) or real(b))
+    cellpython.python_of.cache_clear()
+    big = "x = " + "1" * cellpython.CACHED_CHARS
+    for _ in range(2):
+        cellpython.python_of(big)
+    assert seen == [len(big)] * 2

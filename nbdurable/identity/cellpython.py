@@ -28,8 +28,9 @@ and skips the token passes for a cell in which none could find anything:
   reports as a failure (None here), so such a cell goes through the manager.
 
 Either way the answer is the manager's own. Answers are cached by the
-cell's text: a view reading a notebook again (the side panel polls, the
-widget panel refreshes) transforms only the cells that changed.
+cell's text (:func:`by_text`, which the views' other per-cell analyses use
+too): a view reading a notebook again (the side panel polls, the widget
+panel refreshes) transforms only the cells that changed.
 """
 
 from __future__ import annotations
@@ -38,9 +39,15 @@ import ast
 import functools
 import re
 import warnings
+from collections.abc import Callable
+from typing import TypeVar
 
-#: Distinct cell texts kept (a notebook of this many steps is read with no transform).
+T = TypeVar("T")
+
+#: Distinct cell texts kept (a notebook of this many steps is read with no transform),
+#: each at most this long (a cell holding megabytes of data is transformed each time).
 CACHED = 8192
+CACHED_CHARS = 65_536
 
 _SCREEN = re.compile(
     r"[?]"  # help (x?, ?x, x??)
@@ -91,7 +98,21 @@ def _transform(body: str) -> str:
     return "".join(tm.do_token_transforms(lines))  # type: ignore[attr-defined]
 
 
-@functools.lru_cache(maxsize=CACHED)
+def by_text(fn: Callable[[str], T]) -> Callable[[str], T]:
+    """``fn`` of a cell's text, its answers kept for :data:`CACHED` texts of at most
+    :data:`CACHED_CHARS` (``.cache_clear()`` empties them).
+    """
+    cached = functools.lru_cache(maxsize=CACHED)(fn)
+
+    @functools.wraps(fn)
+    def of(body: str) -> T:
+        return cached(body) if len(body) <= CACHED_CHARS else fn(body)
+
+    of.cache_clear = cached.cache_clear  # type: ignore[attr-defined]
+    return of
+
+
+@by_text
 def python_of(body: str) -> str | None:
     """The Python IPython runs for the cell text ``body``; None if IPython cannot transform it."""
     return _transform_or_none(body)
