@@ -82,17 +82,18 @@ class RunView:
         prefix = self.keys.steps
         # One range read, the run's manifest read afresh once at its start (not a
         # read per step: a view of thousands of steps); each record verified as get() does.
-        loaded = self.store.load_prefix(prefix)
-        for k in list(loaded):
-            step, raw = k[len(prefix) :], loaded.pop(k)
-            # A record the range read left out (a large one) is read, and sized, alone.
-            size = len(raw) if raw is not None else self.store.size_of(k)
-            try:
-                got = self.store.get_loaded(k, raw)
-                rec = None if got is None else self._step_record(step, got[0])
-            except CorruptRecord:
-                rec = None
-            out[step] = (rec, size)
+        with self.store.reading():  # a large record read alone does not read it again
+            loaded = self.store.load_prefix(prefix)
+            for k in list(loaded):
+                step, raw = k[len(prefix) :], loaded.pop(k)
+                # A record the range read left out (a large one) is read, and sized, alone.
+                size = len(raw) if raw is not None else self.store.size_of(k)
+                try:
+                    got = self.store.get_loaded(k, raw)
+                    rec = None if got is None else self._step_record(step, got[0])
+                except CorruptRecord:
+                    rec = None
+                out[step] = (rec, size)
         return out
 
     def states(self) -> dict[str, StepState]:
