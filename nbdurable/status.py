@@ -20,7 +20,6 @@ saved.
 
 from __future__ import annotations
 
-import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -29,7 +28,7 @@ from typing import Any
 
 from . import dbwrites, procstate, why
 from .clients.usage import Tally
-from .identity import locate, verdict
+from .identity import cellpython, locate, verdict
 from .identity.analysis import (
     binds_unknown,
     constant_bindings,
@@ -89,18 +88,14 @@ class StepInfo:
         return d
 
 
-@functools.lru_cache(maxsize=512)
+@cellpython.by_text
 def _python_source_fp(body: str) -> str:
-    from IPython.core.inputtransformer2 import TransformerManager
-
-    try:
-        py = TransformerManager().transform_cell(body)
-    except Exception:  # a cell IPython cannot transform: compare raw text
-        py = body
-    return source_fingerprint(py)
+    py = cellpython.python_of(body)
+    # A cell IPython cannot transform: compare raw text.
+    return source_fingerprint(body if py is None else py)
 
 
-@functools.lru_cache(maxsize=512)
+@cellpython.by_text
 def _written(body: str) -> frozenset[str]:
     """The names a ``%%step`` cell body binds at top level.
 
@@ -109,13 +104,9 @@ def _written(body: str) -> frozenset[str]:
     module wait on any step that calls it. A step's record names what it
     really changed.
     """
-    from IPython.core.inputtransformer2 import TransformerManager
-
-    try:
-        py = TransformerManager().transform_cell(body)
-    except Exception:  # a cell IPython cannot transform: what its record saved must do
-        return frozenset()
-    return analyse(py).binds
+    py = cellpython.python_of(body)
+    # A cell IPython cannot transform: what its record saved must do.
+    return frozenset() if py is None else analyse(py).binds
 
 
 def _outcomes(recorded_source: str, body: str) -> dict[str, bool]:
@@ -136,14 +127,9 @@ def _outcomes(recorded_source: str, body: str) -> dict[str, bool]:
     }
 
 
-@functools.lru_cache(maxsize=512)
 def _python(body: str) -> str:
-    from IPython.core.inputtransformer2 import TransformerManager
-
-    try:
-        return TransformerManager().transform_cell(body)
-    except Exception:  # a cell IPython cannot transform: nothing is known of it
-        return ""
+    """The cell's Python ("": a cell IPython cannot transform, of which nothing is known)."""
+    return cellpython.python_of(body) or ""
 
 
 def step_infos(
@@ -171,8 +157,13 @@ def step_infos(
     for p in approvals.pending(store, run_id):
         judge.asked.setdefault(p.scope, approvals.waiting_line(p, nb_name))
     view = RunView(store, run_id)
-    records, states, live = view.records(), view.states(), live or {}
+    sized = view.records_sized()
+    records = {step: rec for step, (rec, _) in sized.items()}
+    states, live = view.states(), live or {}
     judge.records_of, judge.view = records, view
+    # Read once for every row (a query per step each was most of a large run's view).
+    judge.kept = versions.kept_by_step(store, view.keys)
+    judge.subs, judge.sizes = view.all_sub_stats(), {k: size for k, (_, size) in sized.items()}
     cells: list[locate.StepCell] = []
     plain: list[tuple[int, str]] = []
     if notebook is not None:
@@ -189,7 +180,6 @@ def step_infos(
             continue
         seen.add(key)
         info = _info(
-            view,
             key,
             cell.label,
             cell.index,
@@ -215,7 +205,6 @@ def step_infos(
         label = (rec.name if rec else None) or (st.name if st else None) or key
         pos = rec.position if rec else (st.position if st else None)
         info = _info(
-            view,
             key,
             label,
             pos,
@@ -229,7 +218,7 @@ def step_infos(
         )
         judge.passed(info, frozenset(), rec)
         rows.append(info)
-    n, size = view.sub_stats(RUN_SCOPE)
+    n, size = judge.subs.get(RUN_SCOPE, (0, 0))
     if n:
         rows.append(
             StepInfo(RUN_SCOPE, "(outside steps)", "recorded", substeps=n, size=size, calls=n)
@@ -245,7 +234,6 @@ def pending_infos(notebook: Path) -> list[StepInfo]:
 
 
 def _info(
-    view: RunView,
     key: str,
     label: str,
     position: int | None,
@@ -257,8 +245,8 @@ def _info(
     judge: _Judge,
 ) -> StepInfo:
     st = st or StepState()
-    subs, sub_bytes = view.sub_stats(key)
-    size = sub_bytes + (view.store.size_of(view.keys.step(key)) if rec else 0)
+    subs, sub_bytes = judge.subs.get(key, (0, 0))
+    size = sub_bytes + (judge.sizes.get(key, 0) if rec else 0)
     if rec is not None:
         size += sum(v.size for v in rec.variables)
     db = dbwrites.decide(rec)  # once per row: its state and its next run both follow it
@@ -284,7 +272,7 @@ def _info(
         tokens=Tally.from_json(rec.tokens).total.total if rec else 0,
         next_run=_db_next(db, state),
         version=step_version(rec.source_fp, rec.inputs)[:8] if rec else "",
-        versions=len(versions.kept(view.store, view.keys, key)),
+        versions=len(judge.kept.get(key, ())),
         why=lines,
     )
 
@@ -321,6 +309,11 @@ class _Judge:
     local_dir: Path | None = None
     #: each step with an approval waiting for a decision -> the line that says which, and how
     asked: dict[str, str] = field(default_factory=dict)
+    #: each step's earlier versions its archive keeps (see store.versions), read once
+    kept: dict[str, list[str]] = field(default_factory=dict)
+    #: ``(count, bytes)`` of each scope's sub-step records, and each step record's bytes
+    subs: dict[str, tuple[int, int]] = field(default_factory=dict)
+    sizes: dict[str, int] = field(default_factory=dict)
 
     def now_of(self, rec: StepRecord) -> Callable[[str], str | None]:
         """What each input of ``rec`` is now, as "why" shows it, where known."""
@@ -459,12 +452,7 @@ class _Judge:
             plain_now=self._plain_now(rec.plain),
         )
         view = self.view
-        if (
-            why is not None
-            and verdict.PLAIN_REBOUND in why
-            and view is not None
-            and versions.kept(view.store, view.keys, rec.key)
-        ):
+        if why is not None and verdict.PLAIN_REBOUND in why and self.kept.get(rec.key):
             # A Run All brings back a kept version recorded from that value, if one was:
             # which one is not known without the kernel's fingerprints.
             return f"{verdict.MAY_RUN}{why}: replays a kept version recorded from it, if any"

@@ -37,6 +37,7 @@ SECTIONS = [
     "5a. Store size",
     "5b. Store size",
     "6. Costs against the floor",
+    "7. Views and sub-steps at scale",
     "Targets (issue #6)",
 ]
 

@@ -416,3 +416,26 @@ def test_a_failed_sub_step_can_be_retried_with_the_same_id(store, monkeypatch):
     assert len(attempts) == 3
     with pytest.raises(UsageProblem, match="already used in this step"):
         substeps.step("ask", flaky)  # a second *successful* use is still refused
+
+
+def test_stats_by_scope_is_stats_of_each_scope_in_one_read(any_store):
+    """A view of many steps reads every scope's (count, bytes) in one statement; each
+    is what stats() says of that scope alone, on every engine."""
+    from nbdurable.store.base import Store
+
+    prefix = "r/0123456789abcdef/u/"
+    any_store.put(prefix + "name:a/1", {"kind": "sub"}, b"x" * 10)
+    any_store.put(prefix + "name:a/2", {"kind": "sub"}, b"x" * 300)
+    any_store.put(prefix + "name:a.b/1", {"kind": "sub"}, b"y")
+    any_store.put(prefix + "~run/k/with/slashes", {"kind": "sub"}, b"z" * 7)
+    any_store.put(prefix + "loose", {"kind": "sub"}, b"")  # no "/" after the scope
+    any_store.put(prefix + "name:a-", {"kind": "sub"}, b"")  # sorts between scopes
+    any_store.put(prefix + "name:a-/1", {"kind": "sub"}, b"w")
+    any_store.put("r/0123456789abcdef/s/name:a", {"kind": "step"}, b"")  # not under prefix
+    got = any_store.stats_by_scope(prefix)
+    assert set(got) == {"name:a", "name:a.b", "name:a-", "~run"}  # "loose": no "/", no scope
+    for scope in ("name:a", "name:a.b", "name:a-", "~run"):
+        assert got[scope] == any_store.stats(f"{prefix}{scope}/")
+    assert got["name:a"][0] == 2 and got["name:a"][1] > 310
+    assert Store.stats_by_scope(any_store, prefix) == got  # the default agrees with the engine
+    assert any_store.stats_by_scope("r/fedcba9876543210/u/") == {}

@@ -53,3 +53,26 @@ def test_the_committed_build_bundles_this_vocabulary():
         strings += [name, state["glyph"], state["next_run"]]
     missing = [s for s in strings if json.dumps(s, ensure_ascii=False)[1:-1] not in built]
     assert not missing, f"the prebuilt extension lacks {missing}: run js/build.sh"
+
+
+def test_the_step_line_splits_as_shlex_does() -> None:
+    """A plain line is split without shlex's per-character loop, into the same words;
+    a line with quotes, backslashes or unusual whitespace still goes through shlex."""
+    import random
+    import shlex
+
+    from nbdurable.identity import stepline
+
+    alphabet = ["a", "b", "-", "_", ".", ":", " ", "\t", "\r", "\n", "\f", "\v", "\xa0",
+                "'", '"', "\\", "#", "*", "--force", "--inputs", "x*"]  # fmt: skip
+    rnd = random.Random(7)
+    plain = 0
+    for _ in range(3000):
+        line = "".join(rnd.choice(alphabet) for _ in range(rnd.randrange(12)))
+        if stepline._PLAIN_WORDS.fullmatch(line):
+            plain += 1
+            assert line.split() == shlex.split(line), repr(line)
+    assert 300 < plain < 2900
+    assert stepline._PLAIN_WORDS.fullmatch(" plan  --force\t--inputs a* ")
+    for odd in ("'plan'", 'a "b c"', "a\\ b", "a\fb", "a\xa0b"):
+        assert not stepline._PLAIN_WORDS.fullmatch(odd)

@@ -489,7 +489,11 @@ def analyse(source: str) -> CellAnalysis:
             elif isinstance(n, (ast.Import, ast.ImportFrom)):
                 binds.update(_import_names(n))
         mutates = {n.id for n in named}
-    return CellAnalysis(frozenset(reads), frozenset(binds), frozenset(mutates), _has_await(tree))
+    # Without the words (in ASCII text) there is no await, async for or async with to find.
+    maybe_async = not source.isascii() or "await" in source or "async" in source
+    return CellAnalysis(
+        frozenset(reads), frozenset(binds), frozenset(mutates), maybe_async and _has_await(tree)
+    )
 
 
 def imported_modules(source: str, package: str = "") -> frozenset[str]:

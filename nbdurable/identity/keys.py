@@ -52,6 +52,7 @@ code or inputs change, distinct between sub-steps.
 from __future__ import annotations
 
 import ast
+import functools
 import hashlib
 import re
 
@@ -125,12 +126,19 @@ def _shown(value: str) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
+@functools.lru_cache(maxsize=8192)
+def _key_names_of(text: str) -> tuple[str, ...]:
+    # The key patterns are fixed: a name is searched once per process, not once per
+    # look (a view checks every saved step's name each time it reads the notebook).
+    return tuple(redact.name_key_names(text))
+
+
 def refuse_secret(text: str, what: str) -> None:
     """Raise :class:`UsageProblem` if ``text`` (a name or id, which becomes part of a
     record's key and header, never redacted there) holds a key or an environment
     secret; the message names what, never the text.
     """
-    found = redact.name_key_names(text)
+    found = list(_key_names_of(text))
     found += [n for n, v in redact.secrets_in_env().items() if v.decode("utf-8", "replace") in text]
     if found:
         raise UsageProblem(

@@ -23,11 +23,14 @@ exists only in memory) it is ``default``.
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import json
 import os
+import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..errors import UsageProblem
 from . import stepline
@@ -204,18 +207,21 @@ class StepCell:
     @property
     def key(self) -> str:
         """The key a kernel running this saved cell computes (see :mod:`.keys`)."""
-        from .keys import step_key
-
-        cid = None if self.name else self.cell_id
-        return step_key(self.name, cid, self.index, self.body)[0]
+        return self._key_label[0]
 
     @property
     def label(self) -> str:
         """Display label of the cell."""
+        return self._key_label[1]
+
+    @functools.cached_property
+    def _key_label(self) -> tuple[str, str]:
+        # Once per cell read: a view asks each cell's key and label, and the name's
+        # check (secrets among others) is not free on a notebook of thousands of steps.
         from .keys import step_key
 
         cid = None if self.name else self.cell_id
-        return step_key(self.name, cid, self.index, self.body)[1]
+        return step_key(self.name, cid, self.index, self.body)
 
 
 class NotebookFile:
@@ -239,20 +245,13 @@ class NotebookFile:
         stamp = (st.st_mtime_ns, st.st_size)
         if stamp == self._stamp:
             return True
-        try:
-            data = json.loads(self.path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
+        parsed = _read_saved(self.path)
+        if parsed is None:
             return False
         self._stamp = stamp
-        major, minor = data.get("nbformat", 4), data.get("nbformat_minor", 0)
-        self.ids_persist = (major, minor) >= (4, 5)
-        self.cells = step_cells(data.get("cells", []), self.ids_persist)
-        steps = {c.index for c in self.cells}
-        self.plain = [
-            (i, "".join(src) if isinstance(src := cell.get("source", ""), list) else src)
-            for i, cell in enumerate(data.get("cells", []))
-            if cell.get("cell_type") == "code" and i not in steps
-        ]
+        self.ids_persist = parsed.ids_persist
+        # Copies: a reader may consume its lists (the status rows pop the plain cells).
+        self.cells, self.plain = list(parsed.cells), list(parsed.plain)
         self._fps = None
         return True
 
@@ -279,6 +278,56 @@ class NotebookFile:
             if (position is None or c.index == position) and saved == fp
         ]
         return found[0] if found else None
+
+
+class _Saved(NamedTuple):
+    ids_persist: bool
+    cells: tuple[StepCell, ...]
+    plain: tuple[tuple[int, str], ...]
+
+
+#: Saved notebooks read lately: path -> (the digest of the file's bytes, what they hold). Every view
+#: makes a NotebookFile of its own (the side panel on each poll, the widget panel on
+#: each refresh); a file that holds the same bytes as when last read is not parsed
+#: again, and its cells keep their keys (a notebook of thousands of steps costs tens
+#: of milliseconds to parse). Compared by content, not by modification time: two
+#: saves within the clock's granularity are told apart.
+_SAVED: dict[Path, tuple[bytes, _Saved]] = {}
+_SAVED_MAX = 16
+_SAVED_LOCK = threading.Lock()
+
+
+def _read_saved(path: Path) -> _Saved | None:
+    """What the notebook file at ``path`` holds (None: unreadable), parsed once per content."""
+    try:
+        raw = path.read_bytes()
+    except OSError:
+        return None
+    digest = hashlib.sha256(raw).digest()
+    with _SAVED_LOCK:
+        hit = _SAVED.get(path)
+    if hit is not None and hit[0] == digest:
+        return hit[1]
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except ValueError:  # UnicodeDecodeError too
+        return None
+    major, minor = data.get("nbformat", 4), data.get("nbformat_minor", 0)
+    ids_persist = (major, minor) >= (4, 5)
+    cells = step_cells(data.get("cells", []), ids_persist)
+    steps = {c.index for c in cells}
+    plain = tuple(
+        (i, "".join(src) if isinstance(src := cell.get("source", ""), list) else src)
+        for i, cell in enumerate(data.get("cells", []))
+        if cell.get("cell_type") == "code" and i not in steps
+    )
+    saved = _Saved(ids_persist, tuple(cells), plain)
+    with _SAVED_LOCK:
+        _SAVED.pop(path, None)
+        _SAVED[path] = (digest, saved)
+        while len(_SAVED) > _SAVED_MAX:
+            del _SAVED[next(iter(_SAVED))]
+    return saved
 
 
 def step_cells(cells: list[dict[str, Any]], ids_persist: bool = True) -> list[StepCell]:

@@ -35,6 +35,10 @@ class StepArgs(NamedTuple):
     http: bool = False
 
 
+#: A line shlex splits at its spaces alone: no quote, no backslash, no whitespace but
+#: the four shlex splits at (str.split splits at others too, such as a form feed).
+_PLAIN_WORDS = re.compile(r"[^'\"\\\s]*(?:[ \t\r\n]+[^'\"\\\s]*)*")
+
 _USAGE = "usage: %%step [NAME] [--force] [--http] [--inputs PATTERN ...]"
 
 
@@ -45,10 +49,13 @@ def parse(line: str) -> StepArgs:
     alike; raises :class:`UsageProblem` for a line the magic refuses. Every
     word after ``--inputs`` up to the next option is a pattern.
     """
-    try:
-        args = shlex.split(line)
-    except ValueError as exc:
-        raise UsageProblem(f"%%step: cannot parse arguments ({exc})") from None
+    if _PLAIN_WORDS.fullmatch(line):
+        args = line.split()  # what shlex.split makes of it, without its per-character loop
+    else:
+        try:
+            args = shlex.split(line)
+        except ValueError as exc:
+            raise UsageProblem(f"%%step: cannot parse arguments ({exc})") from None
     force, http, rest, inputs = False, False, [], []
     in_inputs = False
     for i, a in enumerate(args):

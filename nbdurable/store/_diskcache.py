@@ -167,6 +167,40 @@ class Rows:
         ).fetchone()
         return int(row[0]), int(row[1])
 
+    def stats_by_scope(self, prefix: str, upper: str) -> dict[str, tuple[int, int]]:
+        """:meth:`stats` of each ``prefix + scope + "/"`` under ``[prefix, upper)``, in one
+        statement.
+
+        The scopes are found by skipping through the key index: the first key holding a
+        ``/`` after ``prefix`` names a scope, whose keys all lie in ``[prefix + scope +
+        "/", prefix + scope + "0")`` ("0" follows "/"), and the next scope is the first
+        key from there. Each scope is then counted over its own range, as :meth:`stats`
+        does. Grouping the rows instead (``GROUP BY`` a part of the key) sorts them all:
+        ten times slower on a run of 100,000 sub-steps.
+        """
+        n = len(prefix) + 1
+        rows = self.cache._sql(
+            "WITH RECURSIVE scopes(scope) AS ("
+            " SELECT (SELECT substr(key, :n, instr(substr(key, :n), '/') - 1) FROM Cache"
+            "  WHERE raw = 1 AND key >= :lo AND key < :hi AND instr(substr(key, :n), '/') > 0"
+            "  ORDER BY key LIMIT 1)"
+            " UNION ALL"
+            " SELECT (SELECT substr(key, :n, instr(substr(key, :n), '/') - 1) FROM Cache"
+            "  WHERE raw = 1 AND key >= :lo || scope || '0' AND key < :hi"
+            "  AND instr(substr(key, :n), '/') > 0 ORDER BY key LIMIT 1)"
+            " FROM scopes WHERE scope IS NOT NULL)"
+            " SELECT scope, (SELECT COUNT(*) || ' ' || COALESCE(SUM(size + "
+            "  COALESCE(LENGTH(value), 0)), 0) FROM Cache WHERE raw = 1"
+            "  AND key >= :lo || scope || '/' AND key < :lo || scope || '0')"
+            " FROM scopes WHERE scope IS NOT NULL",
+            {"n": n, "lo": prefix, "hi": upper},
+        ).fetchall()
+        out = {}
+        for scope, counted in rows:
+            count, size = counted.split()
+            out[scope] = (int(count), int(size))
+        return out
+
     def size_of(self, key: str) -> int:
         """Bytes stored for ``key`` (0 if absent)."""
         row = self.cache._sql(

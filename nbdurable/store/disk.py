@@ -261,6 +261,11 @@ class DiskStore(Store):
         with self._guard("read"):
             return self._db.stats(prefix, layout.upper(prefix))
 
+    def stats_by_scope(self, prefix: str) -> dict[str, tuple[int, int]]:
+        """``(count, bytes)`` of the keys under ``prefix`` by scope (see :class:`Store`)."""
+        with self._guard("read"):
+            return self._db.stats_by_scope(prefix, layout.upper(prefix))
+
     def size_of(self, key: str) -> int:
         """Bytes stored for ``key`` (0 if absent)."""
         with self._guard("read"):

@@ -139,6 +139,11 @@ class RunKeys:
         """The prefix of the earlier versions kept of a step (step keys hold no ``/``)."""
         return f"{self.base}v/{step_key}/"
 
+    @property
+    def all_versions(self) -> str:
+        """The prefix of the earlier versions kept of every step (their step records)."""
+        return f"{self.base}v/"
+
     def version(self, step_key: str, version: str) -> str:
         """The key of an earlier version's step record."""
         return f"{self.base}v/{step_key}/{version}"

@@ -367,6 +367,18 @@ class PgStore(Store):
         )
         return int(row[0]), int(row[1])
 
+    def stats_by_scope(self, prefix: str) -> dict[str, tuple[int, int]]:
+        """``(count, bytes)`` of the keys under ``prefix`` by scope (see :class:`Store`)."""
+        sql = (
+            f"SELECT split_part(substr(key, %s), '/', 1), count(*), coalesce(sum(size), 0) "
+            f"FROM {self._t}.kv WHERE key >= %s AND key < %s AND strpos(substr(key, %s), '/') > 0 "
+            "GROUP BY 1"
+        )
+        n = len(prefix) + 1
+        args = (n, prefix, layout.upper(prefix), n)
+        rows = self._run("read", lambda c: c.execute(sql, args).fetchall(), tx=False)
+        return {r[0]: (int(r[1]), int(r[2])) for r in rows}
+
     def size_of(self, key: str) -> int:
         """Bytes stored for ``key`` (0 if absent)."""
         row = self._one(f"SELECT size FROM {self._t}.kv WHERE key = %s", (key,))

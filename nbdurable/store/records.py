@@ -52,6 +52,12 @@ def _field_names(cls: type) -> tuple[str, ...]:
     return tuple(f.name for f in dataclasses.fields(cls))
 
 
+@functools.cache
+def _field_set(cls: type) -> frozenset[str]:
+    # Looked up once per header key as a record is read: a set, not a tuple of dozens.
+    return frozenset(_field_names(cls))
+
+
 class _Header:
     """A record that travels as a JSON header: its fields, flat, plus ``kind``.
 
@@ -75,7 +81,7 @@ class _Header:
         d.pop("kind", None)
         # Fields a newer nbdurable added (additive: a newer record format is refused
         # before this) are left out, so an older reader still lists its records.
-        known = _field_names(cls)
+        known = _field_set(cls)
         return cls(**{k: v for k, v in cls._decode(d).items() if k in known})
 
     def _encode(self, d: dict[str, Any]) -> dict[str, Any]:
@@ -199,7 +205,7 @@ class StepRecord(_Header):
 
     @classmethod
     def _decode(cls, d: dict[str, Any]) -> dict[str, Any]:
-        var_fields = _field_names(VarRecord)
+        var_fields = _field_set(VarRecord)
         d["variables"] = tuple(
             VarRecord(**{k: x for k, x in v.items() if k in var_fields}) for v in d["variables"]
         )

@@ -51,6 +51,18 @@ def kept(store: Store, rk: RunKeys, key: str) -> list[str]:
     return [k[len(prefix) :] for k in store.scan(prefix)]
 
 
+def kept_by_step(store: Store, rk: RunKeys) -> dict[str, list[str]]:
+    """:func:`kept` of every step of the run that keeps any, in one key scan (a view
+    of thousands of steps makes one read, not one per step).
+    """
+    prefix = rk.all_versions
+    out: dict[str, list[str]] = {}
+    for k in store.scan(prefix):
+        step, _, version = k[len(prefix) :].partition("/")  # step keys hold no "/"
+        out.setdefault(step, []).append(version)
+    return out
+
+
 def has(store: Store, rk: RunKeys, key: str, version: str) -> bool:
     """True if the archive holds ``version`` of the step."""
     return store.has(rk.version(key, version))

@@ -55,10 +55,12 @@ class RunView:
         (its signature fails, or its header does not decode).
         """
         got = self.store.get(self.keys.step(step))
-        if got is None:
-            return None
+        return None if got is None else self._step_record(step, got[0])
+
+    @staticmethod
+    def _step_record(step: str, header: dict[str, Any]) -> StepRecord:
         try:
-            return StepRecord.from_header(got[0])
+            return StepRecord.from_header(header)
         except (KeyError, TypeError) as exc:
             raise CorruptRecord(f"step record {step!r} is malformed ({exc!r})") from exc
 
@@ -72,15 +74,26 @@ class RunView:
 
     def records(self) -> dict[str, StepRecord | None]:
         """Every step record of the run by step key; None for one that cannot be used."""
-        out: dict[str, StepRecord | None] = {}
+        return {step: rec for step, (rec, _) in self.records_sized().items()}
+
+    def records_sized(self) -> dict[str, tuple[StepRecord | None, int]]:
+        """:meth:`records`, each with the bytes its record takes in the store (``size_of``)."""
+        out: dict[str, tuple[StepRecord | None, int]] = {}
         prefix = self.keys.steps
-        with self.store.reading():  # the run's manifest read once, not once per step
-            for k in self.store.scan(prefix):
-                step = k[len(prefix) :]
+        # One range read, the run's manifest read afresh once at its start (not a
+        # read per step: a view of thousands of steps); each record verified as get() does.
+        with self.store.reading():  # a large record read alone does not read it again
+            loaded = self.store.load_prefix(prefix)
+            for k in list(loaded):
+                step, raw = k[len(prefix) :], loaded.pop(k)
+                # A record the range read left out (a large one) is read, and sized, alone.
+                size = len(raw) if raw is not None else self.store.size_of(k)
                 try:
-                    out[step] = self.record(step)
+                    got = self.store.get_loaded(k, raw)
+                    rec = None if got is None else self._step_record(step, got[0])
                 except CorruptRecord:
-                    out[step] = None
+                    rec = None
+                out[step] = (rec, size)
         return out
 
     def states(self) -> dict[str, StepState]:
@@ -109,6 +122,10 @@ class RunView:
     def sub_stats(self, scope: str) -> tuple[int, int]:
         """``(count, bytes)`` of the sub-step records of ``scope``."""
         return self.store.stats(self.keys.subs_prefix(scope))
+
+    def all_sub_stats(self) -> dict[str, tuple[int, int]]:
+        """:meth:`sub_stats` of every scope that has sub-step records, in one read."""
+        return self.store.stats_by_scope(self.keys.all_subs)
 
     def sub_ids(self, scope: str) -> set[str]:
         """The ids of the sub-step records of ``scope`` (a key scan: no value is read)."""
