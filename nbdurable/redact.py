@@ -156,7 +156,8 @@ _LABELLED = {
         # padding ("user32:..." encodes to "dXNlcjMy..."), but a capital after a
         # small letter it has (its "user" is always "dXNl").
         r"(?i:(?<![A-Za-z0-9_])(?:bearer|basic|token))[ \t]+"
-        r"(?P<secret>(?=[A-Za-z._~+/-]*[0-9]|[A-Za-z0-9._~+/-]*?[a-z][A-Za-z0-9._~+/-]*?[A-Z])"
+        # (each run's class leaves out what ends it: linear, whatever follows the label)
+        r"(?P<secret>(?=[A-Za-z._~+/-]*[0-9]|[A-Z0-9._~+/-]*[a-z][a-z0-9._~+/-]*[A-Z])"
         r"[A-Za-z0-9._~+/-]{16,}=*)",
         r"://[^/\s:@]{1,64}:(?P<secret>[^/\s@]{3,})@",
         r"[?&;](?i:api[_-]?key|key|token|access[_-]?token|auth|password|passwd|pwd|secret)"

@@ -113,8 +113,10 @@ def test_nbdurable_own_objects_are_never_a_change():
     # A step panel kept in a variable is redrawn by its watcher thread while a
     # step runs; the step must not take it for state it changed (and fail to save it).
     from nbdurable.durable.changes import Tokens
+    from nbdurable.ipython.panel import StepPanel
 
-    Panel = type("Panel", (), {"__module__": "nbdurable.ipython.panel"})
+    assert StepPanel.nbdurable_view is True
+    Panel = type("Panel", (), {"nbdurable_view": True})
     Mine = type("Mine", (), {"__module__": "__main__"})
     ns = {"p": Panel(), "m": Mine()}
     ns["p"].rows = {}

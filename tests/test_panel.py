@@ -343,7 +343,11 @@ def test_a_failed_step_shows_failed_live(session):
         with pytest.raises(ZeroDivisionError):
             session.steps.run_step("1 / 0", name="oops")
         wait_for(lambda: "name:oops" in p.rows and p.rows["name:oops"].state == "failed")
-        assert "ZeroDivisionError" in p.rows["name:oops"].html.value
+        # the row's state is set before its text is drawn (the watcher's thread): wait
+        wait_for(
+            lambda: "ZeroDivisionError" in p.rows["name:oops"].html.value,
+            msg=lambda: p.rows["name:oops"].html.value,
+        )
     finally:
         p.close()
 

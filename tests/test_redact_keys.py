@@ -308,3 +308,17 @@ def test_a_secret_set_changed_or_removed_in_the_environment_is_seen_at_once(monk
     assert "NBD_TEST_TOKEN" in secrets_in_env()
     monkeypatch.delenv("NBD_TEST_TOKEN")
     assert "NBD_TEST_TOKEN" not in secrets_in_env()
+
+
+def test_a_long_run_after_a_label_is_searched_in_linear_time():
+    # A lookahead whose two runs overlapped tried every split of a long lowercase
+    # run after "Bearer" (40,000 characters: 40 s). Each run now excludes what ends
+    # it. The pattern itself, on a megabyte (redact_keys looks only in windows around
+    # a label): a quadratic search would not end here.
+    from nbdurable.redact import _LABELLED_RE
+
+    text_pattern = _LABELLED_RE["credential"][0][0]
+    assert text_pattern.search("Bearer " + "a" * 1_000_000) is None
+    assert text_pattern.search("Bearer " + "a" * 1_000_000 + "Z") is not None
+    assert text_pattern.search("Bearer " + "A" * 1_000_000) is None
+    assert redact_keys("Authorization: Bearer " + "a" * 300 + "Z")[1] == ["credential"]

@@ -66,9 +66,10 @@ _HIDDEN = re.compile(r"^(_+|_\d+|_i+|_i\d+|_ih|_oh|_dh|In|Out|get_ipython|exit|q
 
 
 def _ours(value: Any) -> bool:
-    """An instance of one of nbdurable's own classes (a panel, a session)."""
-    module = getattr(type(value), "__module__", None) or ""
-    return module.startswith("nbdurable.") and not module.startswith("nbdurable.demo")
+    """One of nbdurable's own views (a step panel): its class says so with
+    ``nbdurable_view = True``. Other nbdurable objects a user keeps are watched as any.
+    """
+    return getattr(type(value), "nbdurable_view", False) is True
 
 
 def user_names(ns: Mapping[str, Any]) -> list[str]:

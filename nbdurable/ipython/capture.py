@@ -650,22 +650,13 @@ def _flush_pending() -> None:
     waits for its IO thread: skipped when its buffer is empty, on every sub-step call).
     """
     for stream in (sys.stdout, sys.stderr):
+        buffer = getattr(stream, "_buffer", None)
+        tell = getattr(buffer, "tell", None)
         try:
-            if _unsent(stream):
+            if tell is None or tell():
                 stream.flush()
         except (AttributeError, OSError, ValueError):  # a closed or odd stream
             pass
-
-
-def _unsent(stream: Any) -> bool:
-    """Whether ``stream`` may hold text it has not sent (True unless it is known not to)."""
-    buffers = getattr(stream, "_buffers", None)  # ipykernel 7: one buffer per parent message
-    lock = getattr(stream, "_buffer_lock", None)
-    if isinstance(buffers, dict) and lock is not None:
-        with lock:
-            return any(b.tell() for b in stream._buffers.values())
-    tell = getattr(getattr(stream, "_buffer", None), "tell", None)  # ipykernel 6: one buffer
-    return tell is None or bool(tell())
 
 
 def replay(shell: Any, outputs: Iterable[Mapping[str, Any]]) -> None:

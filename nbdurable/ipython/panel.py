@@ -96,6 +96,10 @@ def panel() -> StepPanel:
 class StepPanel(widgets.VBox):
     """A live table of the run's steps with Clear / Pin buttons; see the module docstring."""
 
+    #: Not the user's state: its watcher redraws it while a step runs, which must not
+    #: count as the step changing it (see nbdurable.durable.changes).
+    nbdurable_view = True
+
     def __init__(
         self,
         session: Session | None = None,

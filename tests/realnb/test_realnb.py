@@ -290,7 +290,14 @@ assert {c for _, c in FAILS_TODAY} <= set(CHECKS), "FAILS_TODAY names an unknown
 
 
 def _missing(spec: Spec) -> list[str]:
-    return [m for m in spec.needs if importlib.util.find_spec(m) is None]
+    return [m for m in spec.needs if not _importable(m)]
+
+
+def _importable(module: str) -> bool:
+    try:  # a dotted name imports its parent, which may itself be missing
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:
+        return False
 
 
 def _params():
