@@ -160,3 +160,73 @@ def private_pg(monkeypatch):
         pytest.fail(problem, pytrace=False)
     yield server
     server.close()
+
+
+# -- where the suite's CPU time goes (opt-in) ----------------------------------------------
+
+
+def _cpu_seconds() -> float:
+    """This process's CPU time plus that of every child it has waited for (kernels, CLIs)."""
+    import resource
+
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """With NBDURABLE_TEST_CPU=FILE, append each test's wall and CPU seconds to FILE.
+
+    CPU includes the kernels and other processes the test started and reaped,
+    so the sum over a run is what the suite costs the machine, which a
+    durations list (wall time, shared cores) does not show. Kernels started
+    by the test are counted too (``jupyter_client`` launches). ``python
+    tests/cpu_report.py FILE`` sums it by file. Setup and teardown are
+    included: a module-scoped fixture is charged to its file's first test.
+    """
+    import os
+
+    path = os.environ.get("NBDURABLE_TEST_CPU")
+    if not path:
+        yield
+        return
+    import json
+    import time
+
+    before, started = _cpu_seconds(), time.monotonic()
+    kernels_before = _KERNELS[0]
+    yield
+    row = {
+        "test": item.nodeid,
+        "wall": round(time.monotonic() - started, 3),
+        "cpu": round(_cpu_seconds() - before, 3),
+        "kernels": _KERNELS[0] - kernels_before,
+    }
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(json.dumps(row) + "\n")
+
+
+_KERNELS = [0]
+
+
+def _count_kernel_launches() -> None:
+    import os
+
+    if not os.environ.get("NBDURABLE_TEST_CPU"):
+        return
+    from jupyter_client import launcher, provisioning
+
+    real = launcher.launch_kernel
+
+    def counted(*args, **kwargs):
+        _KERNELS[0] += 1
+        return real(*args, **kwargs)
+
+    launcher.launch_kernel = counted
+    local = provisioning.local_provisioner
+    if getattr(local, "launch_kernel", None) is real:
+        local.launch_kernel = counted
+
+
+_count_kernel_launches()
