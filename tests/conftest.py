@@ -183,7 +183,8 @@ def pytest_runtest_protocol(item, nextitem):
     durations list (wall time, shared cores) does not show. Kernels started
     by the test are counted too (``jupyter_client`` launches). ``python
     tests/cpu_report.py FILE`` sums it by file. Setup and teardown are
-    included: a module-scoped fixture is charged to its file's first test.
+    included: a module-scoped fixture's setup is charged to its file's first
+    test, its teardown (where its kernels are reaped) to the last.
     """
     import os
 
@@ -211,6 +212,7 @@ _KERNELS = [0]
 
 
 def _count_kernel_launches() -> None:
+    """With NBDURABLE_TEST_CPU set, count this process's kernel launches in ``_KERNELS``."""
     import os
 
     if not os.environ.get("NBDURABLE_TEST_CPU"):
