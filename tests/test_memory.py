@@ -150,14 +150,24 @@ MEM_SETUP = (
     "    with open('/proc/self/maps') as f:\n"
     "        maps = sum(STORE in line and line.rstrip().endswith('.val') for line in f)\n"
     "    return {'rss': rss, 'traced': tracemalloc.get_traced_memory()[0], 'maps': maps}\n"
-    "def report(before, after):\n"
+    "def describe(r):\n"
+    "    # A referrer of a value the cell deleted, named so a failure says what held it.\n"
+    "    keys = sorted(map(str, r))[:8] if isinstance(r, dict) else ''\n"
+    "    return f'{type(r).__module__}.{type(r).__qualname__}{keys}'\n"
+    "def holders(ref):\n"
+    "    o = ref()\n"
+    "    return [] if o is None else sorted({describe(r) for r in gc.get_referrers(o)})\n"
+    "def report(before, after, ref=lambda: None):\n"
     "    return {'freed': list(freed), 'rss_mb': round((before['rss'] - after['rss']) / 1e6),\n"
     "            'traced_mb': round((before['traced'] - after['traced']) / 1e6),\n"
-    "            'maps': [before['maps'], after['maps']]}"
+    "            'maps': [before['maps'], after['maps']], 'held_by': holders(ref)}"
 )
 
 ROW_CELLS = [
-    "t0 = traced_mb()\ndel rows\ngc.collect()\nprint(json.dumps(round(t0 - traced_mb())))",
+    "t0 = traced_mb()\nrid = id(rows)\ndel rows\ngc.collect()\nmb = round(t0 - traced_mb())\n"
+    "alive = [o for o in gc.get_objects() if id(o) == rid and type(o) is list] if mb < 5 else []\n"
+    "held = [describe(r) for o in alive for r in gc.get_referrers(o) if r is not alive]\n"
+    "print(json.dumps({'mb': mb, 'held_by': held}))",
     "t1 = traced_mb()\ndel objs\ngc.collect()\nprint(json.dumps(round(t1 - traced_mb())))",
     "print(json.dumps(round(t1 - traced_mb())))",
 ]
@@ -169,10 +179,11 @@ MEM_CELLS = [
     "objs = [Obj(i) for i in range(30_000)]\n"
     "print(big.sum())",
     "fins = [weakref.finalize(v, freed.append, k) for k, v in (('big', big), ('big2', big2))]\n"
+    "refs = {'big': weakref.ref(big), 'big2': weakref.ref(big2)}\n"
     "s0 = snapshot()",
-    "del big\ngc.collect()\ns1 = snapshot()\nprint(json.dumps(report(s0, s1)))",
+    "del big\ngc.collect()\ns1 = snapshot()\nprint(json.dumps(report(s0, s1, refs['big'])))",
     "%%step drop\ndel big2\ngc.collect()\nran('drop')\nprint('in step', freed)",
-    "s2 = snapshot()\nprint(json.dumps(report(s1, s2)))",
+    "s2 = snapshot()\nprint(json.dumps(report(s1, s2, refs['big2'])))",
     *ROW_CELLS,
 ]
 
@@ -278,7 +289,7 @@ def test_del_frees_recorded_lists(memory):
     p, first, second, _ = memory
     rows, objs, after = 6, 7, 8
     for nb in (p, first, second):
-        assert printed(nb, rows) >= 5, printed(nb, rows)
+        assert printed(nb, rows)["mb"] >= 5, printed(nb, rows)
         assert printed(nb, after) >= 2, printed(nb, after)
     assert printed(p, objs) >= 2, "a plain run frees it at once"
 
