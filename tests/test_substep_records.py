@@ -219,3 +219,25 @@ def test_a_signature_under_another_scheme_does_not_verify(tmp_path):
         store.write({key: forged})
         with pytest.raises(CorruptRecord, match="failed its signature check"):
             store.get(key)
+
+
+@pytest.mark.parametrize(
+    "size, level", [(100, 6), (1500, 6), (codec.DEFLATE_FAST_OVER + 1, 1), (12_000, 1)]
+)
+def test_a_payload_over_2_kb_is_deflated_at_the_fastest_level_and_reads_back(
+    tmp_path, monkeypatch, size, level
+):
+    # Text of words, as a model's reply is: it deflates, at either level.
+    text = (b"the answer of the model is that " * (size // 32 + 1))[:size]
+    levels = []
+    real = zlib.compressobj
+    monkeypatch.setattr(
+        zlib, "compressobj", lambda lvl, *a, **k: levels.append(lvl) or real(lvl, *a, **k)
+    )
+    with open_store(tmp_path / "store") as store:
+        key = RunKeys(RUN).sub(STEP, "x")
+        store.put(key, {"kind": "sub", "id": "x"}, text)
+        raw = store.read(key)
+        assert raw.startswith(codec.MAGIC3) and len(raw) < size
+        assert levels == [level]
+        assert bytes(store.get(key)[1]) == text

@@ -51,6 +51,8 @@ MAGIC3 = b"NBD\x03"
 #: sub-step's record is mostly its header, whose field names the dictionary holds;
 #: a large value is a pickle, and is kept as it is (and read without a copy).
 DEFLATE_MAX = 16 * 1024
+#: A payload longer than this is deflated at zlib's fastest level (see :func:`encode`).
+DEFLATE_FAST_OVER = 2048
 #: The preset dictionary of every ``NBD\x03`` record: the field names and common
 #: values of a sub-step's header (see ``nbdurable.durable.substeps``). Records
 #: deflated with it inflate only with it: never change it (add a scheme instead).
@@ -132,15 +134,22 @@ def encode(
     """
     head = _JSON.encode(header).encode("utf-8")
     prefix = _HDR.pack(len(head)) + head
-    if deflated is not None and len(prefix) + len(body) <= DEFLATE_MAX:
-        # zlib's default level (on a small payload no slower than level 1, and a
-        # 100-byte sub-step's record 25 bytes shorter); a 4 KB window and a small
-        # hash table: the state set up per record is a few KB, not zlib's default
-        # 256 KB, whose setting up costs more than deflating a small payload.
-        # (Any window inflates with the 32 KB one _inflate uses.)
-        z = zlib.compressobj(6, zlib.DEFLATED, -12, 4, zlib.Z_DEFAULT_STRATEGY, ZDICT)
+    size = len(prefix) + len(body)
+    if deflated is not None and size <= DEFLATE_MAX:
+        # Up to DEFLATE_FAST_OVER: zlib's default level (on a small payload no slower
+        # than level 1, and a 100-byte sub-step's record 25 bytes shorter) with a 4 KB
+        # window and a small hash table, whose state is a few KB to set up, not zlib's
+        # default 256 KB, which costs more than deflating a small payload. Above it:
+        # level 1 with zlib's default window and table. On 10 KB of text or hex the
+        # first costs 310-330 us, more than the rest of the record, the second
+        # 90-125 us, for a record 3-16% longer. (Any level and window inflate with
+        # the 32 KB window _inflate uses.)
+        if size <= DEFLATE_FAST_OVER:
+            z = zlib.compressobj(6, zlib.DEFLATED, -12, 4, zlib.Z_DEFAULT_STRATEGY, ZDICT)
+        else:
+            z = zlib.compressobj(1, zlib.DEFLATED, -15, 8, zlib.Z_DEFAULT_STRATEGY, ZDICT)
         packed = z.compress(prefix) + z.compress(body) + z.flush()
-        if len(packed) < len(prefix) + len(body):
+        if len(packed) < size:
             return b"".join((MAGIC3, sign(deflated, key, packed), packed))
     return b"".join((magic, sign(mac, key, prefix, body), prefix, body))
 
