@@ -232,3 +232,40 @@ def _count_kernel_launches() -> None:
 
 
 _count_kernel_launches()
+
+
+# -- the order files start in ------------------------------------------------------------
+
+#: The test files that keep one process longest (wall seconds on a 2-core machine, two
+#: runs with NBDURABLE_TEST_CPU: 60-190 s each), longest first. pytest-xdist hands out
+#: files with the most tests first (its default), which left these, with two or three
+#: tests each, for the end of a run, one process running a two-minute file alone while
+#: the others had finished. They start first; every other file follows in its
+#: collection order (``--no-loadscope-reorder`` in pyproject.toml).
+LONGEST_FIRST = (
+    "tests/fidelity/test_fidelity_state.py",
+    "tests/test_bench_smoke.py",
+    "tests/fidelity/test_fidelity_edits.py",
+    "tests/test_postgres_kernels.py",
+    "tests/test_library_objects.py",
+    "tests/test_llm_kernel.py",
+    "tests/test_clients.py",
+    "tests/test_sidebar.py",
+    "tests/test_cell_marks.py",
+    "tests/test_verify.py",
+    "tests/test_faults.py",
+    "tests/test_approval_kernels.py",
+    "tests/test_run_exits.py",
+    "tests/test_browser.py",
+    "tests/test_memory.py",
+    "tests/test_engine.py",
+    "tests/test_db_writes.py",
+    "tests/test_approval_browser.py",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Put the files of :data:`LONGEST_FIRST` first, in that order (a stable sort: the
+    tests of a file keep theirs)."""
+    rank = {path: i for i, path in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))
