@@ -248,13 +248,28 @@ def _server_counts(url: str) -> tuple[int, int]:
 
     Backends report their counts when idle or when they exit, not at each
     commit: read until two readings agree (the systems measured have closed
-    their connections by then).
+    their connections by then). Each reading's own connection commits too
+    (three transactions, reported when it exits), so it reads from the
+    ``postgres`` database and leaves that database's count out: read from the
+    measured database, every reading would differ from the one before by its
+    own commits, the loop never agree (five seconds a call) and the counts
+    carry those commits.
     """
     import psycopg
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+    own = "postgres"
+    reader = make_conninfo(url, dbname=own)
+    if conninfo_to_dict(url).get("dbname") == own:
+        own = ""  # the systems measured write there too: count it, own commits and all
 
     def read() -> tuple[int, int]:
-        with psycopg.connect(url, autocommit=True) as conn:
-            commits = conn.execute("SELECT sum(xact_commit) FROM pg_stat_database").fetchone()[0]
+        with psycopg.connect(reader, autocommit=True) as conn:
+            commits = conn.execute(
+                "SELECT coalesce(sum(xact_commit), 0) FROM pg_stat_database"
+                " WHERE datname IS DISTINCT FROM %s",
+                (own,),
+            ).fetchone()[0]
             flushes = conn.execute("SELECT wal_sync FROM pg_stat_wal").fetchone()[0]
         return int(commits), int(flushes)
 
