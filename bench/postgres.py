@@ -262,6 +262,10 @@ def _server_counts(url: str) -> tuple[int, int]:
     reader = make_conninfo(url, dbname=own)
     if conninfo_to_dict(url).get("dbname") == own:
         own = ""  # the systems measured write there too: count it, own commits and all
+    try:
+        psycopg.connect(reader, connect_timeout=10).close()
+    except psycopg.OperationalError:  # no such database, or no right to connect to it
+        reader, own = url, ""  # as before: readings carry their own commits
 
     def read() -> tuple[int, int]:
         with psycopg.connect(reader, autocommit=True) as conn:
