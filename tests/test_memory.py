@@ -465,3 +465,41 @@ def test_deep_value_pickles_on_a_stack_that_fits_the_limit(tmp_path):
         "200000 True 1000000",
         "10000000",
     ], done.stdout
+
+
+def test_a_trial_load_and_a_replay_leave_no_cycle_holding_the_values(monkeypatch):
+    """A value recorded with a notebook object (which makes the record trial-load its
+    stream) and then loaded back is freed by reference counting alone: the
+    unpickler, whose memo held a bound method of itself, kept its out-of-band
+    buffers, and with them the array, until a collection; Python 3.11.2's
+    collector never freed that cycle (a `del` freed nothing in a kernel there)."""
+    import gc
+    import weakref
+
+    import numpy as np
+
+    from nbdurable.store import values
+
+    Obj = _in_main(
+        monkeypatch, type("Obj", (), {"__init__": lambda self, i: setattr(self, "i", i)}), "Obj"
+    )
+    freed = []
+    paused = gc.isenabled()
+    gc.disable()
+    try:
+        big = np.ones(100_000)
+        weakref.finalize(big, freed.append, "recorded")
+        joint = values.dump_values([big, [Obj(i) for i in range(50)]])
+        pickled = values.Pickled(joint.stream, joint.buffers, False, True)
+        assert values.restore_problem(pickled, (), {"Obj": Obj}, count=2) is None
+        loaded = values.load_values(joint.stream, 2, {"Obj": Obj}, list(joint.buffers))
+        copy = loaded[0][0]
+        weakref.finalize(copy, freed.append, "loaded")
+        assert copy.sum() == 100_000
+        del joint, pickled, loaded, copy
+        assert freed == ["loaded"], "the loaded array lives on after its last reference"
+        del big
+        assert freed == ["loaded", "recorded"], "the recorded array lives on"
+    finally:
+        if paused:
+            gc.enable()

@@ -502,9 +502,27 @@ def load_values(
                 sharing.relink(unpickler.memo.copy().values())
             return out
 
-        return _load_hushed(run)
+        try:
+            return _load_hushed(run)
+        finally:
+            _release(unpickler)
     finally:
         sharing.load_namespace.reset(token)
+
+
+def _release(unpickler: pickle.Unpickler) -> None:
+    """Empty ``unpickler``'s memo once its loads are done.
+
+    The memo holds every object loaded and every global looked up, bound methods
+    of the unpickler among them (:meth:`_TrialUnpickler.find_class` returns one):
+    a cycle through the unpickler, which holds its out-of-band buffers. Python
+    3.11.2's collector does not free it (3.11.7's does, at the next collection),
+    so a recorded or replayed array stayed in memory, or its blob file mapped,
+    after the notebook deleted it. Emptied, the memo ends the cycle, and the
+    unpickler and what it loaded go when the last reference does.
+    """
+    with contextlib.suppress(Exception):
+        unpickler.memo.clear()
 
 
 def loads(
@@ -534,7 +552,10 @@ def load_value(
     token = sharing.load_namespace.set(namespace)
     try:
         unpickler = _QuietUnpickler(io.BytesIO(data), buffers=buffers or ())
-        return _deep(_quiet_load, unpickler), unpickler.plain and not buffers
+        try:
+            return _deep(_quiet_load, unpickler), unpickler.plain and not buffers
+        finally:
+            _release(unpickler)
     finally:
         sharing.load_namespace.reset(token)
 
@@ -626,6 +647,7 @@ def restore_problem(
         except Exception as exc:  # whatever loading would raise on replay
             return f"it does not load back ({type(exc).__name__}: {exc})"
         finally:
+            _release(unpickler)
             sharing.load_namespace.reset(token)
     own = set(produced)
     if refs is None:  # too large to load twice, or not ours to load: read its names
