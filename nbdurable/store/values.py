@@ -513,9 +513,10 @@ def load_values(
 def _release(unpickler: pickle.Unpickler) -> None:
     """Empty ``unpickler``'s memo once its loads are done.
 
-    The memo holds every object loaded and every global looked up, bound methods
-    of the unpickler among them (:meth:`_TrialUnpickler.find_class` returns one):
-    a cycle through the unpickler, which holds its out-of-band buffers. Python
+    The memo holds every object loaded and every global looked up, among them
+    functions that refer back to the unpickler (the closures and bound methods
+    ``find_class`` returns for a reference or a notebook class): a cycle
+    through the unpickler, which holds its out-of-band buffers. Python
     3.11.2's collector does not free it (3.11.7's does, at the next collection),
     so a recorded or replayed array stayed in memory, or its blob file mapped,
     after the notebook deleted it. Emptied, the memo ends the cycle, and the
