@@ -61,8 +61,12 @@ BUDGET = 200_000
 DEPTH = 32
 _ATOMS = (str, bytes, int, float, bool, complex, type(None), range)
 _ATOM_TYPES = frozenset(_ATOMS)
-#: IPython's own names (the output history, the input history, its helpers).
-_HIDDEN = re.compile(r"^(_+|_\d+|_i+|_i\d+|_ih|_oh|_dh|In|Out|get_ipython|exit|quit)$")
+#: Names the shell keeps in the namespace for itself (the output history, the input
+#: history, its helpers, the rewritten ``%%step`` cell's entry point): never a step's
+#: input or output, and never watched for changes.
+HIDDEN = re.compile(
+    r"^(_+|_\d+|_i+|_i\d+|_ih|_oh|_dh|In|Out|get_ipython|exit|quit|__nbdurable_step__)$"
+)
 
 
 def _ours(value: Any) -> bool:
@@ -74,7 +78,7 @@ def _ours(value: Any) -> bool:
 
 def user_names(ns: Mapping[str, Any]) -> list[str]:
     """The names of ``ns`` that are the user's (not IPython's history and helpers)."""
-    return [n for n in ns if not _HIDDEN.match(n)]
+    return [n for n in ns if not HIDDEN.match(n)]
 
 
 def _array_token(a: Any) -> Any:

@@ -19,7 +19,8 @@ from typing import Any
 
 from ..identity import keys
 from ..store import values
-from .plan import HIDDEN, Plan, fingerprint_or_type
+from .changes import HIDDEN
+from .plan import Plan, fingerprint_or_type
 
 
 def changed_names(

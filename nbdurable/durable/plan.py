@@ -8,7 +8,6 @@ execute.
 
 from __future__ import annotations
 
-import re
 import types
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -18,12 +17,8 @@ from ..identity import keys, localcode
 from ..store import values
 from ..store.records import StepRecord, StepState
 from . import standins
+from .changes import HIDDEN
 from .context import warn
-
-#: Names the shell keeps in the namespace for itself: never a step's input or output.
-HIDDEN = re.compile(
-    r"^(_+|_\d+|_i+|_i\d+|_ih|_oh|_dh|In|Out|get_ipython|exit|quit|__nbdurable_step__)$"
-)
 
 
 @dataclass

@@ -34,11 +34,11 @@ from ..text import clip
 from ..text import seconds as seconds_text
 from ..text import tokens as tokens_text
 from . import envreads, fileio, httpsteps, recording, standins
+from .changes import HIDDEN
 from .context import StepContext, flush_streams, remade_summary, warn, what_replays
 from .host import Capture
 from .mutation import attributes, changed_names, dotted_imports, mutated_inputs, untouched
 from .plan import (
-    HIDDEN,
     Plan,
     fingerprint_or_type,
     input_fingerprint,
