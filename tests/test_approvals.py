@@ -284,3 +284,57 @@ def test_an_interrupt_while_the_wait_handles_a_message_comes_after_it():
             kept.append("the next cell")
     assert kept == ["the next cell"]
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_a_message_the_wait_polled_but_did_not_read_reaches_the_kernels_loop():
+    """The interrupt that ends a wait may come between the pump's poll and its recv.
+
+    The kernel's loop reads the shell socket through a ``ZMQStream``, which wakes on the
+    edge of the socket's file descriptor; the poll consumed that edge. Unless the wait
+    reads the socket to empty when it ends, that message and every later one (the next
+    cells) stay unread: the kernel looks hung. Real sockets and a real stream here.
+    """
+    import asyncio
+
+    import zmq
+    from zmq.eventloop.zmqstream import ZMQStream
+
+    from nbdurable.ipython.approvalview import _ShellPump
+
+    ctx = zmq.Context()
+    frontend, shell = ctx.socket(zmq.PAIR), ctx.socket(zmq.PAIR)
+    frontend.bind("inproc://shell")
+    shell.connect("inproc://shell")
+    delivered: list[bytes] = []
+
+    async def kernel_loop() -> None:
+        stream = ZMQStream(shell)
+        stream.on_recv(lambda frames: delivered.append(frames[0]))
+
+        async def until(n: int) -> None:
+            deadline = time.monotonic() + 10
+            while len(delivered) < n and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+
+        frontend.send(b"before the wait")
+        await until(1)
+        # The cell blocks the loop and waits for a decision: the pump reads the socket.
+        pump = _ShellPump(None, shell, lambda frames: delivered.append(frames[0].bytes))
+        pump.held.append([zmq.Frame(b"kept by the wait")])
+        frontend.send(b"the next cell")
+        assert shell.poll(1000)  # ... and the interrupt comes before the recv
+        pump.close()  # the wait's finally
+        frontend.send(b"the cell after")
+        await until(4)
+        stream.close()
+
+    try:
+        asyncio.run(kernel_loop())
+    finally:
+        ctx.destroy(linger=0)
+    assert delivered == [
+        b"before the wait",
+        b"kept by the wait",
+        b"the next cell",
+        b"the cell after",
+    ]

@@ -231,7 +231,25 @@ class _ShellPump:
             kernel.set_parent(ident, parent, channel="shell")
 
     def close(self) -> None:
-        """Hand the requests kept back to the kernel's loop, in the order they came."""
-        held, self.held = self.held, []
-        for frames in held:
-            self.reinject(frames)
+        """Hand the requests kept back to the kernel's loop, in the order they came.
+
+        What is still in the socket is read first and handed back after them. The
+        kernel's loop reads this socket through a ``ZMQStream``, which wakes on the
+        edge of the socket's file descriptor; a ``poll`` that saw a message (the
+        interrupt that ends a wait may come between the pump's ``poll`` and its
+        ``recv``) has consumed that edge, and while the message stays unread no new
+        edge comes: the stream would never read this socket again, and every later
+        cell would wait behind it, unanswered. Read to empty, the next message
+        signals the stream as usual.
+        """
+        import zmq
+
+        with _interrupt_deferred():
+            while True:
+                try:
+                    self.held.append(self.socket.recv_multipart(zmq.NOBLOCK, copy=False))
+                except zmq.Again:
+                    break
+            held, self.held = self.held, []
+            for frames in held:
+                self.reinject(frames)
