@@ -805,3 +805,60 @@ def test_since_a_mark_is_what_was_shown_after_it(shell):
     assert [o["output_type"] for o in span] == ["stream", "display_data", "stream"]
     assert span[0] == stream("stdout", " during\n") and span[2] == stream("stderr", "also\n")
     assert cap.outputs[0] == stream("stdout", "before during\n"), "the capture itself is unchanged"
+
+
+def test_a_drain_of_the_childrens_pipe_that_stops_at_its_bound_leaves_the_pipe_read(monkeypatch):
+    """A drain stopped by its bound finishes later; the pipe's stream still reads after it.
+
+    The stream wakes on the edge of the socket's file descriptor, which the drain's reads
+    consumed: left to it, the rest (and every later child message) would stay unread.
+    Real sockets and a real ``ZMQStream``; the IO thread's loop is this test's.
+    """
+    import asyncio
+    import time
+    import types
+
+    import zmq
+    from zmq.eventloop.zmqstream import ZMQStream
+
+    from nbdurable.ipython import kernelio
+
+    monkeypatch.setattr(kernelio, "DRAIN_BOUND", 2)
+    ctx = zmq.Context()
+    child, pipe_socket = ctx.socket(zmq.PAIR), ctx.socket(zmq.PAIR)
+    child.bind("inproc://children")
+    pipe_socket.connect("inproc://children")
+    forwarded: list[bytes] = []
+
+    async def io_loop() -> None:
+        pipe = ZMQStream(pipe_socket)
+        pub = types.SimpleNamespace(
+            _pipe_flag=True,
+            _pipe_uuid=b"uuid",
+            _pipe_in=pipe,
+            _handle_pipe_msg=lambda frames: forwarded.append(frames[1]),
+        )
+        pipe.on_recv(pub._handle_pipe_msg)
+        children = kernelio._ChildPipe.of(types.SimpleNamespace(pub_thread=pub))
+        children.listen(lambda msg: None)
+
+        async def until(n: int) -> None:
+            deadline = time.monotonic() + 10
+            while len(forwarded) < n and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+
+        for i in range(5):  # written by a worker while the cell ran
+            child.send_multipart([b"uuid", b"m%d" % i])
+        assert pipe_socket.poll(1000)
+        children.drain()  # the end of the cell: two now, the rest on the loop's next turns
+        await until(5)
+        child.send_multipart([b"uuid", b"later"])  # the stream's own reading
+        await until(6)
+        children.unlisten(children.listeners[0])
+        pipe.close()
+
+    try:
+        asyncio.run(io_loop())
+    finally:
+        ctx.destroy(linger=0)
+    assert forwarded == [b"m0", b"m1", b"m2", b"m3", b"m4", b"later"]

@@ -78,6 +78,9 @@ MARKER = "\x00\x06\x15\x06\x15\x00"
 _ECHO_PIPES: dict[int, tuple[int, int]] = {}
 _ECHO_PIPES_LOCK = threading.Lock()
 _CHILD_PIPES_LOCK = threading.Lock()
+#: Messages of forked children one drain of their pipe handles before it lets the
+#: IO thread's loop go on (see :meth:`_ChildPipe.drain`).
+DRAIN_BOUND = 100_000
 
 
 def _echo_pipe(stream: Any) -> tuple[int, int] | None:
@@ -405,18 +408,25 @@ class _ChildPipe:
                 listener(msg)
 
     def drain(self) -> None:
-        """Handle every message the pipe holds now (the stream finds it empty after)."""
+        """Handle every message the pipe holds now (the stream finds it empty after).
+
+        At most ``DRAIN_BOUND`` at a time: a child writing forever must not hold the
+        cell. What is left then is drained on a later turn of the IO thread's loop,
+        never left for the stream: it wakes on the edge of the socket's file
+        descriptor, which these reads consumed, so it would not read the pipe again.
+        """
         socket = getattr(self.pipe, "socket", None)
         if socket is None or self.previous is None:
             return
         import zmq
 
-        for _ in range(100_000):  # a bound: a child writing forever must not hold the cell
+        for _ in range(DRAIN_BOUND):
             try:
                 frames = socket.recv_multipart(zmq.NOBLOCK)
             except zmq.ZMQError:  # EAGAIN: empty (or closed)
                 return
             self.forward(frames)
+        self.pipe.io_loop.add_callback(self.drain)
 
 
 def _parse(frames: list[bytes]) -> dict[str, Any] | None:
