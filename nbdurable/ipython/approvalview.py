@@ -188,19 +188,23 @@ class _ShellPump:
         """Handle the messages that arrive within ``timeout`` seconds."""
         if not self.socket.poll(int(timeout * 1000)):
             return
-        import zmq
-
         # An interrupt (SIGINT) raised between reading a message off the socket and
         # keeping it would lose it: the next cell of Run All, sent just before the
         # interrupt, would never run nor be answered. So it waits until the
         # messages read are handled or kept (the poll above stays interruptible).
         with _interrupt_deferred():
-            while True:
-                try:
-                    frames = self.socket.recv_multipart(zmq.NOBLOCK, copy=False)
-                except zmq.Again:
-                    return
+            for frames in self._unread():
                 self.handle(frames)
+
+    def _unread(self) -> Iterator[Any]:
+        """The messages in the socket now, read until it is empty (or closed)."""
+        import zmq
+
+        while True:
+            try:
+                yield self.socket.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.ZMQError:  # EAGAIN: empty
+                return
 
     def handle(self, frames: Any) -> None:
         """A comm message now; anything else kept for the kernel's own loop."""
@@ -242,14 +246,8 @@ class _ShellPump:
         cell would wait behind it, unanswered. Read to empty, the next message
         signals the stream as usual.
         """
-        import zmq
-
         with _interrupt_deferred():
-            while True:
-                try:
-                    self.held.append(self.socket.recv_multipart(zmq.NOBLOCK, copy=False))
-                except zmq.Again:
-                    break
+            self.held.extend(self._unread())
             held, self.held = self.held, []
             for frames in held:
                 self.reinject(frames)
